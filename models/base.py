@@ -1,0 +1,71 @@
+"""The backend contract: an async translator, batch in and batch out.
+
+Errors a backend may raise live in ``service.errors`` (the one hierarchy); each backend
+maps its vendor's errors to them in one place, ``raise BackendUnavailable(...) from exc``.
+The batcher, not each backend, checks that the output has as many texts as the input.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from typing import ClassVar
+
+from service.errors import (
+    BackendError,
+    BackendTimeout,
+    BackendUnavailable,
+    BadOutput,
+    RateLimited,
+    UnsupportedLanguage,
+)
+
+__all__ = [
+    "BackendError",
+    "BackendTimeout",
+    "BackendUnavailable",
+    "BadOutput",
+    "RateLimited",
+    "Translator",
+    "UnsupportedLanguage",
+]
+
+
+class Translator(ABC):
+    """A translation backend. Subclasses set ``name`` and implement ``translate``."""
+
+    name: ClassVar[str]
+    # Batches the batcher may run at once on this backend; None: the service setting.
+    max_concurrency: int | None = None
+
+    def __init__(self) -> None:
+        self.ready = True
+        self.reason: str | None = None  # why the backend is not ready, for /readyz
+
+    async def start(self) -> None:
+        """Load models or check credentials; called once by the app's lifespan.
+
+        Long work belongs in a background task that flips ``ready`` when done, so that
+        the service answers ``/healthz`` at once.
+        """
+
+    @abstractmethod
+    async def translate(
+        self, texts: Sequence[str], *, source: str | None, target: str
+    ) -> list[str]:
+        """Translate ``texts`` from ``source`` (None: unknown) into ``target`` (a BCP 47 tag)."""
+
+    def supports(self, source: str | None, target: str) -> bool:
+        """Whether this backend can serve the pair; the default: every pair."""
+        return True
+
+    def languages(self) -> list[str] | None:
+        """The targets this backend can serve, as BCP 47 tags; None: any."""
+        return None
+
+    def info(self) -> dict[str, object]:
+        """Backend-specific facts for ``GET /v1/backends`` (model, device, usage...)."""
+        return {}
+
+    async def aclose(self) -> None:
+        """Release models, threads and connections."""

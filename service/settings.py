@@ -1,0 +1,272 @@
+"""Settings: ``THINKTRANS_*`` variables over an optional YAML file over defaults.
+
+This is the only module that reads the environment. ``docs/configuration.md`` lists
+every field below; keep each field's description true, it is the documentation.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import yaml
+from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
+from pydantic_settings import BaseSettings, NoDecode, PydanticBaseSettingsSource, SettingsConfigDict
+
+from service.errors import ConfigError, InvalidLocale, ThinktransError
+from service.locale import canonicalize, check_allowed
+
+CommaList = Annotated[list[str], NoDecode]
+
+
+def _split_commas(value: Any) -> Any:
+    if isinstance(value, str):
+        return [part.strip() for part in value.split(",") if part.strip()]
+    return value
+
+
+class Settings(BaseSettings):
+    """Every knob of the service. Environment variables win over the YAML file."""
+
+    model_config = SettingsConfigDict(
+        env_prefix="THINKTRANS_", extra="forbid", validate_default=True, populate_by_name=True
+    )
+
+    # -- serving -------------------------------------------------------------------------
+    host: str = Field("127.0.0.1", description="Address `thinktrans serve` binds to.")
+    port: int = Field(8088, ge=1, le=65535, description="Port `thinktrans serve` listens on.")
+    api_token: SecretStr | None = Field(
+        None, description="When set, every /v1 route needs `Authorization: Bearer <token>`."
+    )
+    log_level: Literal["debug", "info", "warning", "error"] = Field("info", description="Log level.")
+    log_text: bool = Field(
+        False, description="Log thinking text itself (debugging only); off: lengths and hashes."
+    )
+
+    # -- backends ------------------------------------------------------------------------
+    backend: CommaList = Field(
+        default_factory=lambda: ["local"],
+        description="Backend or fallback chain, e.g. `deepl,local`; the first serves, the next "
+        "take what it cannot.",
+    )
+    extra_backends: CommaList = Field(
+        default_factory=list,
+        description="Further backends a request may name in `backend` (passthrough always may).",
+    )
+    backend_timeout_s: float = Field(
+        60.0, gt=0, description="Longest one batch may take in a backend before it fails."
+    )
+
+    # -- locales -------------------------------------------------------------------------
+    default_locale: str | None = Field(
+        None, description="Target when neither the request nor `user_text` gives one."
+    )
+    allowed_locales: CommaList = Field(
+        default_factory=list,
+        description="When non-empty, the only targets accepted (a bare language admits its "
+        "regions and scripts).",
+    )
+    detector: str = Field("default", description="Language detector: `default` or `langdetect`.")
+
+    # -- batching ------------------------------------------------------------------------
+    max_batch_size: int = Field(32, ge=1, le=4096, description="Most segments in one batch.")
+    max_batch_chars: int = Field(
+        16_000, ge=1, description="Most characters in one batch (a token budget by proxy)."
+    )
+    max_wait_ms: float = Field(
+        10.0, ge=0, le=60_000, description="Longest a batch waits for more items after its first."
+    )
+    deadline_ms: float = Field(
+        3000.0,
+        gt=0,
+        le=600_000,
+        description="A segment's result is out by ready + deadline_ms, translated or not.",
+    )
+    max_queue_size: int = Field(
+        4096, ge=1, description="Segments waiting per backend; past it requests get 503."
+    )
+    max_concurrent_batches: int = Field(
+        1, ge=1, le=256, description="Batches one backend runs at once (unless it sets its own)."
+    )
+
+    # -- request limits ------------------------------------------------------------------
+    max_request_bytes: int = Field(
+        1_048_576, ge=1024, description="Largest request body accepted (413 past it)."
+    )
+    max_texts: int = Field(256, ge=1, description="Most texts in one translate/detect request.")
+    max_text_chars: int = Field(
+        100_000, ge=1, description="Most characters in one text of a one-shot request."
+    )
+    max_segment_chars: int = Field(
+        400, ge=16, description="Size bound: a segment without a sentence end is cut here."
+    )
+
+    # -- streams -------------------------------------------------------------------------
+    flush_idle_ms: float = Field(
+        1500.0, gt=0, description="A stream idle this long has its pending text made a segment."
+    )
+    stream_idle_expire_s: float = Field(
+        600.0, gt=0, description="A stream with no activity this long is dropped."
+    )
+    max_streams: int = Field(1000, ge=1, description="Most open streams (429 past it).")
+    max_stream_buffer_chars: int = Field(
+        65_536, ge=64, description="Most unsegmented plus held-back characters per stream."
+    )
+    max_chunk_chars: int = Field(16_384, ge=1, description="Most characters in one chunk.")
+    max_chunks_per_request: int = Field(1024, ge=1, description="Most chunks in one POST.")
+    max_gap: int = Field(
+        256, ge=0, description="Most chunks held out of order waiting for a missing seq."
+    )
+    max_events_retained: int = Field(
+        4096, ge=16, description="Events kept per stream for SSE resume and long-poll."
+    )
+    max_wait_poll_ms: int = Field(30_000, ge=0, description="Longest a long-poll read waits.")
+
+    # -- local backend ---------------------------------------------------------------------
+    local_model: str = Field(
+        "facebook/nllb-200-distilled-600M",
+        description="Hub id or local directory of an NLLB-200, M2M-100 or Marian checkpoint.",
+    )
+    local_marian_models: CommaList = Field(
+        default_factory=list,
+        description="Extra Marian checkpoints, one per pair: `en-de=Helsinki-NLP/opus-mt-en-de`.",
+    )
+    local_device: str = Field("auto", description="`auto` (CUDA when present), `cpu`, `cuda:0`.")
+    local_dtype: Literal["auto", "float32", "float16", "bfloat16"] = Field(
+        "auto", description="`auto`: bfloat16 on GPU (float16 where unsupported), float32 on CPU."
+    )
+    local_num_beams: int = Field(1, ge=1, le=16, description="Beam width; 1 is greedy.")
+    local_max_input_tokens: int = Field(
+        256, ge=8, description="Longer segments are split at sentence or word bounds, rejoined."
+    )
+    local_threads: int | None = Field(None, ge=1, description="torch CPU threads (default: torch's).")
+
+    # -- deepl backend ---------------------------------------------------------------------
+    deepl_api_key: SecretStr | None = Field(
+        None, description="DeepL key (also read from DEEPL_AUTH_KEY); `:fx` keys use the free API."
+    )
+    deepl_server_url: str | None = Field(None, description="DeepL server URL (proxies, tests).")
+    deepl_model_type: str = Field("latency_optimized", description="DeepL `model_type`.")
+    deepl_formality: str | None = Field(None, description="DeepL formality, e.g. `prefer_less`.")
+    deepl_context: bool = Field(False, description="Pass a stream's previous segments as context.")
+    deepl_threads: int = Field(4, ge=1, le=64, description="Threads running the blocking client.")
+    deepl_english_variant: Literal["EN-US", "EN-GB"] = Field(
+        "EN-US", description="DeepL target for a bare `en`."
+    )
+
+    # -- llm backend -----------------------------------------------------------------------
+    llm_base_url: str | None = Field(None, description="OpenAI-compatible base URL, e.g. .../v1.")
+    llm_model: str | None = Field(None, description="Model name sent in chat requests.")
+    llm_api_key: SecretStr | None = Field(None, description="Bearer key for the endpoint.")
+    llm_timeout_s: float = Field(30.0, gt=0, description="Timeout of one chat request.")
+    llm_concurrency: int = Field(4, ge=1, le=256, description="Chat requests in flight at once.")
+
+    # -- prices (compare) ------------------------------------------------------------------
+    price_per_million_chars: dict[str, float] = Field(
+        default_factory=lambda: {"deepl": 25.0},
+        description="Estimated cost per million characters, per backend, for `compare`.",
+    )
+
+    @field_validator("backend", "extra_backends", "allowed_locales", "local_marian_models",
+                     mode="before")
+    @classmethod
+    def _lists(cls, value: Any) -> Any:
+        return _split_commas(value)
+
+    @field_validator("default_locale")
+    @classmethod
+    def _default_locale(cls, value: str | None) -> str | None:
+        if value in (None, ""):
+            return None
+        try:
+            return canonicalize(value)
+        except InvalidLocale as exc:
+            raise ValueError(exc.detail) from None
+
+    @field_validator("allowed_locales")
+    @classmethod
+    def _allowed(cls, value: list[str]) -> list[str]:
+        out = []
+        for tag in value:
+            try:
+                out.append(canonicalize(tag))
+            except InvalidLocale as exc:
+                raise ValueError(exc.detail) from None
+        return out
+
+    @field_validator("backend")
+    @classmethod
+    def _chain(cls, value: list[str]) -> list[str]:
+        if not value:
+            raise ValueError("name at least one backend, e.g. 'local' or 'deepl,local'")
+        if len(set(value)) != len(value):
+            raise ValueError(f"a backend appears twice in the chain {','.join(value)!r}")
+        return value
+
+    @model_validator(mode="after")
+    def _default_allowed(self) -> Settings:
+        if self.default_locale and self.allowed_locales:
+            try:
+                check_allowed(self.default_locale, self.allowed_locales)
+            except ThinktransError as exc:
+                raise ValueError(f"default_locale: {exc.detail}") from None
+        if self.deepl_api_key is None and os.environ.get("DEEPL_AUTH_KEY"):
+            self.deepl_api_key = SecretStr(os.environ["DEEPL_AUTH_KEY"])
+        return self
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        # The variable wins: environment first, then what the YAML file (init) gave.
+        return env_settings, init_settings
+
+    def all_backends(self) -> list[str]:
+        """Every backend this service builds: the chain, the extras, and passthrough."""
+        names = list(self.backend)
+        for name in [*self.extra_backends, "passthrough"]:
+            if name not in names:
+                names.append(name)
+        return names
+
+
+
+def _describe(exc: ValidationError) -> str:
+    parts = []
+    for err in exc.errors():
+        field = ".".join(str(p) for p in err["loc"]) or "settings"
+        env = f"THINKTRANS_{str(err['loc'][0]).upper()}" if err["loc"] else ""
+        given = err.get("input")
+        shown = "" if isinstance(given, dict) or given is None else f", got {given!r}"
+        msg = err["msg"].removeprefix("Value error, ")
+        parts.append(f"{field} ({env}): {msg}{shown}" if env else f"{field}: {msg}{shown}")
+    return "; ".join(parts)
+
+
+def load_settings(config_file: str | Path | None = None, **overrides: Any) -> Settings:
+    """Build settings from the YAML file (if any) and the environment, or raise ConfigError."""
+    data: dict[str, Any] = {}
+    if config_file is not None:
+        path = Path(config_file)
+        try:
+            loaded = yaml.safe_load(path.read_text(encoding="utf-8"))
+        except OSError as exc:
+            raise ConfigError(f"cannot read config file {str(path)!r}: {exc.strerror}") from exc
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"config file {str(path)!r} is not valid YAML: {exc}") from exc
+        if loaded is None:
+            loaded = {}
+        if not isinstance(loaded, dict):
+            raise ConfigError(f"config file {str(path)!r} must hold a mapping of setting: value")
+        data.update(loaded)
+    data.update(overrides)
+    try:
+        return Settings(**data)
+    except ValidationError as exc:
+        raise ConfigError(f"invalid settings: {_describe(exc)}") from None
