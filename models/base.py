@@ -37,6 +37,8 @@ class Translator(ABC):
     name: ClassVar[str]
     # Batches the batcher may run at once on this backend; None: the service setting.
     max_concurrency: int | None = None
+    # Whether the vendor bills the characters sent (counted in metrics and /v1/backends).
+    billed: ClassVar[bool] = False
 
     def __init__(self) -> None:
         self.ready = True
