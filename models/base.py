@@ -39,12 +39,14 @@ class Translator(ABC):
     max_concurrency: int | None = None
     # Whether the vendor bills the characters sent (counted in metrics and /v1/backends).
     billed: ClassVar[bool] = False
+    # Whether outputs are checked to be in the target language (passthrough's are not).
+    check_output_language: ClassVar[bool] = True
 
     def __init__(self) -> None:
         self.ready = True
         self.reason: str | None = None  # why the backend is not ready, for /readyz
 
-    async def start(self) -> None:
+    async def start(self) -> None:  # noqa: B027 - an optional hook
         """Load models or check credentials; called once by the app's lifespan.
 
         Long work belongs in a background task that flips ``ready`` when done, so that
@@ -69,5 +71,5 @@ class Translator(ABC):
         """Backend-specific facts for ``GET /v1/backends`` (model, device, usage...)."""
         return {}
 
-    async def aclose(self) -> None:
+    async def aclose(self) -> None:  # noqa: B027 - an optional hook
         """Release models, threads and connections."""

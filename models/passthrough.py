@@ -10,6 +10,7 @@ from models.base import Translator
 class PassthroughTranslator(Translator):
     name = "passthrough"
     max_concurrency = 64
+    check_output_language = False
 
     async def translate(
         self, texts: Sequence[str], *, source: str | None, target: str

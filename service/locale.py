@@ -10,7 +10,7 @@ import re
 import unicodedata
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, NamedTuple
 
 import langcodes
 
@@ -80,7 +80,7 @@ _ROWS: tuple[tuple[str, str, str | None, str | None, str | None, str | None], ..
     ("ta", "Tamil", "tam_Taml", "ta", None, None),
     ("te", "Telugu", "tel_Telu", "te", None, None),
     ("th", "Thai", "tha_Thai", "th", None, None),
-    ("tl", "Tagalog", "tgl_Latn", "tl", None, None),
+    ("fil", "Filipino", "tgl_Latn", "tl", None, None),
     ("tr", "Turkish", "tur_Latn", "tr", "TR", "TR"),
     ("uk", "Ukrainian", "ukr_Cyrl", "uk", "UK", "UK"),
     ("ur", "Urdu", "urd_Arab", "ur", None, None),
@@ -90,6 +90,8 @@ _ROWS: tuple[tuple[str, str, str | None, str | None, str | None, str | None], ..
 )
 
 LANGUAGES: dict[str, LangInfo] = {row[0]: LangInfo(*row) for row in _ROWS}
+# Codes that detectors or clients use for a row kept under another key.
+_ALIASES = {"no": "nb", "tl": "fil", "iw": "he", "in": "id"}
 # Languages whose script changes the table row (and so the backend code).
 _SCRIPT_KEYED = {"zh"}
 
@@ -146,9 +148,7 @@ def lang_info(tag: str) -> LangInfo | None:
     base = base_language(tag)
     if base in _SCRIPT_KEYED:
         return LANGUAGES.get(f"{base}-{full_script(tag)}")
-    if base == "no":
-        base = "nb"
-    return LANGUAGES.get(base)
+    return LANGUAGES.get(_ALIASES.get(base, base))
 
 
 def display_name(tag: str) -> str:
@@ -209,8 +209,7 @@ def check_allowed(tag: str, allowed: Sequence[str]) -> None:
 TargetSource = Literal["request", "user_text", "default", "none"]
 
 
-@dataclass(frozen=True)
-class ResolvedTarget:
+class ResolvedTarget(NamedTuple):
     target: str | None
     source: TargetSource
 

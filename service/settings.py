@@ -39,7 +39,9 @@ class Settings(BaseSettings):
     api_token: SecretStr | None = Field(
         None, description="When set, every /v1 route needs `Authorization: Bearer <token>`."
     )
-    log_level: Literal["debug", "info", "warning", "error"] = Field("info", description="Log level.")
+    log_level: Literal["debug", "info", "warning", "error"] = Field(
+        "info", description="Log level."
+    )
     log_text: bool = Field(
         False, description="Log thinking text itself (debugging only); off: lengths and hashes."
     )
@@ -56,6 +58,12 @@ class Settings(BaseSettings):
     )
     backend_timeout_s: float = Field(
         60.0, gt=0, description="Longest one batch may take in a backend before it fails."
+    )
+
+    check_output_language: bool = Field(
+        True,
+        description="Treat a translation reliably detected in another language than the "
+        "target as bad output (the chain's next backend serves it).",
     )
 
     # -- locales -------------------------------------------------------------------------
@@ -140,7 +148,9 @@ class Settings(BaseSettings):
     local_max_input_tokens: int = Field(
         256, ge=8, description="Longer segments are split at sentence or word bounds, rejoined."
     )
-    local_threads: int | None = Field(None, ge=1, description="torch CPU threads (default: torch's).")
+    local_threads: int | None = Field(
+        None, ge=1, description="torch CPU threads (default: torch's)."
+    )
 
     # -- deepl backend ---------------------------------------------------------------------
     deepl_api_key: SecretStr | None = Field(

@@ -1,0 +1,325 @@
+"""The app factory: lifespan, middleware, error mapping and the HTTP routes."""
+
+from __future__ import annotations
+
+import hmac
+import logging
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
+from contextlib import asynccontextmanager
+from typing import Any
+
+from fastapi import APIRouter, Depends, FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from models.base import Translator
+from models.registry import build_backends
+from service.batcher import Batcher, BatchLimits
+from service.detect import get_detector
+from service.errors import InputError, Overloaded, PayloadTooLarge, ThinktransError
+from service.locale import resolve_target
+from service.metrics import Metrics
+from service.pipeline import Pipeline
+from service.schemas import (
+    DetectRequest,
+    DetectResponse,
+    Problem,
+    TranslateRequest,
+    TranslateResponse,
+)
+from service.settings import Settings, load_settings
+
+log = logging.getLogger("thinktrans.app")
+
+PROBLEM_JSON = "application/problem+json"
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+
+def problem(
+    status: int, title: str, detail: str, slug: str, *,
+    headers: dict[str, str] | None = None, **extra: Any,
+) -> JSONResponse:
+    """An RFC 9457 problem response."""
+    body = {"type": f"urn:thinktrans:problem:{slug}", "title": title, "status": status,
+            "detail": detail, **extra}
+    return JSONResponse(body, status_code=status, media_type=PROBLEM_JSON, headers=headers)
+
+
+class BodyLimit:
+    """Refuse bodies over ``max_bytes`` with 413 before they are read whole."""
+
+    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
+        self.app = app
+        self.max_bytes = max_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        too_big = PayloadTooLarge(
+            f"request body is over THINKTRANS_MAX_REQUEST_BYTES={self.max_bytes} bytes; "
+            "send fewer or shorter texts per request"
+        )
+        for name, value in scope.get("headers", []):
+            if name == b"content-length":
+                try:
+                    declared = int(value)
+                except ValueError:
+                    declared = 0
+                if declared > self.max_bytes:
+                    await _send_problem(scope, receive, send, too_big)
+                    return
+        seen = 0
+
+        async def limited() -> Message:
+            nonlocal seen
+            message = await receive()
+            if message["type"] == "http.request":
+                seen += len(message.get("body", b""))
+                if seen > self.max_bytes:
+                    raise too_big
+            return message
+
+        await self.app(scope, limited, send)
+
+
+async def _send_problem(scope: Scope, receive: Receive, send: Send, exc: ThinktransError) -> None:
+    response = problem(exc.status, exc.title, exc.detail, exc.slug)
+    await response(scope, receive, send)
+
+
+def _route_of(request: Request) -> str:
+    route = request.scope.get("route")
+    return getattr(route, "path", "unmatched")
+
+
+def create_app(
+    settings: Settings | None = None, *, backends: dict[str, Translator] | None = None
+) -> FastAPI:
+    """Build the app. ``backends`` replaces the built ones (tests pass fakes here)."""
+    settings = settings or load_settings()
+    metrics = Metrics()
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        built = backends if backends is not None else build_backends(settings)
+        for name in settings.all_backends():
+            if name not in built:
+                raise ThinktransError(f"backend {name!r} was configured but not built")
+        batchers = {}
+        for name, translator in built.items():
+            limits = BatchLimits(
+                max_batch_size=settings.max_batch_size,
+                max_batch_chars=settings.max_batch_chars,
+                max_wait_ms=settings.max_wait_ms,
+                max_queue_size=settings.max_queue_size,
+                max_concurrency=translator.max_concurrency or settings.max_concurrent_batches,
+                timeout_s=settings.backend_timeout_s,
+            )
+            batchers[name] = Batcher(translator, limits, metrics)
+        pipeline = Pipeline(settings, get_detector(settings.detector), built, batchers, metrics)
+        app.state.pipeline = pipeline
+        for translator in built.values():
+            await translator.start()
+        for batcher in batchers.values():
+            await batcher.start()
+        log.info("started backends=%s chain=%s", ",".join(built), ",".join(settings.backend))
+        try:
+            yield
+        finally:
+            for batcher in batchers.values():
+                await batcher.stop()
+            for translator in built.values():
+                await translator.aclose()
+
+    app = FastAPI(
+        title="thinktrans",
+        version="0.1.0",
+        summary="Translates an agent's streamed thinking into the user's language.",
+        lifespan=lifespan,
+    )
+    app.state.settings = settings
+    app.state.metrics = metrics
+
+    @app.exception_handler(ThinktransError)
+    async def _thinktrans_error(request: Request, exc: ThinktransError) -> JSONResponse:
+        headers = None
+        if isinstance(exc, Overloaded):
+            headers = {"Retry-After": str(exc.retry_after_s)}
+        status = exc.status if isinstance(exc, InputError | Overloaded) else 502
+        if not isinstance(exc, InputError | Overloaded):
+            log.warning("request failed: %s", type(exc).__name__)
+        return problem(status, exc.title, exc.detail, exc.slug, headers=headers, **exc.extra)
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
+        errors = [
+            {"loc": [str(p) for p in e.get("loc", ())], "msg": e.get("msg", ""),
+             "type": e.get("type", "")}
+            for e in exc.errors()
+        ]
+        first = errors[0] if errors else {"loc": [], "msg": "invalid request"}
+        where = ".".join(first["loc"][1:] if first["loc"][:1] == ["body"] else first["loc"])
+        detail = f"{where}: {first['msg']}" if where else str(first["msg"])
+        return problem(422, "Invalid request", detail, "invalid-request", errors=errors)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        return problem(exc.status_code, "HTTP error", str(exc.detail), f"http-{exc.status_code}",
+                       headers=getattr(exc, "headers", None))
+
+    @app.exception_handler(Exception)
+    async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
+        log.exception("unhandled %s on %s", type(exc).__name__, _route_of(request))
+        return problem(500, "Internal error", "the service failed; the error is logged",
+                       "internal")
+
+    @app.middleware("http")
+    async def _observe(request: Request, call_next: Callable[[Request], Awaitable[Response]]
+                       ) -> Response:
+        started = time.monotonic()
+        response = await call_next(request)
+        route = _route_of(request)
+        elapsed = time.monotonic() - started
+        metrics.requests.labels(request.method, route, str(response.status_code)).inc()
+        metrics.request_seconds.labels(request.method, route).observe(elapsed)
+        return response
+
+    app.add_middleware(BodyLimit, max_bytes=settings.max_request_bytes)
+
+    async def require_token(request: Request) -> None:
+        token = settings.api_token
+        if token is None:
+            return
+        header = request.headers.get("authorization", "")
+        scheme, _, given = header.partition(" ")
+        if scheme.lower() != "bearer" or not hmac.compare_digest(
+            given.strip().encode(), token.get_secret_value().encode()
+        ):
+            raise _Unauthorized()
+
+    @app.exception_handler(_Unauthorized)
+    async def _unauthorized(request: Request, exc: _Unauthorized) -> JSONResponse:
+        return problem(401, "Unauthorized", "send 'Authorization: Bearer <THINKTRANS_API_TOKEN>'",
+                       "unauthorized", headers={"WWW-Authenticate": "Bearer"})
+
+    v1 = APIRouter(prefix="/v1", dependencies=[Depends(require_token)],
+                   responses={422: {"model": Problem}, 413: {"model": Problem},
+                              401: {"model": Problem}})
+
+    def pipeline_of(request: Request) -> Pipeline:
+        pipeline: Pipeline = request.app.state.pipeline
+        return pipeline
+
+    def check_texts(texts: list[str]) -> None:
+        if not texts:
+            raise InputError("texts is empty; send at least one text")
+        if len(texts) > settings.max_texts:
+            raise PayloadTooLarge(
+                f"{len(texts)} texts in one request; at most THINKTRANS_MAX_TEXTS="
+                f"{settings.max_texts}"
+            )
+        for i, text in enumerate(texts):
+            if len(text) > settings.max_text_chars:
+                raise PayloadTooLarge(
+                    f"texts[{i}] has {len(text)} characters; at most "
+                    f"THINKTRANS_MAX_TEXT_CHARS={settings.max_text_chars}"
+                )
+            check_encodable(text, f"texts[{i}]")
+
+    @v1.post("/translate", response_model=TranslateResponse)
+    async def translate(body: TranslateRequest, request: Request) -> dict[str, Any]:
+        """Translate whole texts; segments not in the target language go to the backend."""
+        check_texts(body.texts)
+        pipeline = pipeline_of(request)
+        resolved = resolve_target(
+            body.target, user_text=None, default_locale=settings.default_locale,
+            allowed=settings.allowed_locales, detect=lambda t: pipeline.detect(t).lang,
+        )
+        results = await pipeline.translate_texts(
+            body.texts, target=resolved.target, source=body.source, backend=body.backend
+        )
+        return {"results": results}
+
+    @v1.post("/detect", response_model=DetectResponse)
+    async def detect(body: DetectRequest, request: Request) -> dict[str, Any]:
+        """Detect each text's language."""
+        check_texts(body.texts)
+        pipeline = pipeline_of(request)
+        out = []
+        for text in body.texts:
+            det = pipeline.detect(text)
+            out.append({"lang": det.lang, "confidence": det.confidence, "reliable": det.reliable})
+        return {"results": out}
+
+    @v1.get("/languages")
+    async def languages(request: Request) -> dict[str, Any]:
+        """Supported targets per backend, the default target and the allowed ones."""
+        pipeline = pipeline_of(request)
+        return {
+            "default_target": settings.default_locale,
+            "allowed_locales": settings.allowed_locales or None,
+            "backends": {name: {"targets": t.languages()} for name, t in pipeline.backends.items()},
+        }
+
+    @v1.get("/backends")
+    async def backends_route(request: Request) -> dict[str, Any]:
+        """Configured backends, the default chain, readiness and queue depth."""
+        pipeline = pipeline_of(request)
+        return {
+            "chain": settings.backend,
+            "backends": [
+                {"name": name, "ready": t.ready, "reason": t.reason,
+                 "in_chain": name in settings.backend,
+                 "queue_depth": pipeline.batchers[name].queue_size, "info": t.info()}
+                for name, t in pipeline.backends.items()
+            ],
+        }
+
+    app.include_router(v1)
+
+    @app.get("/healthz", tags=["health"])
+    async def healthz() -> dict[str, str]:
+        """Alive: the process answers."""
+        return {"status": "ok"}
+
+    @app.get("/readyz", tags=["health"])
+    async def readyz(request: Request) -> JSONResponse:
+        """Ready: every backend of the default chain is loaded and reachable."""
+        pipeline: Pipeline | None = getattr(request.app.state, "pipeline", None)
+        if pipeline is None:
+            return JSONResponse({"status": "starting", "backends": {}}, status_code=503)
+        states = {}
+        for name in settings.backend:
+            t = pipeline.backends[name]
+            metrics.backend_ready.labels(name).set(1 if t.ready else 0)
+            states[name] = {"ready": t.ready, "reason": t.reason}
+        ready = all(s["ready"] for s in states.values())
+        return JSONResponse({"status": "ready" if ready else "not_ready", "backends": states},
+                            status_code=200 if ready else 503)
+
+    @app.get("/metrics", tags=["health"])
+    async def metrics_route() -> Response:
+        """Prometheus text format."""
+        return Response(metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
+
+    return app
+
+
+class _Unauthorized(Exception):
+    pass
+
+
+def check_encodable(text: str, where: str) -> None:
+    """Refuse lone surrogates: they cannot be sent back as UTF-8."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise InputError(f"{where} holds a lone surrogate (invalid UTF-16 escape); "
+                         "send valid Unicode text") from None

@@ -1,0 +1,299 @@
+"""The batcher: one per backend, fed by every request and stream.
+
+A batch goes when it is full (``max_batch_size`` items or ``max_batch_chars``
+characters) or ``max_wait_ms`` after its first item. Items are grouped by
+(source, target), since a tokenizer or a vendor call takes one pair at a time. The
+loop takes a concurrency slot *before* it forms a batch, so while the backend is busy
+items pile up and the next batch goes full. Every future is resolved whatever
+happens: a result, a BackendError, or cancelled by its caller (then dropped unrun).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections import OrderedDict, deque
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from models.base import Translator
+from service.errors import BackendError, BackendTimeout, BackendUnavailable, BadOutput, Overloaded
+from service.metrics import Metrics
+
+log = logging.getLogger("thinktrans.batcher")
+
+Pair = tuple[str | None, str]
+
+
+@dataclass(frozen=True, slots=True)
+class Translation:
+    """A backend's answer for one item, with the time it waited in the queue."""
+
+    text: str
+    backend: str
+    queued_ms: float
+
+
+@dataclass(slots=True, eq=False)
+class _Item:
+    text: str
+    pair: Pair
+    future: asyncio.Future[Translation]
+    enqueued: float = field(default_factory=time.monotonic)
+
+
+@dataclass(frozen=True, slots=True)
+class BatchLimits:
+    """The batcher's knobs, checked once with messages that give the bad value."""
+
+    max_batch_size: int = 32
+    max_batch_chars: int = 16_000
+    max_wait_ms: float = 10.0
+    max_queue_size: int = 4096
+    max_concurrency: int = 1
+    timeout_s: float = 60.0
+
+    def __post_init__(self) -> None:
+        for name in ("max_batch_size", "max_batch_chars", "max_queue_size", "max_concurrency"):
+            value = getattr(self, name)
+            if value < 1:
+                raise ValueError(f"{name} must be >= 1, got {value}")
+        if self.max_wait_ms < 0:
+            raise ValueError(f"max_wait_ms must be >= 0, got {self.max_wait_ms}")
+        if self.timeout_s <= 0:
+            raise ValueError(f"timeout_s must be > 0, got {self.timeout_s}")
+
+
+class Batcher:
+    """Collects items for one backend and runs them in batches."""
+
+    def __init__(self, translator: Translator, limits: BatchLimits, metrics: Metrics) -> None:
+        self.translator = translator
+        self.name = translator.name
+        self.limits = limits
+        self.metrics = metrics
+        self._groups: OrderedDict[Pair, deque[_Item]] = OrderedDict()
+        self._size = 0
+        self._changed = asyncio.Event()
+        self._slots = asyncio.Semaphore(limits.max_concurrency)
+        self._loop_task: asyncio.Task[None] | None = None
+        self._running: set[asyncio.Task[None]] = set()
+        self._closed = False
+
+    # -- lifecycle -------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        if self._loop_task is None:
+            self._loop_task = asyncio.create_task(self._loop(), name=f"batcher:{self.name}")
+
+    async def stop(self, grace_s: float = 5.0) -> None:
+        """Stop taking items, let running batches finish for ``grace_s``, fail the rest."""
+        self._closed = True
+        if self._loop_task is not None:
+            self._loop_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._loop_task
+            self._loop_task = None
+        if self._running:
+            _, pending = await asyncio.wait(self._running, timeout=grace_s)
+            for task in pending:
+                task.cancel()
+            if pending:
+                await asyncio.wait(pending)
+        err = BackendUnavailable(f"backend {self.name!r} is shutting down")
+        for group in self._groups.values():
+            for item in group:
+                _fail(item, err)
+        self._groups.clear()
+        self._size = 0
+        self._gauge()
+
+    # -- submitting ------------------------------------------------------------------------
+
+    @property
+    def queue_size(self) -> int:
+        return self._size
+
+    def free(self) -> int:
+        """How many more items the queue takes before it is full."""
+        return self.limits.max_queue_size - self._size
+
+    def submit(self, text: str, source: str | None, target: str) -> asyncio.Future[Translation]:
+        """Queue one text; the future gets its Translation or a BackendError.
+
+        Raises Overloaded when the queue is full. A caller that no longer wants the
+        answer cancels the future; the item is then dropped before it runs.
+        """
+        if self._closed:
+            raise BackendUnavailable(f"backend {self.name!r} is shutting down")
+        if self._size >= self.limits.max_queue_size:
+            raise Overloaded(
+                f"the {self.name!r} queue is full ({self.limits.max_queue_size} segments); "
+                "retry later or raise THINKTRANS_MAX_QUEUE_SIZE",
+                retry_after_s=1,
+            )
+        future: asyncio.Future[Translation] = asyncio.get_running_loop().create_future()
+        pair: Pair = (source, target)
+        group = self._groups.get(pair)
+        if group is None:
+            group = self._groups[pair] = deque()
+        group.append(_Item(text, pair, future))
+        self._size += 1
+        self._gauge()
+        self._changed.set()
+        return future
+
+    # -- the loop --------------------------------------------------------------------------
+
+    async def _loop(self) -> None:
+        while True:
+            await self._slots.acquire()
+            try:
+                batch = await self._next_batch()
+            except BaseException:
+                self._slots.release()
+                raise
+            task = asyncio.create_task(self._run(batch), name=f"batch:{self.name}")
+            self._running.add(task)
+            task.add_done_callback(self._running.discard)
+
+    def _prune(self) -> None:
+        """Drop items whose callers gave up, and empty groups."""
+        for pair in list(self._groups):
+            group = self._groups[pair]
+            while group and group[0].future.done():
+                group.popleft()
+                self._size -= 1
+            if not group:
+                del self._groups[pair]
+
+    def _full(self, group: deque[_Item]) -> bool:
+        if len(group) >= self.limits.max_batch_size:
+            return True
+        chars = 0
+        for item in group:
+            chars += len(item.text)
+            if chars >= self.limits.max_batch_chars:
+                return True
+        return False
+
+    async def _next_batch(self) -> list[_Item]:
+        max_wait_s = self.limits.max_wait_ms / 1000.0
+        while True:
+            self._prune()
+            if not self._groups:
+                self._changed.clear()
+                await self._changed.wait()
+                continue
+            # The group whose first item has waited longest goes next, unless one is full.
+            pair, group = next(iter(self._groups.items()))
+            oldest = group[0].enqueued
+            for p, g in self._groups.items():
+                if self._full(g):
+                    pair, group = p, g
+                    break
+                if g[0].enqueued < oldest:
+                    pair, group, oldest = p, g, g[0].enqueued
+            remaining = oldest + max_wait_s - time.monotonic()
+            if self._full(group) or remaining <= 0:
+                return self._take(pair, group)
+            self._changed.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._changed.wait(), remaining)
+
+    def _take(self, pair: Pair, group: deque[_Item]) -> list[_Item]:
+        batch: list[_Item] = []
+        chars = 0
+        while group and len(batch) < self.limits.max_batch_size:
+            item = group[0]
+            if item.future.done():
+                group.popleft()
+                self._size -= 1
+                continue
+            if batch and chars + len(item.text) > self.limits.max_batch_chars:
+                break
+            group.popleft()
+            self._size -= 1
+            batch.append(item)
+            chars += len(item.text)
+        if not group:
+            self._groups.pop(pair, None)
+        else:
+            self._groups.move_to_end(pair)  # fairness: other pairs go before its rest
+        self._gauge()
+        return batch
+
+    async def _run(self, batch: list[_Item]) -> None:
+        try:
+            live = [item for item in batch if not item.future.done()]
+            if not live:
+                return
+            source, target = live[0].pair
+            texts = [item.text for item in live]
+            started = time.monotonic()
+            self.metrics.batch_size.labels(self.name).observe(len(live))
+            try:
+                outputs = await asyncio.wait_for(
+                    self.translator.translate(texts, source=source, target=target),
+                    self.limits.timeout_s,
+                )
+                _check_outputs(self.name, texts, outputs)
+            except BackendError as exc:
+                self._fail_all(live, exc)
+                return
+            except TimeoutError:
+                self._fail_all(live, BackendTimeout(
+                    f"backend {self.name!r} took over {self.limits.timeout_s:g} s for a batch"
+                ))
+                return
+            except asyncio.CancelledError:
+                self._fail_all(live, BackendUnavailable(f"backend {self.name!r} stopped"))
+                raise
+            except Exception as exc:  # a bug or an unmapped vendor error: fail, don't hang
+                log.exception("backend %s raised %s", self.name, type(exc).__name__)
+                self._fail_all(live, BackendError(f"backend {self.name!r} failed: "
+                                                  f"{type(exc).__name__}"))
+                return
+            elapsed = time.monotonic() - started
+            self.metrics.batch_seconds.labels(self.name).observe(elapsed)
+            if self.translator.billed:
+                self.metrics.billed_chars.labels(self.name).inc(sum(map(len, texts)))
+            log.debug("batch backend=%s size=%d chars=%d ms=%.1f", self.name, len(live),
+                      sum(map(len, texts)), elapsed * 1000)
+            for item, out in zip(live, outputs, strict=True):
+                queued_ms = (started - item.enqueued) * 1000.0
+                if not item.future.done():
+                    item.future.set_result(Translation(out, self.name, queued_ms))
+        finally:
+            self._slots.release()
+
+    def _fail_all(self, items: Sequence[_Item], exc: BackendError) -> None:
+        self.metrics.backend_errors.labels(self.name, exc.slug).inc()
+        for item in items:
+            _fail(item, exc)
+
+    def _gauge(self) -> None:
+        self.metrics.queue_depth.labels(self.name).set(self._size)
+
+
+def _fail(item: _Item, exc: BaseException) -> None:
+    if not item.future.done():
+        item.future.set_exception(exc)
+        # The caller may have stopped waiting (deadline); don't warn about an unread error.
+        item.future.add_done_callback(_consume)
+
+
+def _consume(future: asyncio.Future[Translation]) -> None:
+    if not future.cancelled():
+        future.exception()
+
+
+def _check_outputs(name: str, texts: Sequence[str], outputs: object) -> None:
+    """The one place that checks the backend contract's output shape."""
+    if not isinstance(outputs, list) or len(outputs) != len(texts):
+        got = len(outputs) if isinstance(outputs, list) else type(outputs).__name__
+        raise BadOutput(f"backend {name!r} returned {got} outputs for {len(texts)} inputs")
+    if not all(isinstance(o, str) for o in outputs):
+        raise BadOutput(f"backend {name!r} returned a non-string output")

@@ -1,0 +1,189 @@
+"""The command line: serve, translate, detect, make-test-model (and later compare, bench).
+
+Errors become one line on stderr and a non-zero exit code, never a traceback.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import sys
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from service.errors import ConfigError, InputError, ThinktransError
+from service.settings import Settings, load_settings
+
+app = typer.Typer(
+    add_completion=False,
+    no_args_is_help=True,
+    help="thinktrans: translate an agent's streamed thinking into the user's language.",
+)
+
+ConfigOpt = Annotated[
+    Path | None, typer.Option("--config", help="YAML settings file (THINKTRANS_* variables win).")
+]
+
+
+def _fail(message: str, code: int) -> typer.Exit:
+    typer.echo(f"thinktrans: {message}", err=True)
+    return typer.Exit(code)
+
+
+def _exit_code(exc: ThinktransError) -> int:
+    if isinstance(exc, ConfigError):
+        return 2
+    if isinstance(exc, InputError):
+        return 3
+    return 4
+
+
+def _settings(config: Path | None, **overrides: Any) -> Settings:
+    try:
+        return load_settings(config, **{k: v for k, v in overrides.items() if v is not None})
+    except ConfigError as exc:
+        raise _fail(exc.detail, 2) from None
+
+
+def _read_text(text: str | None) -> str:
+    if text is None or text == "-":
+        return sys.stdin.read()
+    return text
+
+
+@app.command()
+def serve(
+    config: ConfigOpt = None,
+    host: Annotated[str | None, typer.Option(help="Bind address.")] = None,
+    port: Annotated[int | None, typer.Option(help="Port.")] = None,
+    backend: Annotated[str | None, typer.Option(help="Backend or chain, e.g. deepl,local.")] = None,
+) -> None:
+    """Start the HTTP service."""
+    import uvicorn
+
+    from service.app import create_app
+
+    if backend is not None and "THINKTRANS_BACKEND" not in os.environ:
+        os.environ["THINKTRANS_BACKEND"] = backend
+    settings = _settings(config, host=host, port=port)
+    if host is not None:
+        settings.host = host
+    if port is not None:
+        settings.port = port
+    logging.basicConfig(
+        level=settings.log_level.upper(),
+        format='{"ts":"%(asctime)s","level":"%(levelname)s","logger":"%(name)s","msg":"%(message)s"}',
+    )
+    try:
+        application = create_app(settings)
+    except ThinktransError as exc:
+        raise _fail(exc.detail, _exit_code(exc)) from None
+    uvicorn.run(application, host=settings.host, port=settings.port,
+                log_level=settings.log_level, timeout_graceful_shutdown=10)
+
+
+async def _in_process(settings: Settings, work: Any) -> Any:
+    from service.app import create_app
+
+    application = create_app(settings)
+    async with application.router.lifespan_context(application):
+        pipeline = application.state.pipeline
+        await _wait_ready(pipeline, settings)
+        return await work(pipeline)
+
+
+async def _wait_ready(pipeline: Any, settings: Settings, timeout_s: float = 600.0) -> None:
+    """Wait for the chain's backends to load (or to fail loading)."""
+    loop = asyncio.get_running_loop()
+    until = loop.time() + timeout_s
+    while loop.time() < until:
+        pending = [pipeline.backends[n] for n in settings.backend]
+        if all(t.ready or (t.reason and not t.reason.startswith("loading")) for t in pending):
+            return
+        await asyncio.sleep(0.1)
+
+
+@app.command()
+def translate(
+    to: Annotated[str, typer.Option("--to", help="Target locale, e.g. zh-CN.")],
+    text: Annotated[str | None, typer.Argument(help="Text, or - for standard input.")] = None,
+    backend: Annotated[str | None, typer.Option(help="Backend or chain.")] = None,
+    source: Annotated[str | None, typer.Option(help="Source locale (default: detect).")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print segment results as JSON.")] = False,
+    config: ConfigOpt = None,
+) -> None:
+    """Translate text in-process (no server needed)."""
+    from service.locale import canonicalize
+
+    overrides: dict[str, Any] = {}
+    if backend is not None:
+        overrides["backend"] = backend
+    settings = _settings(config, **overrides)
+    body = _read_text(text)
+    try:
+        target = canonicalize(to)
+
+        async def work(pipeline: Any) -> Any:
+            return await pipeline.translate_texts([body], target=target, source=source)
+
+        results = asyncio.run(_in_process(settings, work))
+    except ThinktransError as exc:
+        raise _fail(exc.detail, _exit_code(exc)) from None
+    result = results[0]
+    if as_json:
+        typer.echo(json.dumps(result, ensure_ascii=False, indent=2))
+    else:
+        typer.echo(result["text"], nl=not result["text"].endswith("\n"))
+        failed = [s for s in result["segments"] if s["status"] in ("error", "deadline")]
+        if failed:
+            reason = failed[0].get("error") or failed[0]["status"]
+            typer.echo(f"thinktrans: {len(failed)} segment(s) left untranslated: {reason}",
+                       err=True)
+
+
+@app.command()
+def detect(
+    text: Annotated[str | None, typer.Argument(help="Text, or - for standard input.")] = None,
+    config: ConfigOpt = None,
+) -> None:
+    """Detect the language of a text (one result per line of input)."""
+    from service.detect import get_detector
+
+    settings = _settings(config)
+    try:
+        detector = get_detector(settings.detector)
+    except ThinktransError as exc:
+        raise _fail(exc.detail, _exit_code(exc)) from None
+    for line in _read_text(text).splitlines() or [""]:
+        det = detector.detect(line)
+        typer.echo(json.dumps({"lang": det.lang, "confidence": det.confidence,
+                               "reliable": det.reliable}))
+
+
+@app.command("make-test-model")
+def make_test_model(
+    outdir: Annotated[Path, typer.Argument(help="Directory to write the checkpoint to.")],
+    family: Annotated[str, typer.Option(help="nllb, m2m100 or marian.")] = "nllb",
+) -> None:
+    """Write a tiny random-weight checkpoint of a real model family (for tests, smoke runs)."""
+    try:
+        from service.testmodel import make_test_model as build
+    except ModuleNotFoundError as exc:
+        raise _fail(f"make-test-model needs {exc.name!r}: pip install 'thinktrans[local]'",
+                    2) from None
+    if family not in ("nllb", "m2m100", "marian"):
+        raise _fail(f"unknown family {family!r}; choose nllb, m2m100 or marian", 3)
+    path = build(family, outdir)
+    typer.echo(str(path))
+
+
+def main() -> None:
+    app()
+
+
+if __name__ == "__main__":
+    main()

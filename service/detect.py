@@ -1,0 +1,286 @@
+"""Language detection for short, mixed reasoning text.
+
+The ``default`` detector decides by script first: Han, Kana, Hangul, Thai and the other
+scripts that name their language need no statistics, and a mixed line such as
+``首先，确定整个 hiking旅程所用的总时间`` goes to the script with most weight. Only text
+in a shared script (Latin, Cyrillic, Arabic, Devanagari) goes to ``langdetect``, limited
+to that script's languages, seeded so that the same text always gives the same answer,
+and helped on short phrases by function words and diacritics.
+
+Detectors are registered by name (``THINKTRANS_DETECTOR``); each returns a Detection.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import re
+import threading
+import unicodedata
+from abc import ABC, abstractmethod
+from collections import Counter
+from dataclasses import dataclass
+from importlib import resources
+from typing import ClassVar
+
+from service.errors import ConfigError
+
+
+@dataclass(frozen=True, slots=True)
+class Detection:
+    """What a detector says of one text: a BCP 47 tag (or None), a confidence, reliability."""
+
+    lang: str | None
+    confidence: float
+    reliable: bool
+
+
+UNKNOWN = Detection(None, 0.0, False)
+
+
+class Detector(ABC):
+    """A language detector; ``detect`` must be deterministic and thread-safe."""
+
+    name: ClassVar[str]
+
+    @abstractmethod
+    def detect(self, text: str) -> Detection: ...
+
+
+# -- scripts ------------------------------------------------------------------------------
+
+# (script, regex of its letters, the language it names or None when shared)
+_SCRIPTS: tuple[tuple[str, str, str | None], ...] = (
+    ("Hani", r"[\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\U00020000-\U0002fa1f]", None),
+    ("Kana", r"[\u3041-\u309f\u30a0-\u30ff\u31f0-\u31ff\uff66-\uff9d]", "ja"),
+    ("Hang", r"[\u1100-\u11ff\u3130-\u318f\uac00-\ud7af]", "ko"),
+    ("Thai", r"[\u0e00-\u0e7f]", "th"),
+    ("Grek", r"[\u0370-\u03ff\u1f00-\u1fff]", "el"),
+    ("Hebr", r"[\u0590-\u05ff]", "he"),
+    ("Geor", r"[\u10a0-\u10ff]", "ka"),
+    ("Armn", r"[\u0530-\u058f]", "hy"),
+    ("Beng", r"[\u0980-\u09ff]", "bn"),
+    ("Guru", r"[\u0a00-\u0a7f]", "pa"),
+    ("Gujr", r"[\u0a80-\u0aff]", "gu"),
+    ("Taml", r"[\u0b80-\u0bff]", "ta"),
+    ("Telu", r"[\u0c00-\u0c7f]", "te"),
+    ("Knda", r"[\u0c80-\u0cff]", "kn"),
+    ("Mlym", r"[\u0d00-\u0d7f]", "ml"),
+    ("Khmr", r"[\u1780-\u17ff]", "km"),
+    ("Laoo", r"[\u0e80-\u0eff]", "lo"),
+    ("Mymr", r"[\u1000-\u109f]", "my"),
+    ("Ethi", r"[\u1200-\u137f]", "am"),
+    ("Cyrl", r"[\u0400-\u04ff]", None),
+    ("Arab", r"[\u0600-\u06ff\u0750-\u077f\ufb50-\ufdff\ufe70-\ufeff]", None),
+    ("Deva", r"[\u0900-\u097f]", None),
+    ("Latn", r"[A-Za-z\u00c0-\u00ff\u0100-\u024f\u1e00-\u1eff]", None),
+)
+_SCRIPT_RES = tuple((name, re.compile(rx), lang) for name, rx, lang in _SCRIPTS)
+# One Han, Kana or Hangul character carries about a word; a Latin letter about a fifth.
+_WEIGHT = {"Hani": 3.0, "Kana": 3.0, "Hang": 2.5}
+# Languages langdetect may choose within each shared script.
+_SHARED = {
+    "Cyrl": ("ru", "uk", "bg", "mk"),
+    "Arab": ("ar", "fa", "ur"),
+    "Deva": ("hi", "mr", "ne"),
+    "Latn": (
+        "en", "de", "fr", "es", "pt", "it", "nl", "pl", "tr", "vi", "id", "sv", "cs",
+        "ro", "hu", "fi", "da", "no", "ca", "hr", "sk", "sl", "lt", "lv", "et", "sq",
+        "sw", "tl", "af", "cy",
+    ),
+}
+# Short text leans to the languages reasoning text is most often in.
+_PRIOR = {"en": 6.0, "de": 3.0, "fr": 3.0, "es": 3.0, "pt": 1.5, "it": 1.5, "ru": 4.0}
+
+# Characters that only Traditional (left) or only Simplified (right) Chinese uses.
+_TRAD_SIMP = (
+    "們们這这個个說说會会來来為为時时國国學学對对麼么還还點点後后種种與与電电開开關关"
+    "問问題题現现應应動动實实體体當当經经發发過过長长間间無无從从東东見见兩两進进邊边"
+    "裡里處处麼么總总計计確确認认數数據据錯错誤误讓让嗎吗將将樣样據据雖虽條条"
+)
+_TRAD = frozenset(_TRAD_SIMP[0::2])
+_SIMP = frozenset(_TRAD_SIMP[1::2])
+
+_STRIP = re.compile(
+    r"```.*?(?:```|$)|`[^`\n]*`|\b(?:https?|ftp)://\S+|\bwww\.\S+|\S+@\S+\.\w+|\\[a-zA-Z]+",
+    re.S,
+)
+_WORDS = re.compile(r"[^\W\d_]+(?:['’][^\W\d_]+)?")
+
+
+def _lexicon() -> dict[str, dict[str, float]]:
+    """word -> {language: weight}; a word shared by n languages weighs 1/n in each."""
+    raw = json.loads(resources.files("service.data").joinpath("function_words.json").read_text())
+    owners: dict[str, list[str]] = {}
+    for lang, words in raw.items():
+        for word in words.split():
+            owners.setdefault(word, []).append(lang)
+    return {w: {lang: 1.0 / len(langs) for lang in langs} for w, langs in owners.items()}
+
+
+_LEXICON = _lexicon()
+_MARKS: tuple[tuple[str, str, float], ...] = (
+    ("ß", "de", 3.0), ("äöü", "de", 1.0), ("ñ¿¡", "es", 3.0), ("áíóú", "es", 0.5),
+    ("áíóúãõ", "pt", 0.5), ("ãõ", "pt", 2.5), ("èêëîïôûùœâ", "fr", 1.5), ("ç", "fr", 0.8),
+    ("ç", "pt", 0.5), ("ìò", "it", 1.5), ("ąęłńśźż", "pl", 3.0), ("ğış", "tr", 3.0),
+    ("ăâđơư", "vi", 2.0), ("åø", "sv", 1.0), ("åøæ", "da", 1.0), ("ěščřžůň", "cs", 2.0),
+)
+
+
+def _count_scripts(text: str) -> Counter[str]:
+    counts: Counter[str] = Counter()
+    for name, rx, _ in _SCRIPT_RES:
+        n = len(rx.findall(text))
+        if n:
+            counts[name] = n
+    return counts
+
+
+def chinese_script(text: str) -> str:
+    """``Hant`` when Traditional-only characters outnumber Simplified-only ones, else ``Hans``."""
+    trad = sum(ch in _TRAD for ch in text)
+    simp = sum(ch in _SIMP for ch in text)
+    return "Hant" if trad > simp else "Hans"
+
+
+class _Langdetect:
+    """langdetect, limited to a set of languages, with a fixed seed; thread-safe."""
+
+    def __init__(self, langs: tuple[str, ...]) -> None:
+        from langdetect.detector_factory import PROFILES_DIRECTORY, DetectorFactory
+
+        self.factory = DetectorFactory()
+        profiles = []
+        for lang in langs:
+            path = f"{PROFILES_DIRECTORY}/{lang}"
+            with open(path, encoding="utf-8") as f:
+                profiles.append(f.read())
+        self.factory.load_json_profile(profiles)
+        self.factory.set_seed(0)
+        self.langs = langs
+        self._lock = threading.Lock()
+
+    def probabilities(self, text: str, prior: dict[str, float] | None) -> dict[str, float]:
+        from langdetect.lang_detect_exception import LangDetectException
+
+        with self._lock:  # DetectorFactory is not documented as thread-safe
+            detector = self.factory.create()
+            if prior:
+                detector.set_prior_map({k: v for k, v in prior.items() if k in self.langs})
+            detector.append(text)
+            try:
+                return {p.lang: p.prob for p in detector.get_probabilities()}
+            except LangDetectException:
+                return {}
+
+
+@functools.lru_cache(maxsize=8)
+def _langdetect_for(langs: tuple[str, ...]) -> _Langdetect:
+    return _Langdetect(langs)
+
+
+class ScriptDetector(Detector):
+    """Script first, then langdetect within a shared script, helped by function words."""
+
+    name = "default"
+
+    def detect(self, text: str) -> Detection:
+        clean = _STRIP.sub(" ", text)
+        counts = _count_scripts(clean)
+        if not counts:
+            return UNKNOWN
+        weighted = {s: n * _WEIGHT.get(s, 1.0) for s, n in counts.items()}
+        total = sum(weighted.values())
+        # Han with any Kana is Japanese; Kana alone too.
+        cjk = counts.get("Hani", 0) + counts.get("Kana", 0)
+        if cjk and counts.get("Kana", 0):
+            weighted["Kana"] = weighted.get("Kana", 0.0) + weighted.pop("Hani", 0.0)
+        script = max(weighted, key=lambda s: weighted[s])
+        share = weighted[script] / total
+        n = counts.get(script, 0) + (counts.get("Hani", 0) if script == "Kana" else 0)
+        if script == "Hani":
+            return Detection(f"zh-{chinese_script(clean)}", round(share, 3), n >= 2)
+        named = {name: lang for name, _, lang in _SCRIPT_RES}
+        if named.get(script):
+            lang = named[script]
+            assert lang is not None
+            return Detection(lang, round(share, 3), n >= 2)
+        return self._within_script(clean, script, share, n)
+
+    def _within_script(self, text: str, script: str, share: float, letters: int) -> Detection:
+        langs = _SHARED[script]
+        words = [w.lower() for w in _WORDS.findall(text)]
+        probs = _langdetect_for(langs).probabilities(" ".join(words), _PRIOR)
+        if script == "Latn" and letters < 40:
+            probs = self._blend(words, probs, langs)
+        if not probs:
+            return Detection(None, 0.0, False)
+        lang = max(probs, key=lambda k: probs[k])
+        conf = probs[lang] * share
+        reliable = conf >= 0.8 and letters >= (12 if script == "Latn" else 6)
+        return Detection(lang, round(conf, 3), reliable)
+
+    @staticmethod
+    def _blend(
+        words: list[str], probs: dict[str, float], langs: tuple[str, ...]
+    ) -> dict[str, float]:
+        """Mix langdetect's view with function words and diacritics, which short text needs."""
+        evidence: dict[str, float] = {}
+        for word in words:
+            for lang, weight in _LEXICON.get(word, {}).items():
+                evidence[lang] = evidence.get(lang, 0.0) + weight
+        joined = "".join(words)
+        for chars, lang, weight in _MARKS:
+            if any(ch in joined for ch in chars):
+                evidence[lang] = evidence.get(lang, 0.0) + weight
+        if not evidence:
+            return probs
+        scale = sum(evidence.values())
+        mixed = {
+            lang: 0.35 * probs.get(lang, 0.0) + 0.65 * evidence.get(lang, 0.0) / scale
+            for lang in langs
+        }
+        norm = sum(mixed.values()) or 1.0
+        return {k: v / norm for k, v in mixed.items() if v > 0}
+
+
+class LangdetectDetector(Detector):
+    """Plain langdetect over all its languages, seeded: the baseline."""
+
+    name = "langdetect"
+
+    def __init__(self) -> None:
+        import os
+
+        from langdetect.detector_factory import PROFILES_DIRECTORY
+
+        self._ld = _Langdetect(tuple(sorted(os.listdir(PROFILES_DIRECTORY))))
+
+    def detect(self, text: str) -> Detection:
+        probs = self._ld.probabilities(_STRIP.sub(" ", text), None)
+        if not probs:
+            return UNKNOWN
+        lang = max(probs, key=lambda k: probs[k])
+        tag = {"zh-cn": "zh-Hans", "zh-tw": "zh-Hant"}.get(lang, lang)
+        return Detection(tag, round(probs[lang], 3), probs[lang] >= 0.9 and len(text) >= 20)
+
+
+DETECTORS: dict[str, type[Detector]] = {
+    ScriptDetector.name: ScriptDetector,
+    LangdetectDetector.name: LangdetectDetector,
+}
+
+
+def get_detector(name: str) -> Detector:
+    """Build a detector by name, or raise ConfigError naming the choices."""
+    try:
+        return DETECTORS[name]()
+    except KeyError:
+        raise ConfigError(
+            f"unknown detector {name!r}; choose from {', '.join(sorted(DETECTORS))}"
+        ) from None
+
+
+def letters_of(text: str) -> int:
+    """How many letters a text holds (for length rules)."""
+    return sum(1 for ch in text if unicodedata.category(ch).startswith("L"))

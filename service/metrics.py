@@ -1,0 +1,67 @@
+"""Prometheus metrics, one registry per app so that apps in one process stay apart."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+_LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+_BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
+
+
+class Metrics:
+    """Every metric the service exports, with conventional names and units."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.requests = Counter(
+            "thinktrans_http_requests", "HTTP requests by route and status.",
+            ["method", "route", "status"], registry=r,
+        )
+        self.request_seconds = Histogram(
+            "thinktrans_http_request_duration_seconds", "HTTP request latency by route.",
+            ["method", "route"], buckets=_LATENCY_BUCKETS, registry=r,
+        )
+        self.segments = Counter(
+            "thinktrans_segments", "Segments out, by status and backend.",
+            ["status", "backend"], registry=r,
+        )
+        self.queue_depth = Gauge(
+            "thinktrans_queue_depth", "Segments waiting in a backend's batcher.",
+            ["backend"], registry=r,
+        )
+        self.batch_size = Histogram(
+            "thinktrans_batch_size", "Segments per batch sent to a backend.",
+            ["backend"], buckets=_BATCH_BUCKETS, registry=r,
+        )
+        self.batch_seconds = Histogram(
+            "thinktrans_batch_duration_seconds", "Time a backend took for one batch.",
+            ["backend"], buckets=_LATENCY_BUCKETS, registry=r,
+        )
+        self.segment_seconds = Histogram(
+            "thinktrans_segment_latency_seconds",
+            "From a segment being ready to its result going out (ready-to-emit).",
+            ["status"], buckets=_LATENCY_BUCKETS, registry=r,
+        )
+        self.deadline_misses = Counter(
+            "thinktrans_deadline_misses", "Segments sent out untranslated at their deadline.",
+            registry=r,
+        )
+        self.backend_errors = Counter(
+            "thinktrans_backend_errors", "Failed batches by backend and error kind.",
+            ["backend", "kind"], registry=r,
+        )
+        self.billed_chars = Counter(
+            "thinktrans_billed_characters", "Characters sent to backends that bill them.",
+            ["backend"], registry=r,
+        )
+        self.open_streams = Gauge(
+            "thinktrans_open_streams", "Streams currently open.", registry=r,
+        )
+        self.backend_ready = Gauge(
+            "thinktrans_backend_ready", "1 when a backend is ready, else 0.",
+            ["backend"], registry=r,
+        )
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

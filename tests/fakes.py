@@ -1,0 +1,61 @@
+"""Test doubles: a fake backend with gates, scripted answers and a record of calls."""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from models.base import Translator
+
+
+@dataclass
+class Call:
+    texts: list[str]
+    source: str | None
+    target: str
+
+
+@dataclass
+class FakeTranslator(Translator):
+    """Translates to ``<target>:<text>`` unless told otherwise.
+
+    ``gate``: when set, each call waits for it (tests open it to let batches run).
+    ``answers``: a queue of callables or exceptions used, in order, for the next calls.
+    """
+
+    name_: str = "fake"
+    gate: asyncio.Event | None = None
+    delay_s: float = 0.0
+    answers: deque[Callable[[Sequence[str], str | None, str], list[str]] | BaseException] = field(
+        default_factory=deque
+    )
+    calls: list[Call] = field(default_factory=list)
+    concurrency: int | None = None
+    started: asyncio.Event = field(default_factory=asyncio.Event)
+    check_output_language = False  # its answers are tagged originals, not translations
+
+    def __post_init__(self) -> None:
+        Translator.__init__(self)
+        self.max_concurrency = self.concurrency
+
+    @property
+    def name(self) -> str:  # type: ignore[override]
+        return self.name_
+
+    async def translate(
+        self, texts: Sequence[str], *, source: str | None, target: str
+    ) -> list[str]:
+        self.calls.append(Call(list(texts), source, target))
+        self.started.set()
+        if self.gate is not None:
+            await self.gate.wait()
+        if self.delay_s:
+            await asyncio.sleep(self.delay_s)
+        if self.answers:
+            answer = self.answers.popleft()
+            if isinstance(answer, BaseException):
+                raise answer
+            return answer(texts, source, target)
+        return [f"<{target}>{t}" for t in texts]

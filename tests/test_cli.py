@@ -1,0 +1,101 @@
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+
+import httpx
+import pytest
+from typer.testing import CliRunner
+
+from service.cli import app
+
+runner = CliRunner()
+
+
+def test_translate_in_process(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("THINKTRANS_BACKEND", "passthrough")
+    result = runner.invoke(app, ["translate", "--to", "zh-CN", "--json",
+                                 "Let me think. 我们走吧。 x = 1"])
+    assert result.exit_code == 0, result.output
+    out = json.loads(result.stdout)
+    assert [s["status"] for s in out["segments"]] == ["translated", "same_language", "skipped"]
+    assert "".join(s["original"] for s in out["segments"]) == "Let me think. 我们走吧。 x = 1"
+
+
+def test_translate_reads_stdin(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("THINKTRANS_BACKEND", "passthrough")
+    result = runner.invoke(app, ["translate", "--to", "de", "-"], input="Hello there.\n")
+    assert result.exit_code == 0
+    assert result.stdout == "Hello there.\n"
+
+
+def test_bad_locale_is_one_line_and_exit_3(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("THINKTRANS_BACKEND", "passthrough")
+    result = runner.invoke(app, ["translate", "--to", "zh_CN", "hi"])
+    assert result.exit_code == 3
+    assert result.stderr.strip().count("\n") == 0
+    assert "use '-', not '_'" in result.stderr
+
+
+def test_bad_settings_exit_2(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("THINKTRANS_MAX_BATCH_SIZE", "0")
+    result = runner.invoke(app, ["translate", "--to", "de", "hi"])
+    assert result.exit_code == 2
+    assert "THINKTRANS_MAX_BATCH_SIZE" in result.stderr
+    assert "Traceback" not in result.output
+
+
+def test_detect() -> None:
+    result = runner.invoke(app, ["detect", "-"], input="Das ist wirklich sehr gut so.\n这是中文\n")
+    assert result.exit_code == 0
+    lines = [json.loads(line) for line in result.stdout.splitlines()]
+    assert [line["lang"] for line in lines] == ["de", "zh-Hans"]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture
+def server() -> Iterator[str]:
+    """`thinktrans serve` in its own process, on a free port of 127.0.0.1."""
+    port = _free_port()
+    env = {**os.environ, "THINKTRANS_BACKEND": "passthrough", "THINKTRANS_DEFAULT_LOCALE": "zh-CN"}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "service.cli", "serve", "--port", str(port)],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        for _ in range(100):
+            try:
+                if httpx.get(f"{url}/readyz", timeout=1).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            if proc.poll() is not None:
+                raise AssertionError(proc.stdout.read().decode() if proc.stdout else "died")
+            time.sleep(0.1)
+        yield url
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+
+
+def test_serve_over_real_http(server: str) -> None:
+    text = "Hmm, the user said hello. 我们来看看。\n```python\nx = 1\n```\n42 + 17 = 59"
+    r = httpx.post(f"{server}/v1/translate", json={"texts": [text]}, timeout=10)
+    assert r.status_code == 200
+    segments = r.json()["results"][0]["segments"]
+    assert "".join(s["original"] for s in segments) == text
+    assert [s["status"] for s in segments] == ["translated", "same_language", "skipped", "skipped"]
+    assert segments[0]["target"] == "zh-CN"
+    assert httpx.get(f"{server}/healthz").json() == {"status": "ok"}
+    assert "thinktrans_segments_total" in httpx.get(f"{server}/metrics").text

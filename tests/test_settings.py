@@ -1,0 +1,83 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from service.errors import ConfigError
+from service.settings import load_settings
+
+
+def test_defaults() -> None:
+    s = load_settings()
+    assert s.backend == ["local"]
+    assert s.all_backends() == ["local", "passthrough"]
+    assert s.api_token is None
+
+
+def test_yaml_file_and_variable_wins(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    cfg = tmp_path / "thinktrans.yaml"
+    cfg.write_text("backend: deepl,local\ndefault_locale: ZH-cn\nmax_batch_size: 8\n"
+                   "allowed_locales: [zh, en]\n")
+    s = load_settings(cfg)
+    assert s.backend == ["deepl", "local"]
+    assert s.default_locale == "zh-CN"
+    assert s.max_batch_size == 8
+    assert s.allowed_locales == ["zh", "en"]
+    monkeypatch.setenv("THINKTRANS_MAX_BATCH_SIZE", "16")
+    monkeypatch.setenv("THINKTRANS_ALLOWED_LOCALES", "ja, zh, en")
+    s = load_settings(cfg)
+    assert s.max_batch_size == 16
+    assert s.allowed_locales == ["ja", "zh", "en"]
+
+
+@pytest.mark.parametrize(
+    ("env", "value", "message"),
+    [("THINKTRANS_MAX_BATCH_SIZE", "0", "max_batch_size (THINKTRANS_MAX_BATCH_SIZE)"),
+     ("THINKTRANS_DEFAULT_LOCALE", "zh_CN", "use '-', not '_'"),
+     ("THINKTRANS_ALLOWED_LOCALES", "en,??", "not a BCP 47 tag"),
+     ("THINKTRANS_BACKEND", "local,local", "appears twice"),
+     ("THINKTRANS_DEADLINE_MS", "soon", "deadline_ms"),
+     ("THINKTRANS_NO_SUCH_SETTING", "1", None)],
+)
+def test_invalid_settings_give_one_clear_line(
+    monkeypatch: pytest.MonkeyPatch, env: str, value: str, message: str | None
+) -> None:
+    monkeypatch.setenv(env, value)
+    if message is None:  # unknown variables are ignored, as the environment is shared
+        load_settings()
+        return
+    with pytest.raises(ConfigError) as exc:
+        load_settings()
+    assert message in exc.value.detail
+    assert "\n" not in exc.value.detail
+
+
+def test_default_must_be_allowed(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("THINKTRANS_DEFAULT_LOCALE", "de")
+    monkeypatch.setenv("THINKTRANS_ALLOWED_LOCALES", "zh,ja")
+    with pytest.raises(ConfigError, match="default_locale"):
+        load_settings()
+
+
+def test_unknown_yaml_key_is_an_error(tmp_path: Path) -> None:
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("max_batch_sise: 4\n")
+    with pytest.raises(ConfigError, match="max_batch_sise"):
+        load_settings(cfg)
+
+
+def test_bad_yaml_file(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="cannot read config file"):
+        load_settings(tmp_path / "missing.yaml")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("- a list\n")
+    with pytest.raises(ConfigError, match="mapping"):
+        load_settings(bad)
+
+
+def test_deepl_auth_key_is_accepted(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("DEEPL_AUTH_KEY", "abc:fx")
+    s = load_settings()
+    assert s.deepl_api_key is not None
+    assert s.deepl_api_key.get_secret_value() == "abc:fx"
