@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
 from contextlib import asynccontextmanager
 from typing import Any
 
-from fastapi import APIRouter, Depends, FastAPI, Request
+from fastapi import APIRouter, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
@@ -51,47 +51,71 @@ def problem(
     return JSONResponse(body, status_code=status, media_type=PROBLEM_JSON, headers=headers)
 
 
-class BodyLimit:
-    """Refuse bodies over ``max_bytes`` with 413 before they are read whole."""
+class Guard:
+    """Pure ASGI front door: the bearer token on /v1, then the body size limit.
 
-    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
+    Both are checked before the body is parsed, so a client without the token gets
+    401 whatever it sent, and an oversized body gets 413, not a parse error.
+    """
+
+    def __init__(self, app: ASGIApp, max_bytes: int, token: str | None) -> None:
         self.app = app
         self.max_bytes = max_bytes
+        self.token = token.encode() if token else None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        too_big = PayloadTooLarge(
+        headers = dict(scope.get("headers", []))
+        if self.token is not None and scope["path"].startswith("/v1"):
+            scheme, _, given = headers.get(b"authorization", b"").partition(b" ")
+            if scheme.lower() != b"bearer" or not hmac.compare_digest(given.strip(), self.token):
+                await problem(
+                    401, "Unauthorized", "send 'Authorization: Bearer <THINKTRANS_API_TOKEN>'",
+                    "unauthorized", headers={"WWW-Authenticate": "Bearer"},
+                )(scope, receive, send)
+                return
+        too_big = problem(
+            413, PayloadTooLarge.title,
             f"request body is over THINKTRANS_MAX_REQUEST_BYTES={self.max_bytes} bytes; "
-            "send fewer or shorter texts per request"
+            "send fewer or shorter texts per request", PayloadTooLarge.slug,
         )
-        for name, value in scope.get("headers", []):
-            if name == b"content-length":
-                try:
-                    declared = int(value)
-                except ValueError:
-                    declared = 0
-                if declared > self.max_bytes:
-                    await _send_problem(scope, receive, send, too_big)
-                    return
-        seen = 0
-
-        async def limited() -> Message:
-            nonlocal seen
+        declared = headers.get(b"content-length")
+        if declared is not None:
+            if not declared.isdigit() or int(declared) > self.max_bytes:
+                await too_big(scope, receive, send)
+                return
+            await self.app(scope, receive, send)
+            return
+        # No length given (chunked): read the body up to the limit, then replay it.
+        body = bytearray()
+        more = True
+        while more:
             message = await receive()
-            if message["type"] == "http.request":
-                seen += len(message.get("body", b""))
-                if seen > self.max_bytes:
-                    raise too_big
-            return message
+            if message["type"] != "http.request":
+                await self.app(scope, _replay([message]), send)
+                return
+            body += message.get("body", b"")
+            more = message.get("more_body", False)
+            if len(body) > self.max_bytes:
+                await too_big(scope, receive, send)
+                return
+        await self.app(scope, _replay([{"type": "http.request", "body": bytes(body)}], receive),
+                       send)
 
-        await self.app(scope, limited, send)
 
+def _replay(messages: list[Message], then: Receive | None = None) -> Receive:
+    queue = list(messages)
 
-async def _send_problem(scope: Scope, receive: Receive, send: Send, exc: ThinktransError) -> None:
-    response = problem(exc.status, exc.title, exc.detail, exc.slug)
-    await response(scope, receive, send)
+    async def receive() -> Message:
+        if queue:
+            return queue.pop(0)
+        if then is not None:
+            return await then()
+        return {"type": "http.disconnect"}
+
+    return receive
 
 
 def _route_of(request: Request) -> str:
@@ -191,25 +215,10 @@ def create_app(
         metrics.request_seconds.labels(request.method, route).observe(elapsed)
         return response
 
-    app.add_middleware(BodyLimit, max_bytes=settings.max_request_bytes)
+    token = settings.api_token.get_secret_value() if settings.api_token else None
+    app.add_middleware(Guard, max_bytes=settings.max_request_bytes, token=token)
 
-    async def require_token(request: Request) -> None:
-        token = settings.api_token
-        if token is None:
-            return
-        header = request.headers.get("authorization", "")
-        scheme, _, given = header.partition(" ")
-        if scheme.lower() != "bearer" or not hmac.compare_digest(
-            given.strip().encode(), token.get_secret_value().encode()
-        ):
-            raise _Unauthorized()
-
-    @app.exception_handler(_Unauthorized)
-    async def _unauthorized(request: Request, exc: _Unauthorized) -> JSONResponse:
-        return problem(401, "Unauthorized", "send 'Authorization: Bearer <THINKTRANS_API_TOKEN>'",
-                       "unauthorized", headers={"WWW-Authenticate": "Bearer"})
-
-    v1 = APIRouter(prefix="/v1", dependencies=[Depends(require_token)],
+    v1 = APIRouter(prefix="/v1",
                    responses={422: {"model": Problem}, 413: {"model": Problem},
                               401: {"model": Problem}})
 
@@ -310,10 +319,6 @@ def create_app(
         return Response(metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
 
     return app
-
-
-class _Unauthorized(Exception):
-    pass
 
 
 def check_encodable(text: str, where: str) -> None:

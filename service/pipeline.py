@@ -150,8 +150,9 @@ class Pipeline:
     def submit(
         self, text: str, source: str | None, target: str, chain: Sequence[str]
     ) -> asyncio.Task[Translation]:
-        """Start one segment down the chain; raises Overloaded if the first queue is full.
+        """Start one segment (stripped of its outer whitespace) down the chain.
 
+        Raises Overloaded if the first queue is full.
         The first backend's queue is entered before this returns, so a caller can check
         capacity and submit without another request slipping in between.
         """
@@ -276,7 +277,7 @@ class Pipeline:
                 if d.status is None:
                     assert target is not None
                     piece = split[key[0]][key[1]]
-                    tasks[key] = self.submit(piece.text, d.send_source, target, chain)
+                    tasks[key] = self.submit(piece.text.strip(), d.send_source, target, chain)
             if tasks:
                 await asyncio.wait(tasks.values(), timeout=self.settings.deadline_ms / 1000.0)
         finally:

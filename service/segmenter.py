@@ -121,8 +121,9 @@ class Segmenter:
 
     def _next_text_piece(self) -> Piece | None:
         buf = self._buf
+        lead = len(buf) - len(buf.lstrip())
         for m in _BOUNDARY.finditer(buf, self._scan_from):
-            if m.start() == 0 and buf[0].isspace():
+            if m.start() < lead:
                 continue  # leading whitespace belongs to the segment it leads
             if self._is_false_end(buf, m):
                 continue

@@ -48,7 +48,7 @@ def test_any_chunking_joins_back_exactly(text: str, sizes: list[int], max_chars:
     assert seg.pending == ""
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=500, deadline=None)
 @given(text=texts, sizes=st.lists(st.integers(1, 8), max_size=300))
 def test_chunking_does_not_change_the_cut(text: str, sizes: list[int]) -> None:
     """A sentence that arrives in 30 deltas is the same segment as one sent whole."""
@@ -138,3 +138,10 @@ def test_max_chars_is_checked() -> None:
 
     with pytest.raises(ValueError, match="max_chars must be >= 16, got 3"):
         Segmenter(3)
+
+
+def test_leading_whitespace_split_across_deltas_stays_with_its_sentence() -> None:
+    text = "\n\n   \tHmm, the user said hello. Let me think. "
+    seg = Segmenter(400)
+    pieces = [*seg.feed(text[:1]), *seg.feed(text[1:9]), *seg.feed(text[9:]), *seg.flush()]
+    assert [p.text for p in pieces] == ["\n\n   \tHmm, the user said hello. ", "Let me think. "]
