@@ -3,15 +3,16 @@
 from __future__ import annotations
 
 import hmac
+import json
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import Annotated, Any
 
-from fastapi import APIRouter, FastAPI, Request
+from fastapi import APIRouter, FastAPI, Header, Path, Query, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from models.base import Translator
@@ -23,17 +24,26 @@ from service.locale import resolve_target
 from service.metrics import Metrics
 from service.pipeline import Pipeline
 from service.schemas import (
+    STREAM_ID_PATTERN,
+    ChunksRequest,
+    ChunksResponse,
+    CloseResponse,
     DetectRequest,
     DetectResponse,
+    EventsResponse,
+    OpenStreamRequest,
+    OpenStreamResponse,
     Problem,
     TranslateRequest,
     TranslateResponse,
 )
 from service.settings import Settings, load_settings
+from service.streams import EventsGone, Stream, StreamManager, TooManyStreams
 
 log = logging.getLogger("thinktrans.app")
 
 PROBLEM_JSON = "application/problem+json"
+StreamId = Annotated[str, Path(pattern=STREAM_ID_PATTERN, description="1-128 of A-Za-z0-9._:-")]
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[Message]]
@@ -149,14 +159,17 @@ def create_app(
             batchers[name] = Batcher(translator, limits, metrics)
         pipeline = Pipeline(settings, get_detector(settings.detector), built, batchers, metrics)
         app.state.pipeline = pipeline
+        app.state.streams = streams = StreamManager(settings, pipeline)
         for translator in built.values():
             await translator.start()
         for batcher in batchers.values():
             await batcher.start()
+        await streams.start()
         log.info("started backends=%s chain=%s", ",".join(built), ",".join(settings.backend))
         try:
             yield
         finally:
+            await streams.stop()
             for batcher in batchers.values():
                 await batcher.stop()
             for translator in built.values():
@@ -174,10 +187,11 @@ def create_app(
     @app.exception_handler(ThinktransError)
     async def _thinktrans_error(request: Request, exc: ThinktransError) -> JSONResponse:
         headers = None
-        if isinstance(exc, Overloaded):
+        if isinstance(exc, Overloaded | TooManyStreams):
             headers = {"Retry-After": str(exc.retry_after_s)}
-        status = exc.status if isinstance(exc, InputError | Overloaded) else 502
-        if not isinstance(exc, InputError | Overloaded):
+        client_side = InputError | Overloaded | TooManyStreams
+        status = exc.status if isinstance(exc, client_side) else 502
+        if not isinstance(exc, client_side):
             log.warning("request failed: %s", type(exc).__name__)
         return problem(status, exc.title, exc.detail, exc.slug, headers=headers, **exc.extra)
 
@@ -291,6 +305,95 @@ def create_app(
             ],
         }
 
+
+    # -- streams ---------------------------------------------------------------------------
+
+    def streams_of(request: Request) -> StreamManager:
+        manager: StreamManager = request.app.state.streams
+        return manager
+
+    @v1.post("/streams", response_model=OpenStreamResponse, status_code=201)
+    async def open_stream(body: OpenStreamRequest, request: Request) -> JSONResponse:
+        """Open a stream; opening it again with the same target is a no-op (200)."""
+        pipeline = pipeline_of(request)
+        if body.user_text is not None:
+            check_encodable(body.user_text, "user_text")
+        resolved = resolve_target(
+            body.target, user_text=body.user_text, default_locale=settings.default_locale,
+            allowed=settings.allowed_locales, detect=lambda t: pipeline.detect(t).lang,
+        )
+        stream, created = streams_of(request).open(body.stream_id, resolved, body.backend)
+        return JSONResponse(
+            {"stream_id": stream.stream_id, "target": stream.target,
+             "target_source": stream.target_source},
+            status_code=201 if created else 200,
+        )
+
+    @v1.post("/streams/{stream_id}/chunks", response_model=ChunksResponse)
+    async def post_chunks(stream_id: StreamId, body: ChunksRequest, request: Request
+                          ) -> dict[str, int]:
+        """Accept chunks by seq; returns at once, never waiting for translation."""
+        if len(body.chunks) > settings.max_chunks_per_request:
+            raise PayloadTooLarge(
+                f"{len(body.chunks)} chunks in one request; at most "
+                f"THINKTRANS_MAX_CHUNKS_PER_REQUEST={settings.max_chunks_per_request}"
+            )
+        chunks = []
+        for i, chunk in enumerate(body.chunks):
+            if len(chunk.text) > settings.max_chunk_chars:
+                raise PayloadTooLarge(
+                    f"chunks[{i}] has {len(chunk.text)} characters; at most "
+                    f"THINKTRANS_MAX_CHUNK_CHARS={settings.max_chunk_chars}"
+                )
+            check_encodable(chunk.text, f"chunks[{i}].text")
+            chunks.append((chunk.seq, chunk.text))
+        manager = streams_of(request)
+        stream = manager.streams.get(stream_id)
+        if stream is None:
+            resolved = resolve_target(None, user_text=None,
+                                      default_locale=settings.default_locale,
+                                      allowed=settings.allowed_locales, detect=lambda t: None)
+            stream, _ = manager.open(stream_id, resolved, None)
+        return {"accepted_through": stream.add_chunks(chunks)}
+
+    @v1.post("/streams/{stream_id}/close", response_model=CloseResponse)
+    async def close_stream(stream_id: StreamId, request: Request) -> dict[str, int]:
+        """Flush the last segment; `end` follows once every result is out."""
+        return {"segments": streams_of(request).get(stream_id).close()}
+
+    @v1.delete("/streams/{stream_id}", status_code=204)
+    async def delete_stream(stream_id: StreamId, request: Request) -> Response:
+        """Drop a stream and its pending work."""
+        streams_of(request).delete(stream_id)
+        return Response(status_code=204)
+
+    @v1.get("/streams/{stream_id}/events", response_model=EventsResponse,
+            responses={200: {"content": {"text/event-stream": {}}}})
+    async def stream_events(
+        stream_id: StreamId,
+        request: Request,
+        after: Annotated[int, Query(ge=-1, le=2**53, description="Events after this id.")] = -1,
+        wait_ms: Annotated[int, Query(ge=0, le=3_600_000,
+                                      description="Long-poll: longest wait.")] = 0,
+        accept: Annotated[str | None, Header()] = None,
+        last_event_id: Annotated[str | None, Header()] = None,
+    ) -> Any:
+        """Segment, update and end events: SSE with Accept: text/event-stream, else JSON."""
+        stream = streams_of(request).get(stream_id)
+        if last_event_id is not None:
+            if not last_event_id.strip().lstrip("-").isdigit():
+                raise InputError("Last-Event-ID must be an integer event id")
+            after = max(after, int(last_event_id.strip()))
+        stream.events_after(after)  # 410 now, not mid-stream, if events are gone
+        if accept and "text/event-stream" in accept:
+            return StreamingResponse(
+                _sse(stream, after), media_type="text/event-stream",
+                headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+            )
+        wait_s = min(wait_ms, settings.max_wait_poll_ms) / 1000.0
+        events = await stream.wait_events(after, wait_s)
+        return {"events": [e.as_json() for e in events]}
+
     app.include_router(v1)
 
     @app.get("/healthz", tags=["health"])
@@ -319,6 +422,30 @@ def create_app(
         return Response(metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
 
     return app
+
+
+SSE_HEARTBEAT_S = 15.0
+
+
+async def _sse(stream: Stream, after: int) -> AsyncIterator[str]:
+    """Server-Sent Events from ``after`` on, with heartbeats, until `end`."""
+    last = after
+    while True:
+        try:
+            events = await stream.wait_events(last, SSE_HEARTBEAT_S)
+        except EventsGone:
+            return  # the reader fell too far behind; it resumes with Last-Event-ID
+        if not events:
+            if stream.ended:
+                return  # dropped or expired
+            yield ": keep-alive\n\n"
+            continue
+        for event in events:
+            data = json.dumps(event.data, ensure_ascii=False, separators=(",", ":"))
+            yield f"id: {event.id}\nevent: {event.type}\ndata: {data}\n\n"
+            last = event.id
+            if event.type == "end":
+                return
 
 
 def check_encodable(text: str, where: str) -> None:

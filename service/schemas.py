@@ -68,3 +68,50 @@ class Problem(BaseModel):
     status: int
     detail: str
     instance: str | None = None
+
+
+STREAM_ID_PATTERN = r"^[A-Za-z0-9._:-]{1,128}$"
+
+
+class OpenStreamRequest(_Strict):
+    stream_id: str = Field(..., pattern=STREAM_ID_PATTERN,
+                           description="1-128 of A-Za-z0-9._:- e.g. '<session>:<message>'.")
+    target: str | None = Field(None, max_length=256, description="BCP 47 target.")
+    backend: str | None = Field(None, max_length=256, description="Backend or chain.")
+    user_text: str | None = Field(
+        None, max_length=100_000,
+        description="The user's own message; its language is the target when none is given.",
+    )
+
+
+class OpenStreamResponse(BaseModel):
+    stream_id: str
+    target: str | None
+    target_source: Literal["request", "user_text", "default", "none"]
+
+
+class Chunk(_Strict):
+    seq: int = Field(..., ge=0, le=2**53, description="0, 1, 2, ... without gaps.")
+    text: str
+
+
+class ChunksRequest(_Strict):
+    chunks: list[Chunk]
+
+
+class ChunksResponse(BaseModel):
+    accepted_through: int
+
+
+class CloseResponse(BaseModel):
+    segments: int
+
+
+class StreamEvent(BaseModel):
+    id: int
+    type: Literal["segment", "update", "end"]
+    data: dict[str, object]
+
+
+class EventsResponse(BaseModel):
+    events: list[StreamEvent]
