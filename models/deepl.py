@@ -99,8 +99,10 @@ class DeepLTranslator(Translator):
 
     name = "deepl"
     billed = True
-    # Seconds between background probes while auth, quota or the network is failing.
+    # The pipeline skips a backend that is not ready, so a background probe brings it
+    # back: slowly after an auth or quota failure (a person must act), quickly after an outage.
     recheck_after_s: float = 60.0
+    outage_recheck_s: float = 5.0
     # Seconds between usage refreshes (GET /v2/usage) triggered by translations.
     usage_refresh_s: float = 300.0
 
@@ -391,7 +393,7 @@ class DeepLTranslator(Translator):
 
     async def _probe_until_up(self) -> None:
         while not self.ready and not self._closed:
-            await asyncio.sleep(self.recheck_after_s)
+            await asyncio.sleep(self.recheck_after_s if self._fail_fast else self.outage_recheck_s)
             with contextlib.suppress(BackendError):  # _call marked it down again
                 await self._check()
 

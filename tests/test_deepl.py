@@ -53,7 +53,7 @@ async def make(fake: FakeDeepL, monkeypatch: pytest.MonkeyPatch) -> AsyncIterato
             **overrides,
         }
         backend = DeepLTranslator.from_settings(load_settings(**fields))
-        backend.recheck_after_s = 0.1
+        backend.recheck_after_s = backend.outage_recheck_s = 0.1
         # The client's retry count is a module global; monkeypatch restores it.
         monkeypatch.setattr(deepl.http_client, "max_network_retries", retries)
         made.append(backend)
@@ -167,7 +167,7 @@ async def test_auth_and_quota_mark_not_ready(
     fake: FakeDeepL, make: Make, mode: str, words: str
 ) -> None:
     backend = make()
-    backend.recheck_after_s = 30  # keep the probe away while we look
+    backend.recheck_after_s = backend.outage_recheck_s = 30  # no probe while we look
     fake.mode = mode
     with pytest.raises(BackendUnavailable, match=words):
         await backend.translate(["Hello."], source="en", target="de")
@@ -212,7 +212,7 @@ async def test_429_then_ok_is_served_by_client_retry(fake: FakeDeepL, make: Make
 
 async def test_500_is_unavailable_until_it_answers(fake: FakeDeepL, make: Make) -> None:
     backend = make()
-    backend.recheck_after_s = 30
+    backend.recheck_after_s = backend.outage_recheck_s = 30
     fake.mode = "500"
     with pytest.raises(BackendUnavailable, match="HTTP 500"):
         await backend.translate(["Hello."], source="en", target="de")
@@ -220,6 +220,22 @@ async def test_500_is_unavailable_until_it_answers(fake: FakeDeepL, make: Make) 
     fake.mode = "ok"  # an outage does not fail fast: the next batch tries, and heals it
     assert await backend.translate(["Hello."], source="en", target="de") == ["[DE] Hello."]
     assert backend.ready and backend.reason is None
+
+
+async def test_outage_is_probed_quickly(fake: FakeDeepL, make: Make) -> None:
+    backend = make()
+    backend.recheck_after_s = 30  # only the outage interval may bring it back this fast
+    fake.mode = "500"
+    with pytest.raises(BackendUnavailable):
+        await backend.translate(["Hello."], source="en", target="de")
+    assert not backend.ready
+    fake.mode = "ok"
+    for _ in range(50):
+        if backend.ready:
+            break
+        await asyncio.sleep(0.05)
+    assert backend.ready  # no translate call needed: the pipeline skips a not-ready backend
+    assert "/v2/usage" in [r.path for r in fake.requests[1:]]
 
 
 async def test_slow_server_times_out(fake: FakeDeepL, make: Make) -> None:
@@ -302,7 +318,7 @@ async def test_start_check_marks_not_ready(
     fake: FakeDeepL, make: Make, mode: str, words: str
 ) -> None:
     backend = make()
-    backend.recheck_after_s = 30
+    backend.recheck_after_s = backend.outage_recheck_s = 30
     fake.mode = mode
     await backend.start()
     await backend.wait_checked()
