@@ -207,7 +207,10 @@ class DeepLTranslator(Translator):
     # -- languages ---------------------------------------------------------------------------
 
     def _target_code(self, target: str) -> str | None:
-        code = deepl_target_code(target, english_variant=self._english_variant)
+        try:
+            code = deepl_target_code(target, english_variant=self._english_variant)
+        except ValueError:  # not a tag at all (langcodes.LanguageTagError)
+            return None
         if self._server_targets is None:
             return code
         if code is None:
@@ -217,7 +220,10 @@ class DeepLTranslator(Translator):
         return code if code in self._server_targets else None
 
     def _source_code(self, source: str | None) -> str | None:
-        info = lang_info(source) if source else None
+        try:
+            info = lang_info(source) if source else None
+        except ValueError:
+            info = None
         # A source DeepL does not know goes unsent: DeepL detects it.
         return info.deepl_source if info else None
 
@@ -465,7 +471,8 @@ class DeepLTranslator(Translator):
             "server_url": self._server_label() if self._api_key else self._server_url,
             "model_type": self._model_type,
             "formality": self._formality,
-            "context": False,  # deepl_context is future work: the contract passes none yet
+            # deepl_context is future work: the contract passes no context to backends yet.
+            "context_passed": False,
         }
 
 

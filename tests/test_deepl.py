@@ -157,6 +157,7 @@ async def test_strict_formality_dropped_where_unsupported(fake: FakeDeepL, make:
 async def test_unsupported_target_sends_nothing(fake: FakeDeepL, make: Make) -> None:
     backend = make()
     assert not backend.supports(None, "sw")
+    assert not backend.supports(None, "not a tag")
     with pytest.raises(UnsupportedLanguage):
         await backend.translate(["Hello."], source="en", target="sw")
     assert fake.translate_requests == []
