@@ -1,0 +1,347 @@
+"""Real HTTP doubles of the remote backends' vendors, served on 127.0.0.1.
+
+``FakeDeepL`` speaks enough of the DeepL v2 API for the official client; ``FakeChat``
+is an OpenAI-compatible chat endpoint. Each runs uvicorn in a background thread (its
+own event loop), so the blocking DeepL client and the async httpx client both talk to
+it over real sockets. Tests set ``mode`` (or queue one-shot modes in ``script``) and
+read back ``requests``, the record of every call.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import parse_qs
+
+import uvicorn
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, PlainTextResponse, Response
+from starlette.routing import Route
+
+
+@dataclass
+class Recorded:
+    """One request as the server saw it."""
+
+    method: str
+    path: str
+    headers: dict[str, str]
+    body: bytes
+    json: Any = None
+    form: dict[str, list[str]] = field(default_factory=dict)
+    query: dict[str, list[str]] = field(default_factory=dict)
+
+
+class _ServerThread:
+    """uvicorn on a pre-bound ephemeral port, in a daemon thread."""
+
+    def __init__(self, app: Starlette) -> None:
+        self._sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self._sock.bind(("127.0.0.1", 0))
+        self.port: int = self._sock.getsockname()[1]
+        config = uvicorn.Config(
+            app, log_level="warning", lifespan="off", timeout_graceful_shutdown=1
+        )
+        self._server = uvicorn.Server(config)
+        self._thread = threading.Thread(
+            target=self._server.run, kwargs={"sockets": [self._sock]}, daemon=True
+        )
+
+    def start(self) -> None:
+        self._thread.start()
+        deadline = time.monotonic() + 10
+        while not self._server.started:
+            if time.monotonic() > deadline or not self._thread.is_alive():
+                raise RuntimeError("fake server did not start")
+            time.sleep(0.01)
+
+    def stop(self) -> None:
+        self._server.should_exit = True
+        self._thread.join(timeout=5)
+        self._sock.close()
+
+
+async def _record(request: Request, into: list[Recorded]) -> Recorded:
+    body = await request.body()
+    ctype = request.headers.get("content-type", "")
+    parsed_json: Any = None
+    form: dict[str, list[str]] = {}
+    if "json" in ctype and body:
+        parsed_json = json.loads(body)
+    elif body:
+        # The DeepL client sends GET /v2/languages with a form body.
+        form = parse_qs(body.decode("utf-8"))
+    rec = Recorded(
+        method=request.method,
+        path=request.url.path,
+        headers={k.lower(): v for k, v in request.headers.items()},
+        body=body,
+        json=parsed_json,
+        form=form,
+        query=parse_qs(request.url.query),
+    )
+    into.append(rec)
+    return rec
+
+
+class _Fake:
+    """Shared start/stop, mode and script handling."""
+
+    def __init__(self) -> None:
+        self.mode = "ok"
+        self.script: deque[str] = deque()  # one-shot modes, used before ``mode``
+        self.slow_s = 3.0
+        self.requests: list[Recorded] = []
+        self._server = _ServerThread(self._app())
+
+    def _app(self) -> Starlette:  # pragma: no cover - overridden
+        raise NotImplementedError
+
+    def next_mode(self) -> str:
+        return self.script.popleft() if self.script else self.mode
+
+    def reset(self) -> None:
+        self.mode = "ok"
+        self.script.clear()
+        self.slow_s = 3.0
+        self.requests.clear()
+
+    def start(self) -> None:
+        self._server.start()
+
+    def stop(self) -> None:
+        self._server.stop()
+
+    @property
+    def origin(self) -> str:
+        return f"http://127.0.0.1:{self._server.port}"
+
+
+# -- DeepL v2 ------------------------------------------------------------------------------
+
+DEEPL_TARGETS = [
+    ("AR", "Arabic", False), ("DE", "German", True), ("EN-GB", "English (British)", False),
+    ("EN-US", "English (American)", False), ("ES", "Spanish", True), ("FR", "French", True),
+    ("HE", "Hebrew", False), ("JA", "Japanese", True), ("PT-BR", "Portuguese (Brazilian)", True),
+    ("PT-PT", "Portuguese (European)", True), ("ZH", "Chinese (simplified)", False),
+    ("ZH-HANS", "Chinese (simplified)", False), ("ZH-HANT", "Chinese (traditional)", False),
+]  # fmt: skip
+DEEPL_SOURCES = [("DE", "German"), ("EN", "English"), ("FR", "French"), ("ZH", "Chinese")]
+
+
+class FakeDeepL(_Fake):
+    """DeepL v2: /v2/translate, /v2/languages, /v2/usage.
+
+    Modes: ``ok`` (answers "[<TARGET>] <text>"), ``429``, ``456``, ``403``, ``500``, ``slow``
+    (sleeps ``slow_s`` before answering ok).
+    """
+
+    def __init__(self) -> None:
+        self.character_count = 1234
+        self.character_limit = 500_000
+        self.targets = list(DEEPL_TARGETS)
+        super().__init__()
+
+    def reset(self) -> None:
+        super().reset()
+        self.character_count = 1234
+        self.targets = list(DEEPL_TARGETS)
+
+    @property
+    def translate_requests(self) -> list[Recorded]:
+        return [r for r in self.requests if r.path == "/v2/translate"]
+
+    async def _fail(self, mode: str) -> Response | None:
+        if mode == "slow":
+            await asyncio.sleep(self.slow_s)
+            return None
+        if mode in {"429", "456", "403", "500"}:
+            return JSONResponse({"message": f"fake failure {mode}"}, status_code=int(mode))
+        return None
+
+    async def _translate(self, request: Request) -> Response:
+        rec = await _record(request, self.requests)
+        failed = await self._fail(self.next_mode())
+        if failed is not None:
+            return failed
+        data: dict[str, Any]
+        if rec.json is not None:
+            data = rec.json
+        else:
+            data = {k: v if k == "text" else v[0] for k, v in rec.form.items()}
+        target = str(data["target_lang"]).upper()
+        source = data.get("source_lang")
+        texts = data["text"]
+        return JSONResponse(
+            {
+                "translations": [
+                    {
+                        "detected_source_language": source or "EN",
+                        "text": f"[{target}] {text}",
+                        "billed_characters": len(text),
+                        "model_type_used": data.get("model_type"),
+                    }
+                    for text in texts
+                ]
+            }
+        )
+
+    async def _languages(self, request: Request) -> Response:
+        rec = await _record(request, self.requests)
+        mode = self.next_mode()
+        if mode != "456":  # a spent quota still answers metadata calls
+            failed = await self._fail(mode)
+            if failed is not None:
+                return failed
+        kind = (rec.form.get("type") or rec.query.get("type") or ["source"])[0]
+        if kind == "target":
+            return JSONResponse(
+                [{"language": c, "name": n, "supports_formality": f} for c, n, f in self.targets]
+            )
+        return JSONResponse([{"language": c, "name": n} for c, n in DEEPL_SOURCES])
+
+    async def _usage(self, request: Request) -> Response:
+        await _record(request, self.requests)
+        mode = self.next_mode()
+        if mode == "456":
+            return JSONResponse(
+                {"character_count": self.character_limit, "character_limit": self.character_limit}
+            )
+        failed = await self._fail(mode)
+        if failed is not None:
+            return failed
+        return JSONResponse(
+            {"character_count": self.character_count, "character_limit": self.character_limit}
+        )
+
+    def _app(self) -> Starlette:
+        return Starlette(
+            routes=[
+                Route("/v2/translate", self._translate, methods=["POST"]),
+                Route("/v2/languages", self._languages, methods=["GET", "POST"]),
+                Route("/v2/usage", self._usage, methods=["GET", "POST"]),
+            ]
+        )
+
+
+# -- OpenAI-compatible chat -----------------------------------------------------------------
+
+CHAT_MODES = {
+    "good", "fenced", "malformed", "wrong_count", "wrong_ids", "empty", "short", "long",
+    "one_empty", "500", "401", "403", "429", "timeout", "no_content",
+}  # fmt: skip
+
+
+def _segments_of(body: dict[str, Any]) -> tuple[str, list[dict[str, Any]]]:
+    user = next(m["content"] for m in body["messages"] if m["role"] == "user")
+    payload = json.loads(user)
+    return payload["target_language"], payload["segments"]
+
+
+class FakeChat(_Fake):
+    """POST /v1/chat/completions (and GET /v1/models), with failure modes.
+
+    ``good`` prefixes each text with "<target_language>: " so tests see the name used.
+    ``fenced`` wraps a good answer in a Markdown code fence; ``one_empty`` empties only
+    the first segment; ``short``/``long`` answer far shorter/longer than the source;
+    ``timeout`` sleeps ``slow_s``.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.mode = "good"
+
+    def reset(self) -> None:
+        super().reset()
+        self.mode = "good"
+
+    @property
+    def chat_requests(self) -> list[Recorded]:
+        return [r for r in self.requests if r.path.endswith("/chat/completions")]
+
+    def _answer(self, mode: str, body: dict[str, Any]) -> str:
+        target, segments = _segments_of(body)
+        items = [{"id": s["id"], "text": f"{target}: {s['text']}"} for s in segments]
+        if mode == "malformed":
+            return '{"translations": [{"id": 1, "text": "unterminated'
+        if mode == "wrong_count":
+            items = items[:-1] if len(items) > 1 else [*items, {"id": 99, "text": "extra"}]
+        elif mode == "wrong_ids":
+            items = [{"id": item["id"] + 1, "text": item["text"]} for item in items]
+        elif mode == "empty":
+            items = [{"id": item["id"], "text": ""} for item in items]
+        elif mode == "one_empty":
+            items[0]["text"] = " "
+        elif mode == "short":
+            items = [{"id": item["id"], "text": "OK"} for item in items]
+        elif mode == "long":
+            items = [
+                {"id": item["id"], "text": "Sure! Here is a long explanation. " * 20}
+                for item in items
+            ]
+        answer = json.dumps({"translations": items}, ensure_ascii=False)
+        if mode == "fenced":
+            answer = f"Here you go:\n```json\n{answer}\n```"
+        return answer
+
+    async def _chat(self, request: Request) -> Response:
+        rec = await _record(request, self.requests)
+        mode = self.next_mode()
+        if mode == "timeout":
+            await asyncio.sleep(self.slow_s)
+            mode = "good"
+        if mode in {"500", "401", "403", "429"}:
+            return JSONResponse({"error": {"message": f"fake {mode}"}}, status_code=int(mode))
+        body = rec.json
+        content: str | None = None if mode == "no_content" else self._answer(mode, body)
+        prompt_chars = sum(len(m["content"]) for m in body["messages"])
+        return JSONResponse(
+            {
+                "id": "chatcmpl-fake",
+                "object": "chat.completion",
+                "model": body.get("model"),
+                "choices": [
+                    {
+                        "index": 0,
+                        "message": {"role": "assistant", "content": content},
+                        "finish_reason": "stop",
+                    }
+                ],
+                "usage": {
+                    "prompt_tokens": prompt_chars // 4,
+                    "completion_tokens": len(content or "") // 4,
+                },
+            }
+        )
+
+    async def _models(self, request: Request) -> Response:
+        await _record(request, self.requests)
+        mode = self.mode
+        if mode in {"401", "403", "500"}:
+            return PlainTextResponse(f"fake {mode}", status_code=int(mode))
+        return JSONResponse({"object": "list", "data": [{"id": "fake-model"}]})
+
+    def _app(self) -> Starlette:
+        return Starlette(
+            routes=[
+                Route("/v1/chat/completions", self._chat, methods=["POST"]),
+                Route("/v1/models", self._models, methods=["GET"]),
+            ]
+        )
+
+
+def closed_port_url() -> str:
+    """A URL on 127.0.0.1 where nothing listens (the port was bound, then released)."""
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    sock.close()
+    return f"http://127.0.0.1:{port}"

@@ -1,0 +1,340 @@
+"""The DeepL backend against a DeepL v2 double on 127.0.0.1, through the real client."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import AsyncIterator, Callable, Iterator
+from typing import Any
+
+import deepl
+import pytest
+
+from models.deepl import MAX_REQUEST_BYTES, NO_KEY_REASON, DeepLTranslator
+from models.registry import build_backend
+from service.errors import (
+    BackendTimeout,
+    BackendUnavailable,
+    RateLimited,
+    UnsupportedLanguage,
+)
+from service.settings import load_settings
+from tests.fakes_remote import FakeDeepL, closed_port_url
+
+Make = Callable[..., DeepLTranslator]
+
+
+@pytest.fixture(scope="module")
+def deepl_server() -> Iterator[FakeDeepL]:
+    server = FakeDeepL()
+    server.start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def fake(deepl_server: FakeDeepL) -> FakeDeepL:
+    deepl_server.reset()
+    return deepl_server
+
+
+@pytest.fixture
+async def make(fake: FakeDeepL, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[Make]:
+    """Build backends from settings; no client retries unless a test asks for them."""
+    made: list[DeepLTranslator] = []
+
+    def _make(*, retries: int = 0, **overrides: Any) -> DeepLTranslator:
+        fields: dict[str, Any] = {
+            "backend": "deepl",
+            "deepl_api_key": "k",
+            "deepl_server_url": fake.origin,
+            "backend_timeout_s": 1.0,
+            **overrides,
+        }
+        backend = DeepLTranslator.from_settings(load_settings(**fields))
+        backend.recheck_after_s = backend.outage_recheck_s = 0.1
+        # The client's retry count is a module global; monkeypatch restores it.
+        monkeypatch.setattr(deepl.http_client, "max_network_retries", retries)
+        made.append(backend)
+        return backend
+
+    yield _make
+    for backend in made:
+        await backend.aclose()
+
+
+async def test_registry_builds_it() -> None:
+    backend = build_backend("deepl", load_settings(backend="deepl", deepl_api_key="k"))
+    try:
+        assert isinstance(backend, DeepLTranslator)
+        assert backend.name == "deepl" and backend.billed
+        assert backend.max_concurrency == 4  # deepl_threads
+    finally:
+        await backend.aclose()
+
+
+async def test_translates_in_batches_of_50(fake: FakeDeepL, make: Make) -> None:
+    backend = make()
+    texts = [f"Sentence number {i}." for i in range(60)]
+    out = await backend.translate(texts, source="en", target="de")
+    assert out == [f"[DE] {t}" for t in texts]
+    sent = [r.json["text"] for r in fake.translate_requests]
+    assert [len(s) for s in sent] == [50, 10]
+    assert sent[0] + sent[1] == texts
+    assert fake.translate_requests[0].headers["authorization"] == "DeepL-Auth-Key k"
+
+
+async def test_splits_requests_over_128_kib(fake: FakeDeepL, make: Make) -> None:
+    backend = make()
+    # 9,000 CJK characters are 27 KB of UTF-8 but 54 KB in the client's ASCII-escaped
+    # JSON: three of them only fit DeepL's limit in two requests.
+    texts = [chr(0x4E00 + i) * 9_000 for i in range(3)]
+    out = await backend.translate(texts, source="zh-CN", target="en")
+    assert out == [f"[EN-US] {t}" for t in texts]
+    assert len(fake.translate_requests) >= 2
+    assert all(len(r.body) <= MAX_REQUEST_BYTES for r in fake.translate_requests)
+    assert [t for r in fake.translate_requests for t in r.json["text"]] == texts
+
+
+@pytest.mark.parametrize(
+    ("target", "code"),
+    [
+        ("zh-CN", "ZH-HANS"),
+        ("zh", "ZH-HANS"),
+        ("en", "EN-US"),
+        ("en-GB", "EN-GB"),
+        ("pt-BR", "PT-BR"),
+        ("pt-PT", "PT-PT"),
+        ("zh-Hant-TW", "ZH-HANT"),
+        ("zh-HK", "ZH-HANT"),
+    ],
+)
+async def test_target_codes(fake: FakeDeepL, make: Make, target: str, code: str) -> None:
+    backend = make()
+    assert await backend.translate(["Hallo."], source="de", target=target) == [f"[{code}] Hallo."]
+    assert fake.translate_requests[0].json["target_lang"] == code
+
+
+async def test_english_variant_setting(fake: FakeDeepL, make: Make) -> None:
+    backend = make(deepl_english_variant="EN-GB")
+    assert await backend.translate(["Hallo."], source=None, target="en") == ["[EN-GB] Hallo."]
+    assert await backend.translate(["Hallo."], source=None, target="en-US") == ["[EN-US] Hallo."]
+
+
+async def test_source_sent_only_when_given(fake: FakeDeepL, make: Make) -> None:
+    backend = make()
+    await backend.translate(["Hallo."], source="de", target="fr")
+    await backend.translate(["Hallo."], source=None, target="fr")
+    await backend.translate(["Habari."], source="sw", target="fr")  # not a DeepL source
+    bodies = [r.json for r in fake.translate_requests]
+    assert bodies[0]["source_lang"] == "DE"
+    assert "source_lang" not in bodies[1]
+    assert "source_lang" not in bodies[2]
+
+
+async def test_model_type_and_formality(fake: FakeDeepL, make: Make) -> None:
+    await make().translate(["Hi."], source=None, target="de")
+    await make(deepl_formality="prefer_less", deepl_model_type="quality_optimized").translate(
+        ["Hi."], source=None, target="de"
+    )
+    first, second = (r.json for r in fake.translate_requests)
+    assert first["model_type"] == "latency_optimized" and "formality" not in first
+    assert second["model_type"] == "quality_optimized" and second["formality"] == "prefer_less"
+
+
+async def test_strict_formality_dropped_where_unsupported(fake: FakeDeepL, make: Make) -> None:
+    backend = make(deepl_formality="less")
+    await backend.start()
+    await backend.wait_checked()
+    await backend.translate(["Hi."], source=None, target="de")  # DE supports formality
+    await backend.translate(["Hi."], source=None, target="ar")  # AR does not
+    de, ar = (r.json for r in fake.translate_requests)
+    assert de["formality"] == "less"
+    assert "formality" not in ar
+
+
+async def test_unsupported_target_sends_nothing(fake: FakeDeepL, make: Make) -> None:
+    backend = make()
+    assert not backend.supports(None, "sw")
+    assert not backend.supports(None, "not a tag")
+    with pytest.raises(UnsupportedLanguage):
+        await backend.translate(["Hello."], source="en", target="sw")
+    assert fake.translate_requests == []
+
+
+@pytest.mark.parametrize(("mode", "words"), [("456", "quota"), ("403", "API key")])
+async def test_auth_and_quota_mark_not_ready(
+    fake: FakeDeepL, make: Make, mode: str, words: str
+) -> None:
+    backend = make()
+    backend.recheck_after_s = backend.outage_recheck_s = 30  # no probe while we look
+    fake.mode = mode
+    with pytest.raises(BackendUnavailable, match=words):
+        await backend.translate(["Hello."], source="en", target="de")
+    assert backend.ready is False
+    assert backend.reason is not None and words in backend.reason
+    # Until the probe says otherwise, no request is spent on a known-bad key or quota.
+    with pytest.raises(BackendUnavailable, match=words):
+        await backend.translate(["Hello."], source="en", target="de")
+    assert len(fake.translate_requests) == 1
+
+
+async def test_probe_brings_backend_back(fake: FakeDeepL, make: Make) -> None:
+    backend = make()
+    fake.mode = "456"
+    with pytest.raises(BackendUnavailable):
+        await backend.translate(["Hello."], source="en", target="de")
+    assert not backend.ready
+    fake.mode = "ok"  # the quota was raised
+    for _ in range(50):
+        if backend.ready:
+            break
+        await asyncio.sleep(0.05)
+    assert backend.ready and backend.reason is None
+    assert await backend.translate(["Hello."], source="en", target="de") == ["[DE] Hello."]
+
+
+async def test_429_is_rate_limited_after_client_retry(fake: FakeDeepL, make: Make) -> None:
+    backend = make(retries=1)
+    fake.mode = "429"
+    with pytest.raises(RateLimited):
+        await backend.translate(["Hello."], source="en", target="de")
+    assert len(fake.translate_requests) == 2  # the client's own retry ran
+    assert backend.ready  # slowing down is not an outage
+
+
+async def test_429_then_ok_is_served_by_client_retry(fake: FakeDeepL, make: Make) -> None:
+    backend = make(retries=1)
+    fake.script.append("429")
+    assert await backend.translate(["Hello."], source="en", target="de") == ["[DE] Hello."]
+    assert len(fake.translate_requests) == 2
+
+
+async def test_500_is_unavailable_until_it_answers(fake: FakeDeepL, make: Make) -> None:
+    backend = make()
+    backend.recheck_after_s = backend.outage_recheck_s = 30
+    fake.mode = "500"
+    with pytest.raises(BackendUnavailable, match="HTTP 500"):
+        await backend.translate(["Hello."], source="en", target="de")
+    assert not backend.ready and backend.reason is not None
+    fake.mode = "ok"  # an outage does not fail fast: the next batch tries, and heals it
+    assert await backend.translate(["Hello."], source="en", target="de") == ["[DE] Hello."]
+    assert backend.ready and backend.reason is None
+
+
+async def test_outage_is_probed_quickly(fake: FakeDeepL, make: Make) -> None:
+    backend = make()
+    backend.recheck_after_s = 30  # only the outage interval may bring it back this fast
+    fake.mode = "500"
+    with pytest.raises(BackendUnavailable):
+        await backend.translate(["Hello."], source="en", target="de")
+    assert not backend.ready
+    fake.mode = "ok"
+    for _ in range(50):
+        if backend.ready:
+            break
+        await asyncio.sleep(0.05)
+    assert backend.ready  # no translate call needed: the pipeline skips a not-ready backend
+    assert "/v2/usage" in [r.path for r in fake.requests[1:]]
+
+
+async def test_slow_server_times_out(fake: FakeDeepL, make: Make) -> None:
+    backend = make(backend_timeout_s=0.5)
+    fake.mode = "slow"
+    started = time.monotonic()
+    with pytest.raises(BackendTimeout):
+        await backend.translate(["Hello."], source="en", target="de")
+    # The client's first attempt waits at least its 1 s initial backoff window.
+    assert time.monotonic() - started < 2.5
+    assert backend.ready
+
+
+async def test_callers_wait_for_cuts_it_off(fake: FakeDeepL, make: Make) -> None:
+    backend = make()
+    fake.mode = "slow"
+    with pytest.raises(TimeoutError):
+        await asyncio.wait_for(backend.translate(["Hello."], source="en", target="de"), 0.2)
+    started = time.monotonic()
+    await backend.aclose()  # does not wait for the stuck worker thread
+    assert time.monotonic() - started < 0.5
+    with pytest.raises(BackendUnavailable, match="closed"):
+        await backend.translate(["Hello."], source="en", target="de")
+
+
+async def test_unreachable_server(make: Make) -> None:
+    backend = make(deepl_server_url=closed_port_url())
+    with pytest.raises(BackendUnavailable, match="cannot reach DeepL"):
+        await backend.translate(["Hello."], source="en", target="de")
+    assert not backend.ready
+
+
+async def test_billed_characters_counted(fake: FakeDeepL, make: Make) -> None:
+    backend = make()
+    texts = ["Hello there.", "  ", "How are you?", ""]
+    out = await backend.translate(texts, source="en", target="de")
+    assert out == ["[DE] Hello there.", "  ", "[DE] How are you?", ""]
+    assert fake.translate_requests[0].json["text"] == ["Hello there.", "How are you?"]
+    info = backend.info()
+    assert info["billed_characters"] == len("Hello there.") + len("How are you?")
+    assert info["requests"] == 1
+    assert info["server_url"] == fake.origin
+
+
+async def test_no_key_is_not_ready(fake: FakeDeepL) -> None:
+    backend = DeepLTranslator.from_settings(
+        load_settings(backend="deepl", deepl_server_url=fake.origin)
+    )
+    try:
+        await backend.start()
+        assert backend.ready is False and backend.reason == NO_KEY_REASON
+        with pytest.raises(BackendUnavailable, match="THINKTRANS_DEEPL_API_KEY"):
+            await backend.translate(["Hello."], source="en", target="de")
+        assert fake.requests == []
+    finally:
+        await backend.aclose()
+
+
+async def test_start_does_not_block_and_refines_languages(fake: FakeDeepL, make: Make) -> None:
+    backend = make()
+    assert "nb" in backend.languages() and "he" not in backend.languages()  # the table
+    fake.script.append("slow")
+    fake.slow_s = 0.3
+    started = time.monotonic()
+    await backend.start()
+    assert time.monotonic() - started < 0.1
+    await backend.wait_checked()
+    assert backend.ready
+    assert backend.info()["usage"] == {"character_count": 1234, "character_limit": 500_000}
+    langs = backend.languages()
+    # The double lists HE (newer than the table) and lacks NB: the server's list wins.
+    assert "he" in langs and backend.supports(None, "he")
+    assert "nb" not in langs and not backend.supports(None, "nb")
+    assert {"de", "en-GB", "en-US", "pt-BR", "pt-PT", "zh-Hans", "zh-Hant"} <= set(langs)
+    assert await backend.translate(["Hi."], source=None, target="he") == ["[HE] Hi."]
+
+
+@pytest.mark.parametrize(("mode", "words"), [("403", "API key"), ("456", "quota")])
+async def test_start_check_marks_not_ready(
+    fake: FakeDeepL, make: Make, mode: str, words: str
+) -> None:
+    backend = make()
+    backend.recheck_after_s = backend.outage_recheck_s = 30
+    fake.mode = mode
+    await backend.start()
+    await backend.wait_checked()
+    assert not backend.ready and backend.reason is not None and words in backend.reason
+
+
+async def test_logs_never_hold_the_text(
+    fake: FakeDeepL, make: Make, caplog: pytest.LogCaptureFixture
+) -> None:
+    backend = make()
+    secret = "The user's password is hunter2."
+    with caplog.at_level(logging.DEBUG):
+        await backend.translate([secret], source="en", target="de")
+        fake.mode = "500"
+        with pytest.raises(BackendUnavailable):
+            await backend.translate([secret], source="en", target="de")
+    assert caplog.records  # something was logged at all
+    assert not any("hunter2" in record.getMessage() for record in caplog.records)
