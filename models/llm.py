@@ -221,7 +221,7 @@ class LLMTranslator(Translator):
             timeout_s=settings.llm_timeout_s,
             concurrency=settings.llm_concurrency,
             # Not every server has response_format; on only where a setting asks for it.
-            json_mode=bool(getattr(settings, "llm_json_mode", False)),
+            json_mode=settings.llm_json_mode,
         )
 
     # -- lifecycle ---------------------------------------------------------------------------

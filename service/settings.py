@@ -171,6 +171,9 @@ class Settings(BaseSettings):
     llm_api_key: SecretStr | None = Field(None, description="Bearer key for the endpoint.")
     llm_timeout_s: float = Field(30.0, gt=0, description="Timeout of one chat request.")
     llm_concurrency: int = Field(4, ge=1, le=256, description="Chat requests in flight at once.")
+    llm_json_mode: bool = Field(
+        False, description="Send `response_format: json_object` (only servers that support it)."
+    )
 
     # -- prices (compare) ------------------------------------------------------------------
     price_per_million_chars: dict[str, float] = Field(
