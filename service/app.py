@@ -78,7 +78,11 @@ class Guard:
             await self.app(scope, receive, send)
             return
         headers = dict(scope.get("headers", []))
-        if self.token is not None and scope["path"].startswith("/v1"):
+        path = scope["path"]
+        root = scope.get("root_path", "")
+        if root and path.startswith(root):
+            path = path[len(root):]  # served under a proxy prefix
+        if self.token is not None and (path == "/v1" or path.startswith("/v1/")):
             scheme, _, given = headers.get(b"authorization", b"").partition(b" ")
             if scheme.lower() != b"bearer" or not hmac.compare_digest(given.strip(), self.token):
                 await problem(
@@ -155,6 +159,8 @@ def create_app(
                 max_queue_size=settings.max_queue_size,
                 max_concurrency=translator.max_concurrency or settings.max_concurrent_batches,
                 timeout_s=settings.backend_timeout_s,
+                breaker_failures=settings.breaker_failures,
+                breaker_cooloff_s=settings.breaker_cooloff_s,
             )
             batchers[name] = Batcher(translator, limits, metrics)
         pipeline = Pipeline(settings, get_detector(settings.detector), built, batchers, metrics)
@@ -298,7 +304,8 @@ def create_app(
         return {
             "chain": settings.backend,
             "backends": [
-                {"name": name, "ready": t.ready, "reason": t.reason,
+                {"name": name, "ready": t.ready,
+                 "reason": t.reason or pipeline.batchers[name].breaker_reason,
                  "in_chain": name in settings.backend,
                  "queue_depth": pipeline.batchers[name].queue_size, "info": t.info()}
                 for name, t in pipeline.backends.items()

@@ -54,6 +54,8 @@ class BatchLimits:
     max_queue_size: int = 4096
     max_concurrency: int = 1
     timeout_s: float = 60.0
+    breaker_failures: int = 3
+    breaker_cooloff_s: float = 30.0
 
     def __post_init__(self) -> None:
         for name in ("max_batch_size", "max_batch_chars", "max_queue_size", "max_concurrency"):
@@ -64,6 +66,10 @@ class BatchLimits:
             raise ValueError(f"max_wait_ms must be >= 0, got {self.max_wait_ms}")
         if self.timeout_s <= 0:
             raise ValueError(f"timeout_s must be > 0, got {self.timeout_s}")
+        if self.breaker_failures < 1:
+            raise ValueError(f"breaker_failures must be >= 1, got {self.breaker_failures}")
+        if self.breaker_cooloff_s < 0:
+            raise ValueError(f"breaker_cooloff_s must be >= 0, got {self.breaker_cooloff_s}")
 
 
 class Batcher:
@@ -81,6 +87,8 @@ class Batcher:
         self._loop_task: asyncio.Task[None] | None = None
         self._running: set[asyncio.Task[None]] = set()
         self._closed = False
+        self._failed_batches = 0  # consecutive; the circuit breaker's count
+        self._open_until = 0.0
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -109,6 +117,32 @@ class Batcher:
         self._groups.clear()
         self._size = 0
         self._gauge()
+
+    # -- circuit breaker ---------------------------------------------------------------------
+
+    def available(self) -> bool:
+        """False while the breaker is open: the backend failed ``breaker_failures`` batches
+        in a row and is skipped until ``breaker_cooloff_s`` has passed; then one more
+        batch is let through to try it again."""
+        return time.monotonic() >= self._open_until
+
+    @property
+    def breaker_reason(self) -> str | None:
+        if self.available():
+            return None
+        left = self._open_until - time.monotonic()
+        return (f"skipped for {left:.0f} s more after {self._failed_batches} failed batches "
+                "in a row")
+
+    def _record(self, ok: bool) -> None:
+        if ok:
+            self._failed_batches = 0
+            return
+        self._failed_batches += 1
+        if self._failed_batches >= self.limits.breaker_failures:
+            self._open_until = time.monotonic() + self.limits.breaker_cooloff_s
+            log.warning("backend %s breaker open for %.0f s after %d failed batches",
+                        self.name, self.limits.breaker_cooloff_s, self._failed_batches)
 
     # -- submitting ------------------------------------------------------------------------
 
@@ -256,6 +290,7 @@ class Batcher:
                 self._fail_all(live, BackendError(f"backend {self.name!r} failed: "
                                                   f"{type(exc).__name__}"))
                 return
+            self._record(ok=True)
             elapsed = time.monotonic() - started
             self.metrics.batch_seconds.labels(self.name).observe(elapsed)
             if self.translator.billed:
@@ -271,6 +306,7 @@ class Batcher:
 
     def _fail_all(self, items: Sequence[_Item], exc: BackendError) -> None:
         self.metrics.backend_errors.labels(self.name, exc.slug).inc()
+        self._record(ok=False)
         for item in items:
             _fail(item, exc)
 

@@ -152,29 +152,42 @@ class Pipeline:
     ) -> asyncio.Task[Translation]:
         """Start one segment (stripped of its outer whitespace) down the chain.
 
-        Raises Overloaded if the first queue is full.
-        The first backend's queue is entered before this returns, so a caller can check
-        capacity and submit without another request slipping in between.
+        The first usable backend's queue is entered before this returns, so a caller can
+        check capacity and submit without another request slipping in between; raises
+        Overloaded when that queue is full and no backend follows it.
         """
-        first = None
         errors: list[str] = []
         rest = list(chain)
-        while rest and first is None:
+        first = self._enter(text, source, target, rest, errors, overload_raises=True)
+        return asyncio.create_task(self._run_chain(text, source, target, first, rest, errors))
+
+    def _enter(
+        self, text: str, source: str | None, target: str, rest: list[str], errors: list[str],
+        *, overload_raises: bool = False,
+    ) -> tuple[str, asyncio.Future[Translation]] | None:
+        """Queue the segment on the next usable backend of ``rest`` (consumed as it goes)."""
+        while rest:
             name = rest.pop(0)
             if not self._usable(name, source, target, errors):
                 continue
             try:
-                first = self.batchers[name].submit(text, source, target)
-            except Overloaded:
-                if not rest:
+                return name, self.batchers[name].submit(text, source, target)
+            except Overloaded as exc:
+                if overload_raises and not rest:
                     raise
-                errors.append(f"{name}: queue full")
-        return asyncio.create_task(self._run_chain(text, source, target, first, rest, errors))
+                errors.append(f"{name}: {exc.detail}")
+            except BackendError as exc:
+                errors.append(f"{name}: {exc.detail}")
+        return None
 
     def _usable(self, name: str, source: str | None, target: str, errors: list[str]) -> bool:
         translator = self.backends[name]
         if not translator.ready:
             errors.append(f"{name}: {translator.reason or 'not ready'}")
+            return False
+        batcher = self.batchers[name]
+        if not batcher.available():
+            errors.append(f"{name}: {batcher.breaker_reason}")
             return False
         if not translator.supports(source, target):
             errors.append(f"{name}: cannot translate {source or 'auto'} -> {target}")
@@ -186,34 +199,20 @@ class Pipeline:
         text: str,
         source: str | None,
         target: str,
-        first: asyncio.Future[Translation] | None,
+        entered: tuple[str, asyncio.Future[Translation]] | None,
         rest: list[str],
         errors: list[str],
     ) -> Translation:
-        future = first
-        while True:
-            if future is not None:
-                try:
-                    result = await future
-                    self._check_language(result, target)
-                    return result
-                except BackendError as exc:
-                    errors.append(f"{self._name_of(future, rest)}: {exc.detail}")
-            future = None
-            while rest and future is None:
-                name = rest.pop(0)
-                if not self._usable(name, source, target, errors):
-                    continue
-                try:
-                    future = self.batchers[name].submit(text, source, target)
-                except (Overloaded, BackendError) as exc:
-                    errors.append(f"{name}: {exc.detail}")
-            if future is None:
-                raise BackendError("; ".join(errors) or "no backend could serve this segment")
-
-    @staticmethod
-    def _name_of(future: asyncio.Future[Translation], rest: list[str]) -> str:
-        return getattr(future, "_thinktrans_backend", "backend")
+        while entered is not None:
+            name, future = entered
+            try:
+                result = await future
+                self._check_language(result, target)
+                return result
+            except BackendError as exc:
+                errors.append(f"{name}: {exc.detail}")
+            entered = self._enter(text, source, target, rest, errors)
+        raise BackendError("; ".join(errors) or "no backend could serve this segment")
 
     def _check_language(self, result: Translation, target: str) -> None:
         """A translation reliably detected in another language than the target is bad."""

@@ -56,6 +56,12 @@ class Settings(BaseSettings):
         default_factory=list,
         description="Further backends a request may name in `backend` (passthrough always may).",
     )
+    breaker_failures: int = Field(
+        3, ge=1, description="Failed batches in a row after which a backend is skipped."
+    )
+    breaker_cooloff_s: float = Field(
+        30.0, ge=0, description="How long a failing backend is skipped before it is tried again."
+    )
     backend_timeout_s: float = Field(
         60.0, gt=0, description="Longest one batch may take in a backend before it fails."
     )
