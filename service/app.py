@@ -62,21 +62,41 @@ def problem(
 
 
 class Guard:
-    """Pure ASGI front door: the bearer token on /v1, then the body size limit.
+    """Pure ASGI front door: request metrics, the bearer token on /v1, the body size limit.
 
     Both are checked before the body is parsed, so a client without the token gets
     401 whatever it sent, and an oversized body gets 413, not a parse error.
     """
 
-    def __init__(self, app: ASGIApp, max_bytes: int, token: str | None) -> None:
+    def __init__(self, app: ASGIApp, max_bytes: int, token: str | None, metrics: Metrics) -> None:
         self.app = app
         self.max_bytes = max_bytes
         self.token = token.encode() if token else None
+        self.metrics = metrics
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
+        started = time.monotonic()
+        status = 500
+
+        async def observed_send(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
+        try:
+            await self._guarded(scope, receive, observed_send)
+        finally:
+            route = getattr(scope.get("route"), "path", "unmatched")
+            method = scope.get("method", "")
+            self.metrics.requests.labels(method, route, str(status)).inc()
+            self.metrics.request_seconds.labels(method, route).observe(
+                time.monotonic() - started)
+
+    async def _guarded(self, scope: Scope, receive: Receive, send: Send) -> None:
         headers = dict(scope.get("headers", []))
         path = scope["path"]
         root = scope.get("root_path", "")
@@ -224,19 +244,9 @@ def create_app(
         return problem(500, "Internal error", "the service failed; the error is logged",
                        "internal")
 
-    @app.middleware("http")
-    async def _observe(request: Request, call_next: Callable[[Request], Awaitable[Response]]
-                       ) -> Response:
-        started = time.monotonic()
-        response = await call_next(request)
-        route = _route_of(request)
-        elapsed = time.monotonic() - started
-        metrics.requests.labels(request.method, route, str(response.status_code)).inc()
-        metrics.request_seconds.labels(request.method, route).observe(elapsed)
-        return response
-
     token = settings.api_token.get_secret_value() if settings.api_token else None
-    app.add_middleware(Guard, max_bytes=settings.max_request_bytes, token=token)
+    app.add_middleware(Guard, max_bytes=settings.max_request_bytes, token=token,
+                       metrics=metrics)
 
     v1 = APIRouter(prefix="/v1",
                    responses={422: {"model": Problem}, 413: {"model": Problem},

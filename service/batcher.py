@@ -62,13 +62,13 @@ class BatchLimits:
             value = getattr(self, name)
             if value < 1:
                 raise ValueError(f"{name} must be >= 1, got {value}")
-        if self.max_wait_ms < 0:
+        if not self.max_wait_ms >= 0:  # written so that NaN fails too
             raise ValueError(f"max_wait_ms must be >= 0, got {self.max_wait_ms}")
-        if self.timeout_s <= 0:
+        if not self.timeout_s > 0:
             raise ValueError(f"timeout_s must be > 0, got {self.timeout_s}")
         if self.breaker_failures < 1:
             raise ValueError(f"breaker_failures must be >= 1, got {self.breaker_failures}")
-        if self.breaker_cooloff_s < 0:
+        if not self.breaker_cooloff_s >= 0:
             raise ValueError(f"breaker_cooloff_s must be >= 0, got {self.breaker_cooloff_s}")
 
 
@@ -163,6 +163,8 @@ class Batcher:
         if self._closed:
             raise BackendUnavailable(f"backend {self.name!r} is shutting down")
         if self._size >= self.limits.max_queue_size:
+            self._drop_cancelled()  # abandoned items must not hold queue space
+        if self._size >= self.limits.max_queue_size:
             raise Overloaded(
                 f"the {self.name!r} queue is full ({self.limits.max_queue_size} segments); "
                 "retry later or raise THINKTRANS_MAX_QUEUE_SIZE",
@@ -202,6 +204,17 @@ class Batcher:
                 self._size -= 1
             if not group:
                 del self._groups[pair]
+
+    def _drop_cancelled(self) -> None:
+        for pair in list(self._groups):
+            group = self._groups[pair]
+            live = deque(item for item in group if not item.future.done())
+            self._size -= len(group) - len(live)
+            if live:
+                self._groups[pair] = live
+            else:
+                del self._groups[pair]
+        self._gauge()
 
     def _full(self, group: deque[_Item]) -> bool:
         if len(group) >= self.limits.max_batch_size:

@@ -164,6 +164,41 @@ def detect(
                                "reliable": det.reliable}))
 
 
+@app.command()
+def bench(
+    url: Annotated[str, typer.Option(help="Base URL of a running server.")],
+    streams: Annotated[int, typer.Option(help="Concurrent streams.")] = 20,
+    duration: Annotated[float, typer.Option(help="Seconds to start new streams for.")] = 5.0,
+    rate: Annotated[float, typer.Option(help="Deltas per second per stream.")] = 50.0,
+    post_interval_ms: Annotated[float, typer.Option(help="Deltas gathered per POST.")] = 100.0,
+    corpus: Annotated[Path | None, typer.Option(help="Text, .jsonl or .tsv corpus.")] = None,
+    to: Annotated[str | None, typer.Option("--to", help="Stream target locale.")] = "zh-CN",
+    token: Annotated[str | None, typer.Option(envvar="THINKTRANS_API_TOKEN",
+                                              help="Bearer token.")] = None,
+    fmt: Annotated[str, typer.Option("--format", help="table or json.")] = "table",
+) -> None:
+    """Load-test a running server with concurrent streams; checks every stream's originals."""
+    from service.bench import BenchConfig, format_table, run_bench
+    from service.corpus import load_corpus
+
+    if fmt not in ("table", "json"):
+        raise _fail(f"unknown format {fmt!r}; choose table or json", 3)
+    try:
+        texts = [item.text for item in load_corpus(corpus)]
+        cfg = BenchConfig(url=url.rstrip("/"), streams=streams, duration_s=duration, rate=rate,
+                          post_interval_ms=post_interval_ms, target=to, token=token,
+                          texts=texts)
+        report = asyncio.run(run_bench(cfg))
+    except ThinktransError as exc:
+        raise _fail(exc.detail, _exit_code(exc)) from None
+    summary = report.summary()
+    typer.echo(json.dumps(summary, indent=2) if fmt == "json" else format_table(summary))
+    for line in (report.violations + report.errors)[:10]:
+        typer.echo(f"thinktrans: {line}", err=True)
+    if report.violations:
+        raise typer.Exit(1)
+
+
 @app.command("make-test-model")
 def make_test_model(
     outdir: Annotated[Path, typer.Argument(help="Directory to write the checkpoint to.")],

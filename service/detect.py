@@ -72,7 +72,7 @@ _SCRIPTS: tuple[tuple[str, str, str | None], ...] = (
     ("Mymr", r"[\u1000-\u109f]", "my"),
     ("Ethi", r"[\u1200-\u137f]", "am"),
     ("Cyrl", r"[\u0400-\u04ff]", None),
-    ("Arab", r"[\u0600-\u06ff\u0750-\u077f\ufb50-\ufdff\ufe70-\ufeff]", None),
+    ("Arab", r"[\u0600-\u06ff\u0750-\u077f\ufb50-\ufdff\ufe70-\ufefc]", None),
     ("Deva", r"[\u0900-\u097f]", None),
     ("Latn", r"[A-Za-z\u00c0-\u00ff\u0100-\u024f\u1e00-\u1eff]", None),
 )

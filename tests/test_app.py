@@ -52,12 +52,12 @@ async def fake_app(fake: FakeTranslator, **overrides: Any) -> AsyncIterator[Runn
     overrides.setdefault("backend", "fake")
     overrides.setdefault("default_locale", "zh-CN")
     backends = {"fake": fake, "passthrough": PassthroughTranslator()}
-    try:
-        async with app_with(backends=backends, **overrides) as running:
+    async with app_with(backends=backends, **overrides) as running:
+        try:
             yield running
-    finally:
-        if fake.gate is not None:
-            fake.gate.set()
+        finally:  # before the lifespan's shutdown, which waits for running batches
+            if fake.gate is not None:
+                fake.gate.set()
 
 
 def assert_problem(resp: httpx.Response, status: int, *words: str) -> dict[str, Any]:
@@ -134,11 +134,34 @@ async def test_target_is_canonicalised(passthrough_app: Running) -> None:
 
 
 async def test_translated_text_keeps_the_originals_whitespace() -> None:
-    async with fake_app(FakeTranslator()) as app:
-        [result] = await translate(app.client, ["  Hello there, my good friend.  \n"])
-    [seg] = assert_well_formed("  Hello there, my good friend.  \n", result)
-    assert seg["status"] == "translated" and seg["backend"] == "fake"
-    assert seg["text"] == "  <zh-CN>Hello there, my good friend.  \n"
+    fake = FakeTranslator(answers=deque([lambda texts, s, t: ["\n你好，我的好朋友。 "]]))
+    original = "  Hello there, my good friend.  \n"
+    async with fake_app(fake) as app:
+        [result] = await translate(app.client, [original])
+    [seg] = assert_well_formed(original, result)
+    assert (seg["status"], seg["backend"]) == ("translated", "fake")
+    assert seg["text"] == "  你好，我的好朋友。  \n"
+    assert [(c.texts, c.target) for c in fake.calls] == [
+        (["Hello there, my good friend."], "zh-CN")
+    ]
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "مرحبا، هذا نص عربي قصير للتجربة فقط.",
+        "यह केवल परीक्षण के लिए एक छोटा हिंदी वाक्य है।",
+        "این یک جمله کوتاه فارسی برای آزمایش است.",
+    ],
+    ids=["arabic", "hindi", "persian"],
+)
+async def test_text_in_any_script_is_served(passthrough_app: Running, text: str) -> None:
+    """Languages of the service's own table (ar, hi, fa) must not crash detection."""
+    for path in ("/v1/translate", "/v1/detect"):
+        resp = await passthrough_app.client.post(path, json={"texts": [text]})
+        assert resp.status_code == 200, (path, resp.text)
+    [result] = await translate(passthrough_app.client, [text])
+    assert {s["status"] for s in assert_well_formed(text, result)} == {"translated"}
 
 
 # -- bad input ------------------------------------------------------------------------------
@@ -281,17 +304,26 @@ _ODD_BODIES = [
     b"[" * 20_000 + b"]" * 20_000,
     b'{"texts": [' + b"[" * 5_000 + b"]" * 5_000 + b"]}",
     b'{"texts": ["' + b"word " * 50_000 + b'"]}',
+    b'{"texts": ["\\ufeff"]}',
+    b'{"texts": ["\\ufeffHello there, friend."]}',
+    '{"texts": ["مرحبا بك"]}'.encode(),
 ]
 
 
 @pytest.mark.parametrize("path", ["/v1/translate", "/v1/detect"])
 async def test_no_input_gets_a_5xx(passthrough_app: Running, path: str) -> None:
-    for body in _ODD_BODIES:
-        for headers in ({"content-type": "application/json"}, {}):
-            resp = await passthrough_app.client.post(path, content=body, headers=headers)
-            assert resp.status_code < 500, (body[:60], resp.text)
-            if resp.status_code >= 400:
-                assert resp.headers["content-type"].startswith(PROBLEM)
+    transport = httpx.ASGITransport(app=passthrough_app.app, raise_app_exceptions=False)
+    failures = []
+    async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
+        for body in _ODD_BODIES:
+            for headers in ({"content-type": "application/json"}, {}):
+                resp = await client.post(path, content=body, headers=headers)
+                if resp.status_code >= 500 or (
+                    resp.status_code >= 400
+                    and not resp.headers["content-type"].startswith(PROBLEM)
+                ):
+                    failures.append((body[:50], headers, resp.status_code))
+    assert failures == []
 
 
 # -- auth -------------------------------------------------------------------------------------
@@ -334,6 +366,18 @@ async def test_auth_is_checked_before_the_body_is_parsed(token_app: Running) -> 
         "/v1/translate", content=b'{"texts": [', headers={"content-type": "application/json"}
     )
     assert_problem(resp, 401)
+
+
+async def test_auth_holds_when_served_under_a_root_path(token_app: Running) -> None:
+    """Behind a proxy prefix (uvicorn --root-path, or a Mount) /v1 routes still need it."""
+    transport = httpx.ASGITransport(app=token_app.app, root_path="/api")
+    async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
+        health = await client.get("/api/healthz")
+        anonymous = await client.get("/api/v1/backends")
+        allowed = await client.get("/api/v1/backends", headers={"Authorization": "Bearer s3cret"})
+    assert health.status_code == 200  # the prefix is routed
+    assert allowed.status_code == 200
+    assert_problem(anonymous, 401)
 
 
 @pytest.mark.parametrize("path", ["/healthz", "/readyz", "/metrics"])

@@ -155,6 +155,20 @@ async def test_cancelled_item_is_dropped_before_it_runs() -> None:
     assert b.queue_size == 0
 
 
+async def test_cancelled_items_take_no_place_in_a_batch() -> None:
+    gate = asyncio.Event()
+    fake = FakeTranslator(gate=gate)
+    async with running(fake, max_batch_size=2, max_wait_ms=0) as b:
+        first = b.submit("first", None, "fr")
+        await asyncio.wait_for(fake.started.wait(), 2.0)
+        kept = [b.submit("b", None, "fr")]
+        b.submit("c", None, "fr").cancel()
+        kept.append(b.submit("d", None, "fr"))
+        gate.set()
+        await asyncio.wait_for(asyncio.gather(first, *kept), 2.0)
+    assert [call.texts for call in fake.calls] == [["first"], ["b", "d"]]
+
+
 async def test_cancelled_items_alone_make_no_call() -> None:
     fake = FakeTranslator()
     async with running(fake, max_batch_size=8, max_wait_ms=30) as b:
@@ -372,3 +386,30 @@ def test_every_live_item_gets_its_own_answer_in_well_formed_batches(
                 assert future.result().text == f"<{target}>{i}:{text}"
 
     asyncio.run(scenario())
+
+
+async def test_cancelled_items_free_their_queue_space() -> None:
+    gate = asyncio.Event()
+    fake = FakeTranslator(gate=gate)
+    b = Batcher(fake, BatchLimits(max_queue_size=2, max_wait_ms=0, max_batch_size=1), Metrics())
+    await b.start()
+    try:
+        first = b.submit("a", "en", "de")
+        await asyncio.wait_for(fake.started.wait(), 2)
+        abandoned = [b.submit("b", "en", "de"), b.submit("c", "en", "de")]
+        for future in abandoned:
+            future.cancel()
+        third = b.submit("d", "en", "de")  # would be Overloaded if cancelled items held space
+        gate.set()
+        assert (await first).text == "<de>a"
+        assert (await third).text == "<de>d"
+        assert all(c.texts != ["b"] and c.texts != ["c"] for c in fake.calls)
+    finally:
+        await b.stop()
+
+
+def test_nan_limits_are_refused() -> None:
+    with pytest.raises(ValueError, match="max_wait_ms"):
+        BatchLimits(max_wait_ms=float("nan"))
+    with pytest.raises(ValueError, match="timeout_s"):
+        BatchLimits(timeout_s=float("nan"))

@@ -1,0 +1,263 @@
+"""`thinktrans bench`: a bounded load generator against a running server.
+
+N concurrent streams post realistic deltas (1-6 characters, 1-2 for Chinese and
+Japanese) at ``rate`` deltas per second each, gathered into one POST every
+``post_interval_ms``, and read their events over SSE. Every stream is checked: the
+originals of its segments, joined in index order, must equal what it sent. The run stops
+by itself after ``duration_s`` (streams under way finish their text).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import re
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+
+from service.errors import InputError
+
+_CJK = re.compile(r"[\u3040-\u30ff\u3400-\u9fff\uac00-\ud7af]")
+
+
+@dataclass
+class BenchConfig:
+    url: str
+    streams: int = 20
+    duration_s: float = 5.0
+    rate: float = 50.0  # deltas per second per stream
+    post_interval_ms: float = 100.0
+    target: str | None = "zh-CN"
+    token: str | None = None
+    texts: list[str] = field(default_factory=list)
+    seed: int = 0
+    read_timeout_s: float = 60.0
+
+
+@dataclass
+class BenchReport:
+    streams: int = 0
+    deltas: int = 0
+    posts: int = 0
+    post_ms: list[float] = field(default_factory=list)
+    ready_to_emit_ms: list[float] = field(default_factory=list)
+    segments: int = 0
+    statuses: dict[str, int] = field(default_factory=dict)
+    updates: int = 0
+    errors: list[str] = field(default_factory=list)
+    violations: list[str] = field(default_factory=list)
+    wall_s: float = 0.0
+    server_cpu_s: float | None = None
+
+    def summary(self) -> dict[str, Any]:
+        cpu_per_delta_us = (
+            self.server_cpu_s / self.deltas * 1e6 if self.server_cpu_s and self.deltas else None
+        )
+        return {
+            "streams": self.streams,
+            "deltas": self.deltas,
+            "chunk_posts": self.posts,
+            "chunk_post_ms": {"p50": percentile(self.post_ms, 50),
+                              "p99": percentile(self.post_ms, 99)},
+            "ready_to_emit_ms": {"p50": percentile(self.ready_to_emit_ms, 50),
+                                 "p99": percentile(self.ready_to_emit_ms, 99)},
+            "segments": self.segments,
+            "segments_per_s": round(self.segments / self.wall_s, 1) if self.wall_s else 0.0,
+            "statuses": dict(sorted(self.statuses.items())),
+            "deadline_misses": self.statuses.get("deadline", 0),
+            "updates": self.updates,
+            "errors": len(self.errors),
+            "violations": len(self.violations),
+            "server_cpu_s": None if self.server_cpu_s is None else round(self.server_cpu_s, 2),
+            "server_cpu_us_per_delta": (None if cpu_per_delta_us is None
+                                        else round(cpu_per_delta_us, 1)),
+            "wall_s": round(self.wall_s, 2),
+        }
+
+
+def percentile(values: list[float], q: float) -> float | None:
+    """The q-th percentile (nearest rank), or None for no values."""
+    if not values:
+        return None
+    ordered = sorted(values)
+    rank = max(0, min(len(ordered) - 1, round(q / 100 * len(ordered) + 0.5) - 1))
+    return round(ordered[rank], 2)
+
+
+def split_deltas(text: str, rng: random.Random) -> list[str]:
+    """Cut text as a model streams it: 1-6 characters, 1-2 where the text is CJK."""
+    out, pos = [], 0
+    while pos < len(text):
+        size = rng.randint(1, 2) if _CJK.match(text[pos]) else rng.randint(1, 6)
+        out.append(text[pos : pos + size])
+        pos += size
+    return out
+
+
+async def _server_cpu(client: httpx.AsyncClient) -> float | None:
+    try:
+        body = (await client.get("/metrics")).text
+    except httpx.HTTPError:
+        return None
+    m = re.search(r"^process_cpu_seconds_total ([0-9.e+-]+)$", body, re.M)
+    return float(m.group(1)) if m else None
+
+
+class _Run:
+    def __init__(self, cfg: BenchConfig, client: httpx.AsyncClient) -> None:
+        self.cfg = cfg
+        self.client = client
+        self.report = BenchReport()
+        self.run_id = uuid.uuid4().hex[:8]
+        self.stop_at = 0.0
+
+    async def worker(self, i: int) -> None:
+        n = 0
+        rng = random.Random(self.cfg.seed * 100_003 + i)
+        while time.monotonic() < self.stop_at:
+            text = self.cfg.texts[(i + n) % len(self.cfg.texts)]
+            await self.one_stream(f"bench-{self.run_id}-{i}-{n}", text, rng)
+            n += 1
+
+    async def one_stream(self, sid: str, text: str, rng: random.Random) -> None:
+        report = self.report
+        report.streams += 1
+        r = await self.client.post("/v1/streams", json={"stream_id": sid,
+                                                        "target": self.cfg.target})
+        if r.status_code not in (200, 201):
+            report.errors.append(f"{sid}: open -> {r.status_code} {r.text[:120]}")
+            return
+        reader = asyncio.create_task(self.read(sid))
+        deltas = split_deltas(text, rng)
+        sent = 0
+        started = time.monotonic()
+        interval = self.cfg.post_interval_ms / 1000.0
+        while sent < len(deltas):
+            due = min(len(deltas), int((time.monotonic() - started) * self.cfg.rate) + 1)
+            if due > sent:
+                chunks = [{"seq": s, "text": deltas[s]} for s in range(sent, due)]
+                if await self.post(sid, chunks):
+                    report.deltas += len(chunks)
+                    sent = due
+            await asyncio.sleep(interval)
+        r = await self.client.post(f"/v1/streams/{sid}/close")
+        if r.status_code != 200:
+            report.errors.append(f"{sid}: close -> {r.status_code} {r.text[:120]}")
+        try:
+            originals = await asyncio.wait_for(reader, self.cfg.read_timeout_s)
+        except TimeoutError:
+            report.violations.append(f"{sid}: no end event within {self.cfg.read_timeout_s} s")
+            return
+        except Exception as exc:
+            report.errors.append(f"{sid}: reading events failed: {type(exc).__name__}")
+            return
+        if originals is None:
+            return
+        if "".join(originals) != text:
+            report.violations.append(f"{sid}: originals do not join back to the sent text")
+        await self.client.delete(f"/v1/streams/{sid}")
+
+    async def post(self, sid: str, chunks: list[dict[str, Any]]) -> bool:
+        """POST chunks, retrying the same seqs on 503 or a dropped connection."""
+        for _ in range(20):
+            t0 = time.perf_counter()
+            try:
+                r = await self.client.post(f"/v1/streams/{sid}/chunks", json={"chunks": chunks})
+            except httpx.TransportError as exc:
+                self.report.errors.append(f"{sid}: {type(exc).__name__}")
+                await asyncio.sleep(0.2)
+                continue
+            self.report.post_ms.append((time.perf_counter() - t0) * 1000.0)
+            self.report.posts += 1
+            if r.status_code == 200:
+                return True
+            if r.status_code == 503:
+                await asyncio.sleep(float(r.headers.get("Retry-After", "1")))
+                continue
+            self.report.errors.append(f"{sid}: chunks -> {r.status_code} {r.text[:120]}")
+            return False
+        return False
+
+    async def read(self, sid: str) -> list[str] | None:
+        """Read SSE until `end`; return the originals in index order."""
+        originals: dict[int, str] = {}
+        event = ""
+        async with self.client.stream(
+            "GET", f"/v1/streams/{sid}/events", headers={"Accept": "text/event-stream"},
+            timeout=httpx.Timeout(self.cfg.read_timeout_s, connect=10.0),
+        ) as resp:
+            if resp.status_code != 200:
+                self.report.errors.append(f"{sid}: events -> {resp.status_code}")
+                return None
+            async for line in resp.aiter_lines():
+                if line.startswith("event: "):
+                    event = line[7:]
+                elif line.startswith("data: "):
+                    data = json.loads(line[6:])
+                    if event == "segment":
+                        self.segment(sid, data, originals)
+                    elif event == "update":
+                        self.report.updates += 1
+                    elif event == "end":
+                        break
+        indexes = sorted(originals)
+        if indexes != list(range(len(indexes))):
+            self.report.violations.append(f"{sid}: segment indexes are not 0..n-1")
+        return [originals[i] for i in indexes]
+
+    def segment(self, sid: str, data: dict[str, Any], originals: dict[int, str]) -> None:
+        report = self.report
+        index = data["index"]
+        if index in originals:
+            report.violations.append(f"{sid}: segment {index} came twice")
+        originals[index] = data["original"]
+        report.segments += 1
+        status = data["status"]
+        report.statuses[status] = report.statuses.get(status, 0) + 1
+        if data.get("backend") is not None or status in ("deadline", "error"):
+            report.ready_to_emit_ms.append(float(data["latency_ms"]))
+
+
+async def run_bench(cfg: BenchConfig) -> BenchReport:
+    """Run the load; raises InputError when the server cannot be reached."""
+    if cfg.streams < 1 or cfg.duration_s <= 0 or cfg.rate <= 0:
+        raise InputError("--streams, --duration and --rate must be positive")
+    if not cfg.texts:
+        raise InputError("the corpus holds no text")
+    headers = {"Authorization": f"Bearer {cfg.token}"} if cfg.token else {}
+    limits = httpx.Limits(max_connections=cfg.streams * 2 + 16,
+                          max_keepalive_connections=cfg.streams * 2 + 16)
+    async with httpx.AsyncClient(base_url=cfg.url, headers=headers, limits=limits,
+                                 timeout=30.0) as client:
+        try:
+            health = await client.get("/healthz", timeout=5.0)
+        except httpx.HTTPError as exc:
+            raise InputError(f"cannot reach {cfg.url}: {type(exc).__name__}") from None
+        if health.status_code != 200:
+            raise InputError(f"{cfg.url}/healthz answered {health.status_code}")
+        run = _Run(cfg, client)
+        cpu0 = await _server_cpu(client)
+        started = time.monotonic()
+        run.stop_at = started + cfg.duration_s
+        await asyncio.gather(*(run.worker(i) for i in range(cfg.streams)))
+        run.report.wall_s = time.monotonic() - started
+        cpu1 = await _server_cpu(client)
+        if cpu0 is not None and cpu1 is not None:
+            run.report.server_cpu_s = cpu1 - cpu0
+        return run.report
+
+
+def format_table(summary: dict[str, Any]) -> str:
+    """A plain two-column table of the summary."""
+    rows = []
+    for key, value in summary.items():
+        if isinstance(value, dict):
+            value = ", ".join(f"{k} {v}" for k, v in value.items())
+        rows.append((key.replace("_", " "), str(value)))
+    width = max(len(k) for k, _ in rows)
+    return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
