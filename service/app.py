@@ -183,7 +183,9 @@ def create_app(
                 breaker_cooloff_s=settings.breaker_cooloff_s,
             )
             batchers[name] = Batcher(translator, limits, metrics)
-        pipeline = Pipeline(settings, get_detector(settings.detector), built, batchers, metrics)
+        detector = get_detector(settings.detector)
+        detector.warm_up()
+        pipeline = Pipeline(settings, detector, built, batchers, metrics)
         app.state.pipeline = pipeline
         app.state.streams = streams = StreamManager(settings, pipeline)
         for translator in built.values():

@@ -18,7 +18,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
-import httpx
+import aiohttp
 
 from service.errors import InputError
 
@@ -99,40 +99,50 @@ def split_deltas(text: str, rng: random.Random) -> list[str]:
     return out
 
 
-async def _server_cpu(client: httpx.AsyncClient) -> float | None:
+async def _server_cpu(session: aiohttp.ClientSession, url: str) -> float | None:
     try:
-        body = (await client.get("/metrics")).text
-    except httpx.HTTPError:
+        async with session.get(f"{url}/metrics") as resp:
+            body = await resp.text()
+    except aiohttp.ClientError:
         return None
     m = re.search(r"^process_cpu_seconds_total ([0-9.e+-]+)$", body, re.M)
     return float(m.group(1)) if m else None
 
 
 class _Run:
-    def __init__(self, cfg: BenchConfig, client: httpx.AsyncClient) -> None:
+    def __init__(self, cfg: BenchConfig) -> None:
         self.cfg = cfg
-        self.client = client
         self.report = BenchReport()
         self.run_id = uuid.uuid4().hex[:8]
         self.stop_at = 0.0
+        self.headers = {"Authorization": f"Bearer {cfg.token}"} if cfg.token else {}
+
+    def session(self) -> aiohttp.ClientSession:
+        return aiohttp.ClientSession(
+            headers=self.headers, connector=aiohttp.TCPConnector(limit=4),
+            timeout=aiohttp.ClientTimeout(total=None, sock_read=self.cfg.read_timeout_s),
+        )
 
     async def worker(self, i: int) -> None:
-        n = 0
-        rng = random.Random(self.cfg.seed * 100_003 + i)
-        while time.monotonic() < self.stop_at:
-            text = self.cfg.texts[(i + n) % len(self.cfg.texts)]
-            await self.one_stream(f"bench-{self.run_id}-{i}-{n}", text, rng)
-            n += 1
+        # A session per stream worker keeps each connection pool small.
+        async with self.session() as session:
+            n = 0
+            rng = random.Random(self.cfg.seed * 100_003 + i)
+            while time.monotonic() < self.stop_at:
+                text = self.cfg.texts[(i + n) % len(self.cfg.texts)]
+                await self.one_stream(session, f"bench-{self.run_id}-{i}-{n}", text, rng)
+                n += 1
 
-    async def one_stream(self, sid: str, text: str, rng: random.Random) -> None:
+    async def one_stream(self, session: aiohttp.ClientSession, sid: str, text: str,
+                         rng: random.Random) -> None:
         report = self.report
         report.streams += 1
-        r = await self.client.post("/v1/streams", json={"stream_id": sid,
-                                                        "target": self.cfg.target})
-        if r.status_code not in (200, 201):
-            report.errors.append(f"{sid}: open -> {r.status_code} {r.text[:120]}")
-            return
-        reader = asyncio.create_task(self.read(sid))
+        base = f"{self.cfg.url}/v1/streams"
+        async with session.post(base, json={"stream_id": sid, "target": self.cfg.target}) as r:
+            if r.status not in (200, 201):
+                report.errors.append(f"{sid}: open -> {r.status} {(await r.text())[:120]}")
+                return
+        reader = asyncio.create_task(self.read(session, sid))
         deltas = split_deltas(text, rng)
         sent = 0
         started = time.monotonic()
@@ -141,13 +151,13 @@ class _Run:
             due = min(len(deltas), int((time.monotonic() - started) * self.cfg.rate) + 1)
             if due > sent:
                 chunks = [{"seq": s, "text": deltas[s]} for s in range(sent, due)]
-                if await self.post(sid, chunks):
+                if await self.post(session, sid, chunks):
                     report.deltas += len(chunks)
                     sent = due
             await asyncio.sleep(interval)
-        r = await self.client.post(f"/v1/streams/{sid}/close")
-        if r.status_code != 200:
-            report.errors.append(f"{sid}: close -> {r.status_code} {r.text[:120]}")
+        async with session.post(f"{base}/{sid}/close") as r:
+            if r.status != 200:
+                report.errors.append(f"{sid}: close -> {r.status} {(await r.text())[:120]}")
         try:
             originals = await asyncio.wait_for(reader, self.cfg.read_timeout_s)
         except TimeoutError:
@@ -160,41 +170,45 @@ class _Run:
             return
         if "".join(originals) != text:
             report.violations.append(f"{sid}: originals do not join back to the sent text")
-        await self.client.delete(f"/v1/streams/{sid}")
+        async with session.delete(f"{base}/{sid}"):
+            pass
 
-    async def post(self, sid: str, chunks: list[dict[str, Any]]) -> bool:
+    async def post(self, session: aiohttp.ClientSession, sid: str,
+                   chunks: list[dict[str, Any]]) -> bool:
         """POST chunks, retrying the same seqs on 503 or a dropped connection."""
+        url = f"{self.cfg.url}/v1/streams/{sid}/chunks"
         for _ in range(20):
             t0 = time.perf_counter()
             try:
-                r = await self.client.post(f"/v1/streams/{sid}/chunks", json={"chunks": chunks})
-            except httpx.TransportError as exc:
+                async with session.post(url, json={"chunks": chunks}) as r:
+                    body = await r.read()
+                    status, retry_after = r.status, r.headers.get("Retry-After", "1")
+            except aiohttp.ClientError as exc:
                 self.report.errors.append(f"{sid}: {type(exc).__name__}")
                 await asyncio.sleep(0.2)
                 continue
             self.report.post_ms.append((time.perf_counter() - t0) * 1000.0)
             self.report.posts += 1
-            if r.status_code == 200:
+            if status == 200:
                 return True
-            if r.status_code == 503:
-                await asyncio.sleep(float(r.headers.get("Retry-After", "1")))
+            if status == 503:
+                await asyncio.sleep(float(retry_after))
                 continue
-            self.report.errors.append(f"{sid}: chunks -> {r.status_code} {r.text[:120]}")
+            self.report.errors.append(f"{sid}: chunks -> {status} {body[:120]!r}")
             return False
         return False
 
-    async def read(self, sid: str) -> list[str] | None:
+    async def read(self, session: aiohttp.ClientSession, sid: str) -> list[str] | None:
         """Read SSE until `end`; return the originals in index order."""
         originals: dict[int, str] = {}
         event = ""
-        async with self.client.stream(
-            "GET", f"/v1/streams/{sid}/events", headers={"Accept": "text/event-stream"},
-            timeout=httpx.Timeout(self.cfg.read_timeout_s, connect=10.0),
-        ) as resp:
-            if resp.status_code != 200:
-                self.report.errors.append(f"{sid}: events -> {resp.status_code}")
+        url = f"{self.cfg.url}/v1/streams/{sid}/events"
+        async with session.get(url, headers={"Accept": "text/event-stream"}) as resp:
+            if resp.status != 200:
+                self.report.errors.append(f"{sid}: events -> {resp.status}")
                 return None
-            async for line in resp.aiter_lines():
+            async for raw in resp.content:
+                line = raw.decode("utf-8").rstrip("\n")
                 if line.startswith("event: "):
                     event = line[7:]
                 elif line.startswith("data: "):
@@ -229,27 +243,25 @@ async def run_bench(cfg: BenchConfig) -> BenchReport:
         raise InputError("--streams, --duration and --rate must be positive")
     if not cfg.texts:
         raise InputError("the corpus holds no text")
-    headers = {"Authorization": f"Bearer {cfg.token}"} if cfg.token else {}
-    limits = httpx.Limits(max_connections=cfg.streams * 2 + 16,
-                          max_keepalive_connections=cfg.streams * 2 + 16)
-    async with httpx.AsyncClient(base_url=cfg.url, headers=headers, limits=limits,
-                                 timeout=30.0) as client:
+    run = _Run(cfg)
+    async with run.session() as session:
         try:
-            health = await client.get("/healthz", timeout=5.0)
-        except httpx.HTTPError as exc:
+            async with session.get(f"{cfg.url}/healthz",
+                                   timeout=aiohttp.ClientTimeout(total=5)) as health:
+                status = health.status
+        except (aiohttp.ClientError, TimeoutError) as exc:
             raise InputError(f"cannot reach {cfg.url}: {type(exc).__name__}") from None
-        if health.status_code != 200:
-            raise InputError(f"{cfg.url}/healthz answered {health.status_code}")
-        run = _Run(cfg, client)
-        cpu0 = await _server_cpu(client)
+        if status != 200:
+            raise InputError(f"{cfg.url}/healthz answered {status}")
+        cpu0 = await _server_cpu(session, cfg.url)
         started = time.monotonic()
         run.stop_at = started + cfg.duration_s
         await asyncio.gather(*(run.worker(i) for i in range(cfg.streams)))
         run.report.wall_s = time.monotonic() - started
-        cpu1 = await _server_cpu(client)
-        if cpu0 is not None and cpu1 is not None:
-            run.report.server_cpu_s = cpu1 - cpu0
-        return run.report
+        cpu1 = await _server_cpu(session, cfg.url)
+    if cpu0 is not None and cpu1 is not None:
+        run.report.server_cpu_s = cpu1 - cpu0
+    return run.report
 
 
 def format_table(summary: dict[str, Any]) -> str:

@@ -3,9 +3,10 @@
 The ``default`` detector decides by script first: Han, Kana, Hangul, Thai and the other
 scripts that name their language need no statistics, and a mixed line such as
 ``首先，确定整个 hiking旅程所用的总时间`` goes to the script with most weight. Only text
-in a shared script (Latin, Cyrillic, Arabic, Devanagari) goes to ``langdetect``, limited
-to that script's languages, seeded so that the same text always gives the same answer,
-and helped on short phrases by function words and diacritics.
+in a shared script (Latin, Cyrillic, Arabic, Devanagari) is scored against langdetect's
+n-gram profiles, limited to that script's languages: every n-gram, not langdetect's
+random sample, so the same text always gives the same answer; short phrases are helped
+by function words and diacritics.
 
 Detectors are registered by name (``THINKTRANS_DETECTOR``); each returns a Detection.
 """
@@ -14,7 +15,6 @@ from __future__ import annotations
 
 import functools
 import json
-import math
 import re
 import threading
 import unicodedata
@@ -23,6 +23,8 @@ from collections import Counter
 from dataclasses import dataclass
 from importlib import resources
 from typing import ClassVar
+
+import numpy as np
 
 from service.errors import ConfigError
 
@@ -46,6 +48,12 @@ class Detector(ABC):
 
     @abstractmethod
     def detect(self, text: str) -> Detection: ...
+
+    def warm_up(self) -> None:
+        """Load what detection needs now, so the first request does not wait for it."""
+        for text in ("Let me check the answer once more, please.", "Проверим ответ ещё раз.",
+                     "مرحبا بك في هذا المكان", "चलो फिर से जाँच करते हैं"):
+            self.detect(text)
 
 
 # -- scripts ------------------------------------------------------------------------------
@@ -98,6 +106,9 @@ _SMOOTHING = 5e-5
 # Short-text scores are divided by this so that one rare n-gram cannot outvote the prior
 # and the function words (0.938 on phrases at 4, 0.904 undivided: bench/detect_eval.py).
 _NB_TEMPERATURE = 4
+# Detection reads at most this much of a segment: the language shows long before.
+_MAX_DETECT_CHARS = 240
+_MAX_CACHED_NGRAMS = 200_000
 
 # Characters that only Traditional (left) or only Simplified (right) Chinese uses.
 _TRAD_SIMP = (
@@ -170,6 +181,7 @@ class _Langdetect:
         # set at under half the cost (bench/detect_eval.py).
         self.n_trial = n_trial
         self._lock = threading.Lock()
+        self._logs: dict[str, np.ndarray] = {}
 
     def probabilities(self, text: str, prior: dict[str, float] | None) -> dict[str, float]:
         from langdetect.lang_detect_exception import LangDetectException
@@ -187,28 +199,34 @@ class _Langdetect:
                 return {}
 
     def naive_bayes(self, text: str, prior: dict[str, float]) -> dict[str, float]:
-        """Score every n-gram of a short text against every profile: no random walk.
+        """Score every n-gram of a text against every profile: no random walk.
 
         langdetect samples n-grams at random, which on a two-word phrase lets one
-        unlucky draw decide; short text is cheap enough to score whole.
+        unlucky draw decide. Scoring all of them is deterministic and, with each
+        n-gram's log-probabilities cached as a vector, cheaper than the walk.
         """
         with self._lock:
             detector = self.factory.create()
-            detector.append(text)
+            detector.append(text[:_MAX_DETECT_CHARS])
             detector.cleaning_text()
             grams = detector._extract_ngrams()
         if not grams:
             return {}
         langs = self.factory.langlist
-        table = self.factory.word_lang_prob_map
-        logp = [math.log(prior.get(lang, _PRIOR_OTHERS)) for lang in langs]
-        for gram in grams:
-            for i, p in enumerate(table[gram]):
-                logp[i] += math.log(p + _SMOOTHING) / _NB_TEMPERATURE
-        top = max(logp)
-        weights = [math.exp(x - top) for x in logp]
-        total = sum(weights)
-        return {lang: w / total for lang, w in zip(langs, weights, strict=True) if w / total > 1e-4}
+        logp = np.log(np.array([prior.get(lang, _PRIOR_OTHERS) for lang in langs]))
+        logp = logp + np.sum([self._log_vector(gram) for gram in grams], axis=0)
+        weights = np.exp(logp - logp.max())
+        weights /= weights.sum()
+        return {lang: float(w) for lang, w in zip(langs, weights, strict=True) if w > 1e-4}
+
+    def _log_vector(self, gram: str) -> np.ndarray:
+        vec = self._logs.get(gram)
+        if vec is None:
+            probs = np.array(self.factory.word_lang_prob_map[gram])
+            vec = np.log(probs + _SMOOTHING) / _NB_TEMPERATURE
+            if len(self._logs) < _MAX_CACHED_NGRAMS:
+                self._logs[gram] = vec
+        return vec
 
 
 @functools.lru_cache(maxsize=8)
@@ -247,12 +265,9 @@ class ScriptDetector(Detector):
     def _within_script(self, text: str, script: str, share: float, letters: int) -> Detection:
         langs = _SHARED[script]
         words = [w.lower() for w in _WORDS.findall(text)]
-        model = _langdetect_for(langs)
+        probs = _langdetect_for(langs).naive_bayes(" ".join(words), _PRIOR)
         if letters < 40:
-            probs = model.naive_bayes(" ".join(words), _PRIOR)
             probs = self._blend(words, probs, langs)
-        else:
-            probs = model.probabilities(" ".join(words), _PRIOR)
         if not probs:
             return Detection(None, 0.0, False)
         lang = max(probs, key=lambda k: probs[k])
