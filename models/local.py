@@ -422,12 +422,16 @@ class LocalTranslator(Translator):
             return []
         loop = asyncio.get_running_loop()
         try:
-            return await loop.run_in_executor(
-                self._executor, self._translate_sync, route, list(texts)
-            )
-        except RuntimeError as exc:
-            if self._closed:  # "cannot schedule new futures after shutdown"
-                raise BackendUnavailable("the local backend is closed") from exc
+            future = loop.run_in_executor(self._executor, self._translate_sync, route, list(texts))
+        except RuntimeError as exc:  # "cannot schedule new futures after shutdown"
+            raise BackendUnavailable("the local backend is closed") from exc
+        try:
+            return await future
+        except asyncio.CancelledError:
+            # aclose() dropped the queued batch: that is an outage, not our caller's cancel.
+            task = asyncio.current_task()
+            if self._closed and not (task is not None and task.cancelling()):
+                raise BackendUnavailable("the local backend closed before the batch ran") from None
             raise
 
     def _translate_sync(self, route: _Route, texts: list[str]) -> list[str]:
@@ -627,7 +631,12 @@ class LocalTranslator(Translator):
         try:
             config = AutoConfig.from_pretrained(spec.model_id)
             tokenizer = AutoTokenizer.from_pretrained(spec.model_id)
-        except (OSError, ValueError) as exc:  # hub errors and HFValidationError are among them
+        except ImportError as exc:  # e.g. a tokenizer that needs sentencepiece or protobuf
+            raise _LoadError(
+                f"loading {spec.model_id!r} needs {exc.name or 'a missing package'!r}: "
+                "pip install 'thinktrans[local]'"
+            ) from exc
+        except Exception as exc:  # OSError, HFValidationError, hub HTTP errors, bad files
             raise _LoadError(_not_found_reason(spec.model_id, exc)) from exc
         family = detect_family(config, tokenizer)
         if family is None:
@@ -642,7 +651,7 @@ class LocalTranslator(Translator):
             )
         try:
             model = AutoModelForSeq2SeqLM.from_pretrained(spec.model_id, dtype=dtype)
-        except (OSError, ValueError) as exc:
+        except (OSError, ValueError) as exc:  # weights missing or not a seq2seq model
             raise _LoadError(_not_found_reason(spec.model_id, exc)) from exc
         model = model.to(self.device).eval()
         slot = _Slot(
