@@ -549,3 +549,34 @@ async def test_close_fails_queued_batches_cleanly(models: dict[str, Path]) -> No
     gate.set()
     with pytest.raises(BackendUnavailable, match="closed"):
         await queued
+
+
+async def test_multi_target_marian_prefixes_the_target_token(
+    models: dict[str, Path], tmp_path: Path
+) -> None:
+    # opus-mt-en-ROMANCE style: target tokens in the vocabulary; two rare pieces are renamed.
+    multi = tmp_path / "opus-mt-en-mul"
+    shutil.copytree(models["marian"], multi)
+    vocab = json.loads((multi / "vocab.json").read_text(encoding="utf-8"))
+    rare = [piece for piece, i in vocab.items() if i in (len(vocab) - 3, len(vocab) - 2)]
+    for piece, code in zip(rare, (">>fra<<", ">>jpn<<"), strict=True):
+        vocab[code] = vocab.pop(piece)
+    (multi / "vocab.json").write_text(json.dumps(vocab, ensure_ascii=False), encoding="utf-8")
+    config_path = multi / "tokenizer_config.json"
+    tok_config = json.loads(config_path.read_text())
+    tok_config.pop("target_lang", None)
+    config_path.write_text(json.dumps(tok_config))
+
+    backend = await started(multi)
+    try:
+        assert backend.languages() == ["fr", "ja"]
+        route = backend._route("en", "ja")
+        assert route.prefix == ">>jpn<<"
+        tokenizer = route.slot.tokenizer
+        ids = tokenizer(route.prefix + "hello")["input_ids"]
+        assert ids[0] == vocab[">>jpn<<"]
+        out_fr = await backend.translate(TEXTS, source="en", target="fr")
+        out_ja = await backend.translate(TEXTS, source="en", target="ja")
+        assert all(out_fr) and out_fr != out_ja  # the token reaches the encoder
+    finally:
+        await backend.aclose()
