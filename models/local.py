@@ -1,0 +1,766 @@
+"""The local backend: NLLB-200, M2M-100 and Marian (opus-mt) checkpoints on transformers + torch.
+
+A checkpoint comes from a hub id or a directory (``THINKTRANS_LOCAL_MODEL``), loaded with
+``AutoTokenizer``/``AutoModelForSeq2SeqLM.from_pretrained``; its family is told from its config
+and tokenizer, never from its name:
+
+- NLLB-200 (``model_type`` m2m_100 with the flores-200 tokens, e.g. ``eng_Latn``): the tokenizer's
+  ``src_lang`` is set per batch and ``forced_bos_token_id`` is the target's flores token;
+- M2M-100 (m2m_100 with ``__en__``-style tokens): ``src_lang`` and ``get_lang_id(target)``;
+- Marian: one pair per checkpoint. The pair is, first that applies: a ``src-tgt=`` prefix on the
+  setting (``THINKTRANS_LOCAL_MODEL=en-de=/models/opus-mt-en-de``), the tokenizer's saved
+  ``source_lang``/``target_lang``, an ``opus-mt-src-tgt`` name. Multi-target checkpoints
+  (``>>fra<<`` tokens) serve each target they have a token for. ``THINKTRANS_LOCAL_MARIAN_MODELS``
+  adds checkpoints (``en-de=ID,en-ja=DIR``); for its pair a Marian checkpoint is chosen over the
+  main model.
+
+Source languages: NLLB and M2M need one. An unknown source (``None``) or one the model lacks is
+read as English, the language most thinking is written in; the encoder copes with a wrong
+source tag far better than with none. For Marian an unknown source also means English.
+
+Loading happens in the backend's own worker thread, after ``start()`` has returned; until it
+is done (or when it failed) ``ready`` is False, ``reason`` says why, ``translate`` raises
+``BackendUnavailable`` and, since the model's languages are not known yet, ``supports`` answers
+True and ``languages`` None. Every batch runs in that same single thread, so the tokenizer's
+per-batch ``src_lang`` needs no lock and batches never contend for the CPU or GPU.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import re
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from importlib.util import find_spec
+from pathlib import Path
+from typing import Any
+
+from models.base import Translator
+from service.errors import (
+    BackendError,
+    BackendUnavailable,
+    ConfigError,
+    InvalidLocale,
+    UnsupportedLanguage,
+)
+from service.locale import LANGUAGES, base_language, canonicalize, lang_info
+from service.settings import Settings
+
+log = logging.getLogger(__name__)
+
+FAMILIES = ("nllb", "m2m100", "marian")
+FALLBACK_SOURCE = "en"  # what an unknown source is read as (see the module docstring)
+# A loop guard that rarely touches real text: a 6-gram seldom recurs within one sentence,
+# while a looping model repeats one within a few tokens. max_new_tokens bounds the rest.
+NO_REPEAT_NGRAM_SIZE = 6
+# Padded input tokens per generate call; a larger batch is cut into length-sorted slices.
+MAX_BATCH_TOKENS = 8192
+# Targets written without spaces between sentences: split parts are rejoined without one.
+_NO_SPACE_TARGETS = frozenset({"zh-Hans", "zh-Hant", "ja"})
+_PAIR = re.compile(r"^(?P<src>[A-Za-z]{2,8})-(?P<tgt>[A-Za-z]{2,8}(?:-[A-Za-z0-9]{1,8})*)$")
+_OPUS_NAME = re.compile(r"opus-mt-(?P<src>[A-Za-z]{2,8})-(?P<tgt>[A-Za-z]{2,8})$")
+_FLORES = re.compile(r"^[a-z]{3}_[A-Z][a-z]{3}$")
+_SENTENCE_END = re.compile(r"(?<=[.!?;:…])\s+|(?<=[。！？；])\s*")
+_WORD_END = re.compile(r"(?<=\s)(?=\S)")
+
+
+def _require_packages() -> None:
+    for module in ("torch", "transformers", "sentencepiece"):
+        if find_spec(module) is None:
+            raise ModuleNotFoundError(
+                f"the local backend needs {module!r}: pip install 'thinktrans[local]'",
+                name=module,
+            )
+
+
+def lang_key(tag: str) -> str:
+    """The language-table key of a tag (``zh-CN`` -> ``zh-Hans``), or its bare language."""
+    info = lang_info(tag)
+    return info.key if info is not None else base_language(tag)
+
+
+def _canonical_or_none(tag: str | None) -> str | None:
+    if tag is None:
+        return None
+    try:
+        return canonicalize(tag)
+    except InvalidLocale:
+        return None
+
+
+def parse_pair_spec(value: str) -> tuple[tuple[str, str] | None, str]:
+    """Split ``en-de=ID`` into ``(("en", "de"), "ID")``; a value without a pair gives ``None``."""
+    left, sep, right = value.partition("=")
+    match = _PAIR.match(left.strip()) if sep and "/" not in left else None
+    if match is None:
+        return None, value.strip()
+    try:
+        pair = (lang_key(canonicalize(match["src"])), lang_key(canonicalize(match["tgt"])))
+    except InvalidLocale:
+        return None, value.strip()
+    return pair, right.strip()
+
+
+@dataclass
+class _Spec:
+    """A checkpoint to load: the main model or one of the extra Marian ones."""
+
+    model_id: str
+    pair: tuple[str, str] | None = None
+    marian_only: bool = False
+
+
+@dataclass
+class _Slot:
+    """One loaded checkpoint and what it can serve."""
+
+    model_id: str
+    family: str
+    tokenizer: Any
+    model: Any
+    # NLLB/M2M: table key -> the family's code. Marian: target key -> text prefix ("" or ">>fr<<").
+    codes: dict[str, str]
+    source: str | None = None  # Marian: the pair's source key
+    drop_ids: frozenset[int] = frozenset()  # never decoded: specials and language tokens
+    max_positions: int = 1024
+
+
+@dataclass(frozen=True)
+class _Route:
+    """How one (source, target) is served: which checkpoint, which codes."""
+
+    slot: _Slot
+    src_code: str | None  # NLLB/M2M source code
+    forced_bos: int | None  # NLLB/M2M target token
+    prefix: str  # Marian multi-target token
+    no_space: bool  # rejoin split parts without spaces
+
+
+@dataclass
+class _Part:
+    """A piece of one input text that goes through the model on its own."""
+
+    index: int  # which input text
+    text: str
+    sep: str  # whitespace that followed it in the source
+    n_tokens: int = 0
+    out: str = ""
+
+
+@dataclass
+class _Stats:
+    batches: int = 0
+    segments: int = 0
+    generate_calls: int = 0
+    split_segments: int = 0
+    last_generate_sizes: list[int] = field(default_factory=list)
+
+
+class _LoadError(Exception):
+    """A checkpoint could not be loaded; the message is the backend's ``reason``."""
+
+
+def split_text(text: str, count_tokens: Callable[[str], int], max_tokens: int) -> list[str]:
+    """Cut ``text`` into pieces of at most ``max_tokens`` tokens; joined, they give ``text``.
+
+    Cuts fall at sentence ends first, then between words, then (for text without spaces) at
+    character midpoints. Each piece keeps the whitespace that followed it.
+    """
+    if count_tokens(text) <= max_tokens:
+        return [text]
+    atoms: list[str] = []
+    for sentence in _cut(text, _SENTENCE_END):
+        if count_tokens(sentence) <= max_tokens:
+            atoms.append(sentence)
+            continue
+        for word in _cut(sentence, _WORD_END):
+            atoms.extend(_halve(word, count_tokens, max_tokens))
+    pieces: list[str] = []
+    for atom in atoms:
+        # Whitespace-only atoms never stand alone: they belong to the piece before.
+        if pieces and (not atom.strip() or count_tokens(pieces[-1] + atom) <= max_tokens):
+            pieces[-1] += atom
+        else:
+            pieces.append(atom)
+    return pieces
+
+
+def _cut(text: str, pattern: re.Pattern[str]) -> list[str]:
+    """Split after each match of ``pattern``, keeping the matched whitespace on the left piece."""
+    out, start = [], 0
+    for match in pattern.finditer(text):
+        if match.end() > start and match.end() < len(text):
+            out.append(text[start : match.end()])
+            start = match.end()
+    out.append(text[start:])
+    return [piece for piece in out if piece]
+
+
+def _halve(text: str, count_tokens: Callable[[str], int], max_tokens: int) -> list[str]:
+    if len(text) <= 1 or count_tokens(text) <= max_tokens:
+        return [text]
+    mid = len(text) // 2
+    return _halve(text[:mid], count_tokens, max_tokens) + _halve(
+        text[mid:], count_tokens, max_tokens
+    )
+
+
+def _short(exc: BaseException) -> str:
+    first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    return first if len(first) <= 200 else first[:197] + "..."
+
+
+def _not_found_reason(model_id: str, exc: BaseException) -> str:
+    looks_local = model_id.startswith(("/", "./", "../", "~")) or Path(model_id).exists()
+    path = Path(model_id).expanduser()
+    if looks_local and not path.exists():
+        return (
+            f"model directory {model_id!r} does not exist: set THINKTRANS_LOCAL_MODEL to a "
+            "checkpoint directory or a hub id (HF_HUB_OFFLINE=1 keeps hub ids to the local cache)"
+        )
+    if path.is_dir():
+        return (
+            f"{model_id!r} is not a loadable checkpoint directory ({_short(exc)}): set "
+            "THINKTRANS_LOCAL_MODEL to a directory written by save_pretrained, or to a hub id "
+            "(HF_HUB_OFFLINE=1 keeps hub ids to the local cache)"
+        )
+    return (
+        f"model {model_id!r} not found locally and the hub is unreachable or does not have it "
+        f"({_short(exc)}): set THINKTRANS_LOCAL_MODEL to a local directory or pre-seed HF_HOME "
+        "with it; HF_HUB_OFFLINE=1 skips the network"
+    )
+
+
+class LocalTranslator(Translator):
+    """Seq2seq translation checkpoints run in a worker thread this backend owns."""
+
+    name = "local"
+    # One worker thread: more batches in flight would only queue behind it.
+    max_concurrency = 1
+
+    def __init__(
+        self,
+        model: str = "facebook/nllb-200-distilled-600M",
+        *,
+        marian_models: Sequence[str] = (),
+        device: str = "auto",
+        dtype: str = "auto",
+        num_beams: int = 1,
+        max_input_tokens: int = 256,
+        threads: int | None = None,
+    ) -> None:
+        super().__init__()
+        _require_packages()
+        pair, model_id = parse_pair_spec(model)
+        if not model_id:
+            raise ConfigError("local_model (THINKTRANS_LOCAL_MODEL) is empty; name a checkpoint")
+        self._specs = [_Spec(model_id, pair)]
+        for entry in marian_models:
+            extra_pair, extra_id = parse_pair_spec(entry)
+            if extra_pair is None or not extra_id:
+                raise ConfigError(
+                    "local_marian_models (THINKTRANS_LOCAL_MARIAN_MODELS) entries must read "
+                    f"'src-tgt=ID_OR_DIR', e.g. 'en-de=Helsinki-NLP/opus-mt-en-de'; got {entry!r}"
+                )
+            self._specs.append(_Spec(extra_id, extra_pair, marian_only=True))
+        self.model_id = model_id
+        self._device_setting = device
+        self._dtype_setting = dtype
+        self._num_beams = num_beams
+        self._max_input_tokens = max_input_tokens
+        self._threads = threads
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="thinktrans-local")
+        self._load_future: asyncio.Future[None] | None = None
+        self._slots: list[_Slot] = []
+        self._closed = False
+        self.device: str | None = None
+        self.dtype: str | None = None
+        self.load_s: float | None = None
+        self.stats = _Stats()
+        self.ready = False
+        self.reason = f"model {model_id!r} not loaded: the backend has not been started"
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> LocalTranslator:
+        """Build from the ``local_*`` settings; loading starts with ``start()``."""
+        return cls(
+            settings.local_model,
+            marian_models=settings.local_marian_models,
+            device=settings.local_device,
+            dtype=settings.local_dtype,
+            num_beams=settings.local_num_beams,
+            max_input_tokens=settings.local_max_input_tokens,
+            threads=settings.local_threads,
+        )
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Begin loading in the worker thread and return at once."""
+        if self._load_future is not None or self._closed:
+            return
+        self.reason = f"loading model {self.model_id!r}"
+        loop = asyncio.get_running_loop()
+        self._load_future = loop.run_in_executor(self._executor, self._load)
+
+    async def wait_ready(self, timeout_s: float | None = None) -> bool:
+        """Wait until loading has finished (or failed); return ``ready``."""
+        if self._load_future is None:
+            await self.start()
+        future = self._load_future
+        if future is None:  # closed before it started
+            return False
+        try:
+            await asyncio.wait_for(asyncio.shield(future), timeout_s)
+        except TimeoutError:
+            pass
+        except asyncio.CancelledError:
+            # The load itself was dropped by aclose(); only our own cancellation propagates.
+            task = asyncio.current_task()
+            if not future.cancelled() or (task is not None and task.cancelling()):
+                raise
+        return self.ready
+
+    async def aclose(self) -> None:
+        """Stop the worker thread; a batch already running finishes, queued ones are dropped."""
+        self._closed = True
+        self.ready = False
+        self.reason = "the local backend is closed"
+        self._slots = []
+        # No wait: a running generate cannot be interrupted and must not block the loop.
+        self._executor.shutdown(wait=False, cancel_futures=True)
+
+    # -- what it serves ----------------------------------------------------------------------
+
+    def languages(self) -> list[str] | None:
+        """Table keys (BCP 47) of the targets the loaded checkpoints serve; None until loaded."""
+        if not self.ready:
+            return None
+        keys: set[str] = set()
+        for slot in self._slots:
+            keys.update(slot.codes)
+        return sorted(keys)
+
+    def supports(self, source: str | None, target: str) -> bool:
+        """Whether the pair is servable; True until loaded, as the languages are not known yet."""
+        if not self.ready:
+            return True
+        try:
+            self._route(source, target)
+        except UnsupportedLanguage:
+            return False
+        return True
+
+    def info(self) -> dict[str, object]:
+        """Model, family, device, dtype and language count, for ``GET /v1/backends``."""
+        main = self._slots[0] if self._slots else None
+        languages = self.languages()
+        return {
+            "model": self.model_id,
+            "family": main.family if main else None,
+            "device": self.device,
+            "dtype": self.dtype,
+            "languages": len(languages) if languages is not None else None,
+            "marian_pairs": [
+                f"{slot.source}-{target}={slot.model_id}"
+                for slot in self._slots
+                if slot.family == "marian"
+                for target in slot.codes
+            ],
+            "num_beams": self._num_beams,
+            "load_s": self.load_s,
+            "ready": self.ready,
+            "reason": self.reason,
+        }
+
+    def _route(self, source: str | None, target: str) -> _Route:
+        tag = _canonical_or_none(target)
+        if tag is None:
+            raise UnsupportedLanguage(f"{target!r} is not a valid BCP 47 target")
+        tgt = lang_key(tag)
+        src_tag = _canonical_or_none(source)
+        src = lang_key(src_tag) if src_tag is not None else FALLBACK_SOURCE
+        no_space = tgt in _NO_SPACE_TARGETS
+        # A Marian checkpoint configured for exactly this pair wins over the main model.
+        for slot in self._slots:
+            if slot.family == "marian" and slot.source == src and tgt in slot.codes:
+                return _Route(slot, None, None, slot.codes[tgt], no_space)
+        for slot in self._slots:
+            if slot.family == "marian" or tgt not in slot.codes:
+                continue
+            src_code = slot.codes.get(src) or slot.codes.get(FALLBACK_SOURCE)
+            if src_code is None:  # a model without English: any code of its own will do
+                src_code = next(iter(slot.codes.values()))
+            forced = _lang_token_id(slot, slot.codes[tgt])
+            return _Route(slot, src_code, forced, "", no_space)
+        served = self.languages() or []
+        pairs = [f"{s.source}-{t}" for s in self._slots if s.family == "marian" for t in s.codes]
+        shown = ", ".join(served[:12]) + (", ..." if len(served) > 12 else "")
+        what = f"{len(served)} targets ({shown})"
+        if pairs:
+            what += f"; Marian pairs {', '.join(pairs)}"
+        raise UnsupportedLanguage(
+            f"the local backend cannot translate {src} -> {tag}: it serves {what}",
+            source=src,
+            target=tag,
+        )
+
+    # -- translation -------------------------------------------------------------------------
+
+    async def translate(
+        self, texts: Sequence[str], *, source: str | None, target: str
+    ) -> list[str]:
+        """Translate in the worker thread; the event loop only waits."""
+        if not self.ready:
+            raise BackendUnavailable(self.reason or f"model {self.model_id!r} is not loaded")
+        route = self._route(source, target)
+        if not texts:
+            return []
+        loop = asyncio.get_running_loop()
+        try:
+            future = loop.run_in_executor(self._executor, self._translate_sync, route, list(texts))
+        except RuntimeError as exc:  # "cannot schedule new futures after shutdown"
+            raise BackendUnavailable("the local backend is closed") from exc
+        try:
+            return await future
+        except asyncio.CancelledError:
+            # aclose() dropped the queued batch: that is an outage, not our caller's cancel.
+            task = asyncio.current_task()
+            if self._closed and not (task is not None and task.cancelling()):
+                raise BackendUnavailable("the local backend closed before the batch ran") from None
+            raise
+
+    def _translate_sync(self, route: _Route, texts: list[str]) -> list[str]:
+        """Runs in the worker: split, sort by length, generate, restore order, rejoin."""
+        try:
+            return self._translate_parts(route, texts)
+        except BackendError:
+            raise
+        except Exception as exc:  # the one place torch/transformers errors become ours
+            if type(exc).__name__ == "OutOfMemoryError":
+                raise BackendUnavailable(
+                    f"out of memory on {self.device} for a batch of {len(texts)}: lower "
+                    "THINKTRANS_MAX_BATCH_SIZE or THINKTRANS_LOCAL_MAX_INPUT_TOKENS"
+                ) from exc
+            raise BackendError(
+                f"the local model failed on a batch of {len(texts)}: {_short(exc)}"
+            ) from exc
+
+    def _translate_parts(self, route: _Route, texts: list[str]) -> list[str]:
+        started = time.perf_counter()
+        slot = route.slot
+        tokenizer = slot.tokenizer
+        if route.src_code is not None:
+            tokenizer.src_lang = route.src_code  # safe: only this thread touches the tokenizer
+
+        def count(text: str) -> int:
+            return len(tokenizer(route.prefix + text, add_special_tokens=False)["input_ids"])
+
+        parts: list[_Part] = []
+        leads: list[str] = []
+        trails: list[str] = []
+        for i, text in enumerate(texts):
+            core = text.strip()
+            leads.append(text[: len(text) - len(text.lstrip())])
+            trails.append(text[len(text.rstrip()) :] if core else "")
+            if not core:
+                continue
+            pieces = split_text(core, count, self._max_input_tokens)
+            if len(pieces) > 1:
+                self.stats.split_segments += 1
+            for piece in pieces:
+                stripped = piece.rstrip()
+                parts.append(_Part(i, stripped, piece[len(stripped) :]))
+        for part in parts:
+            part.n_tokens = count(part.text)
+
+        # Longest first, so that each slice pads little and the slow one starts early.
+        order = sorted(range(len(parts)), key=lambda k: parts[k].n_tokens, reverse=True)
+        sizes = []
+        start = 0
+        while start < len(order):
+            longest = parts[order[start]].n_tokens + 4
+            size = max(1, min(len(order) - start, MAX_BATCH_TOKENS // max(longest, 1)))
+            chunk = [parts[k] for k in order[start : start + size]]
+            outputs = self._generate(route, [p.text for p in chunk])
+            for part, out in zip(chunk, outputs, strict=True):
+                part.out = out
+            sizes.append(size)
+            start += size
+
+        joined: list[list[str]] = [[] for _ in texts]
+        by_text: list[list[_Part]] = [[] for _ in texts]
+        for part in parts:
+            by_text[part.index].append(part)
+        for i, own in enumerate(by_text):
+            for j, part in enumerate(own):
+                joined[i].append(part.out)
+                if j < len(own) - 1:
+                    sep = part.sep or " "
+                    joined[i].append("" if route.no_space and "\n" not in sep else sep)
+        results = [
+            lead + "".join(pieces) + trail if pieces else text
+            for text, lead, pieces, trail in zip(texts, leads, joined, trails, strict=True)
+        ]
+        self.stats.batches += 1
+        self.stats.segments += len(texts)
+        self.stats.last_generate_sizes = sizes
+        log.debug(
+            "local: %d segments (%d parts, %d generate calls) in %.0f ms",
+            len(texts), len(parts), len(sizes), (time.perf_counter() - started) * 1000,
+        )
+        return results
+
+    def _generate(self, route: _Route, texts: list[str]) -> list[str]:
+        import torch
+
+        slot = route.slot
+        tokenizer = slot.tokenizer
+        batch = tokenizer(
+            [route.prefix + text for text in texts],
+            return_tensors="pt",
+            padding=True,
+            truncation=True,
+            max_length=self._max_input_tokens + 8,  # a safety net: split_text already bounds
+        )
+        lengths = batch["attention_mask"].sum(dim=1).tolist()
+        # Per segment: 1.5x its input + 10, so a looping segment cannot run to the batch's bound.
+        caps = [min(math.ceil(1.5 * n) + 10, slot.max_positions - 2) for n in lengths]
+        kwargs: dict[str, Any] = {
+            "max_new_tokens": max(caps),
+            "num_beams": self._num_beams,
+            "do_sample": False,
+            "no_repeat_ngram_size": NO_REPEAT_NGRAM_SIZE,
+        }
+        if route.forced_bos is not None:
+            kwargs["forced_bos_token_id"] = route.forced_bos
+        batch = batch.to(slot.model.device)
+        with torch.inference_mode():
+            out = slot.model.generate(**batch, **kwargs)
+        self.stats.generate_calls += 1
+        eos = slot.model.generation_config.eos_token_id
+        eos_ids = set(eos if isinstance(eos, list) else [eos]) - {None}
+        texts_out = []
+        for row, cap in zip(out.tolist(), caps, strict=True):
+            ids = []
+            for token in row[1 : 1 + cap]:  # row[0] is the decoder start token
+                if token in eos_ids:
+                    break
+                if token not in slot.drop_ids:
+                    ids.append(token)
+            texts_out.append(tokenizer.decode(ids, skip_special_tokens=True).strip())
+        return texts_out
+
+    # -- loading -----------------------------------------------------------------------------
+
+    def _load(self) -> None:
+        """Runs in the worker: load every checkpoint, warm up, then flip ``ready``."""
+        started = time.perf_counter()
+        try:
+            slots = self._load_all()
+        except _LoadError as exc:
+            self.reason = str(exc)
+            log.error("local: %s", exc)
+            return
+        except Exception as exc:  # never let a bad checkpoint take the service down
+            self.reason = f"loading model {self.model_id!r} failed: {_short(exc)}"
+            log.exception("local: loading %r failed", self.model_id)
+            return
+        if self._closed:
+            return
+        self._slots = slots
+        self.load_s = round(time.perf_counter() - started, 2)
+        self.reason = None
+        self.ready = True
+        log.info(
+            "local: ready in %.1fs: %s (%s) on %s/%s, %d languages",
+            self.load_s, self.model_id, slots[0].family, self.device, self.dtype,
+            len(self.languages() or []),
+        )
+
+    def _load_all(self) -> list[_Slot]:
+        try:
+            import torch
+            import transformers  # noqa: F401
+        except ImportError as exc:
+            raise _LoadError(
+                f"the local backend cannot import {exc.name!r}: pip install 'thinktrans[local]'"
+            ) from exc
+        if self._threads:
+            torch.set_num_threads(self._threads)
+        self.device = self._resolve_device(torch)
+        dtype = self._resolve_dtype(torch, self.device)
+        self.dtype = str(dtype).removeprefix("torch.")
+        slots = []
+        for spec in self._specs:
+            if self._closed:
+                raise _LoadError("the local backend was closed while loading")
+            slots.append(self._load_slot(spec, dtype))
+        for slot in slots:
+            self._warm_up(slot)
+        return slots
+
+    def _resolve_device(self, torch: Any) -> str:
+        setting = self._device_setting.strip().lower()
+        if setting == "auto":
+            return "cuda" if torch.cuda.is_available() else "cpu"
+        if setting.startswith("cuda") and not torch.cuda.is_available():
+            raise _LoadError(
+                f"local_device {self._device_setting!r} asks for CUDA, which this machine lacks: "
+                "set THINKTRANS_LOCAL_DEVICE=auto or cpu"
+            )
+        return setting
+
+    def _resolve_dtype(self, torch: Any, device: str) -> Any:
+        if self._dtype_setting == "auto":
+            if device.startswith("cuda"):
+                return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+            return torch.float32
+        if self._dtype_setting == "float16" and device == "cpu":
+            log.warning("local: float16 on CPU is slow and lossy; float32 is the CPU default")
+        return getattr(torch, self._dtype_setting)
+
+    def _load_slot(self, spec: _Spec, dtype: Any) -> _Slot:
+        from transformers import AutoConfig, AutoModelForSeq2SeqLM, AutoTokenizer
+
+        log.info("local: loading %s", spec.model_id)
+        try:
+            config = AutoConfig.from_pretrained(spec.model_id)
+            tokenizer = AutoTokenizer.from_pretrained(spec.model_id)
+        except ImportError as exc:  # e.g. a tokenizer that needs sentencepiece or protobuf
+            raise _LoadError(
+                f"loading {spec.model_id!r} needs {exc.name or 'a missing package'!r}: "
+                "pip install 'thinktrans[local]'"
+            ) from exc
+        except Exception as exc:  # OSError, HFValidationError, hub HTTP errors, bad files
+            raise _LoadError(_not_found_reason(spec.model_id, exc)) from exc
+        family = detect_family(config, tokenizer)
+        if family is None:
+            raise _LoadError(
+                f"model {spec.model_id!r} is a {config.model_type!r} checkpoint; the local backend "
+                "runs NLLB-200, M2M-100 and Marian checkpoints (THINKTRANS_LOCAL_MODEL)"
+            )
+        if spec.marian_only and family != "marian":
+            raise _LoadError(
+                f"{spec.model_id!r} in THINKTRANS_LOCAL_MARIAN_MODELS is a {family} checkpoint, "
+                "not a Marian one; name it in THINKTRANS_LOCAL_MODEL instead"
+            )
+        try:
+            model = AutoModelForSeq2SeqLM.from_pretrained(spec.model_id, dtype=dtype)
+        except (OSError, ValueError) as exc:  # weights missing or not a seq2seq model
+            raise _LoadError(_not_found_reason(spec.model_id, exc)) from exc
+        model = model.to(self.device).eval()
+        slot = _Slot(
+            model_id=spec.model_id,
+            family=family,
+            tokenizer=tokenizer,
+            model=model,
+            codes={},
+            max_positions=int(getattr(config, "max_position_embeddings", 1024) or 1024),
+        )
+        drop = set(tokenizer.all_special_ids)
+        if family == "nllb":
+            vocab = tokenizer.get_vocab()
+            slot.codes = {
+                info.key: info.nllb
+                for info in LANGUAGES.values()
+                if info.nllb is not None and info.nllb in vocab
+            }
+            drop.update(i for token, i in vocab.items() if _FLORES.match(token))
+        elif family == "m2m100":
+            known = tokenizer.lang_code_to_id
+            slot.codes = {
+                info.key: info.m2m
+                for info in LANGUAGES.values()
+                if info.m2m is not None and info.m2m in known
+            }
+            drop.update(known.values())
+        else:
+            slot.source, slot.codes = _marian_pair(spec, tokenizer)
+        slot.drop_ids = frozenset(drop)
+        if not slot.codes:
+            raise _LoadError(
+                f"model {spec.model_id!r} ({family}) has none of the languages in the service's "
+                "table; choose another checkpoint (THINKTRANS_LOCAL_MODEL)"
+            )
+        return slot
+
+    def _warm_up(self, slot: _Slot) -> None:
+        """One tiny generate, so that the first real batch does not pay for lazy setup."""
+        target = next((k for k in slot.codes if k != FALLBACK_SOURCE), next(iter(slot.codes)))
+        source = slot.source or FALLBACK_SOURCE
+        src_code = None
+        forced = None
+        if slot.family != "marian":
+            src_code = slot.codes.get(source) or next(iter(slot.codes.values()))
+            forced = _lang_token_id(slot, slot.codes[target])
+        prefix = slot.codes[target] if slot.family == "marian" else ""
+        route = _Route(slot, src_code, forced, prefix, False)
+        if src_code is not None:
+            slot.tokenizer.src_lang = src_code
+        self._generate(route, ["Hello."])
+
+
+def detect_family(config: Any, tokenizer: Any) -> str | None:
+    """``nllb``, ``m2m100`` or ``marian`` from a checkpoint's config and tokenizer, else None."""
+    model_type = getattr(config, "model_type", "")
+    if model_type == "marian":
+        return "marian"
+    if model_type not in ("m2m_100", "nllb-moe"):
+        return None
+    # NLLB checkpoints say model_type m2m_100 too; the tokenizer tells them apart.
+    name = type(tokenizer).__name__
+    if name.startswith("Nllb"):
+        return "nllb"
+    if hasattr(tokenizer, "lang_code_to_id") and hasattr(tokenizer, "get_lang_id"):
+        return "m2m100"
+    if "eng_Latn" in tokenizer.get_vocab():  # a generic fast tokenizer with flores tokens
+        return "nllb"
+    return None
+
+
+def _lang_token_id(slot: _Slot, code: str) -> int:
+    if slot.family == "m2m100":
+        return int(slot.tokenizer.get_lang_id(code))
+    return int(slot.tokenizer.convert_tokens_to_ids(code))
+
+
+def _marian_pair(spec: _Spec, tokenizer: Any) -> tuple[str, dict[str, str]]:
+    """The (source key, {target key: prefix}) of a Marian checkpoint; see the module docstring."""
+    pair = spec.pair
+    if pair is None:
+        saved = tokenizer.init_kwargs
+        pair = _pair_from(saved.get("source_lang"), saved.get("target_lang"))
+    if pair is None:
+        match = _OPUS_NAME.search(spec.model_id.rstrip("/"))
+        pair = _pair_from(match["src"], match["tgt"]) if match else None
+    multi = getattr(tokenizer, "supported_language_codes", None) or []
+    if multi:  # ">>fra<<" tokens: one checkpoint, several targets
+        targets: dict[str, str] = {}
+        for token in multi:
+            tag = _canonical_or_none(token[2:-2].replace("_", "-"))
+            if tag is not None and lang_info(tag) is not None:
+                targets.setdefault(lang_key(tag), token)
+        if pair is not None and pair[1] in targets:
+            targets = {pair[1]: targets[pair[1]]}
+        source = pair[0] if pair is not None else FALLBACK_SOURCE
+        return source, targets
+    if pair is None:
+        raise _LoadError(
+            f"cannot tell the language pair of Marian checkpoint {spec.model_id!r}: write it as "
+            f"'en-de={spec.model_id}' in THINKTRANS_LOCAL_MODEL or THINKTRANS_LOCAL_MARIAN_MODELS"
+        )
+    return pair[0], {pair[1]: ""}
+
+
+def _pair_from(source: object, target: object) -> tuple[str, str] | None:
+    if not isinstance(source, str) or not isinstance(target, str):
+        return None
+    src, tgt = _canonical_or_none(source), _canonical_or_none(target)
+    if src is None or tgt is None:
+        return None
+    return lang_key(src), lang_key(tgt)

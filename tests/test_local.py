@@ -1,0 +1,582 @@
+"""The local backend on tiny real checkpoints: real from_pretrained loading, real generate.
+
+The checkpoints come from ``service.testmodel`` (random weights, so outputs are garbage but
+deterministic); no test touches the network: the hub is switched off for all of them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import shutil
+import threading
+import time
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+import huggingface_hub.constants
+from transformers import AutoConfig, AutoTokenizer
+
+from models import local as local_module
+from models.local import LocalTranslator, detect_family, split_text
+from service import testmodel
+from service.errors import (
+    BackendUnavailable,
+    ConfigError,
+    UnsupportedLanguage,
+)
+from service.locale import LANGUAGES
+from service.settings import load_settings
+from service.testmodel import make_test_model
+
+# MarianTokenizer asks for sacremoses, an optional punctuation normaliser these tests do not need.
+pytestmark = pytest.mark.filterwarnings("ignore:Recommended. pip install sacremoses")
+
+TEXTS = [
+    "Hmm, the user said hello.",
+    "First, I need to check the file and then run the tests again.",
+    "ok",
+    "The function returns a list of numbers; maybe the bug is in the loop.",
+    "你好，用户说了你好。",
+]
+
+
+@pytest.fixture(scope="session")
+def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("models")
+    return {
+        "nllb": make_test_model("nllb", root / "nllb"),
+        "m2m100": make_test_model("m2m100", root / "m2m100"),
+        "marian": make_test_model("marian", root / "marian-en-de"),
+        "marian-en-ja": make_test_model(
+            "marian", root / "marian-en-ja", source_lang="en", target_lang="ja"
+        ),
+    }
+
+
+@pytest.fixture(autouse=True)
+def _offline(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """No test may reach the hub, and THINKTRANS_LOCAL_* from the caller's shell must not leak."""
+    import os
+
+    for name in list(os.environ):
+        if name.startswith("THINKTRANS_"):
+            monkeypatch.delenv(name)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    # huggingface_hub reads the variable once at import; its constant is what it checks.
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    yield
+
+
+def make_backend(model: str | Path, **overrides: Any) -> LocalTranslator:
+    settings = load_settings(local_model=str(model), backend="local", **overrides)
+    return LocalTranslator.from_settings(settings)
+
+
+async def started(model: str | Path, **overrides: Any) -> LocalTranslator:
+    backend = make_backend(model, **overrides)
+    await backend.start()
+    assert await backend.wait_ready(timeout_s=60), backend.reason
+    return backend
+
+
+@pytest.fixture
+async def nllb(models: dict[str, Path]) -> AsyncIterator[LocalTranslator]:
+    backend = await started(models["nllb"])
+    yield backend
+    await backend.aclose()
+
+
+@pytest.fixture
+async def m2m(models: dict[str, Path]) -> AsyncIterator[LocalTranslator]:
+    backend = await started(models["m2m100"])
+    yield backend
+    await backend.aclose()
+
+
+# -- the test checkpoints themselves ------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("family", "model_type", "tokenizer_class"),
+    [
+        ("nllb", "m2m_100", "NllbTokenizer"),
+        ("m2m100", "m2m_100", "M2M100Tokenizer"),
+        ("marian", "marian", "MarianTokenizer"),
+    ],
+)
+def test_test_models_load_through_the_auto_classes(
+    models: dict[str, Path], family: str, model_type: str, tokenizer_class: str
+) -> None:
+    config = AutoConfig.from_pretrained(models[family])
+    tokenizer = AutoTokenizer.from_pretrained(models[family])
+    assert config.model_type == model_type
+    assert type(tokenizer).__name__ == tokenizer_class
+    assert detect_family(config, tokenizer) == family
+
+
+def test_testmodel_command_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert testmodel.main(["--family", "m2m100", str(tmp_path / "out")]) == 0
+    assert (tmp_path / "out" / "config.json").is_file()
+    assert capsys.readouterr().out.strip() == str(tmp_path / "out")
+    with pytest.raises(ValueError, match="family must be one of"):
+        make_test_model("t5", tmp_path / "t5")
+
+
+def test_test_models_are_deterministic(models: dict[str, Path], tmp_path: Path) -> None:
+    again = make_test_model("nllb", tmp_path / "again")
+    for name in ("model.safetensors", "tokenizer.json"):
+        assert (again / name).read_bytes() == (models["nllb"] / name).read_bytes()
+
+
+# -- family detection and language codes ---------------------------------------------------------
+
+
+@pytest.mark.parametrize("family", ["nllb", "m2m100", "marian"])
+async def test_family_detected_and_translations_non_empty(
+    models: dict[str, Path], family: str
+) -> None:
+    backend = await started(models[family])
+    try:
+        info = backend.info()
+        assert info["family"] == family
+        assert info["device"] == "cpu" and info["dtype"] == "float32"
+        out = await backend.translate(TEXTS, source="en", target="de")
+        assert len(out) == len(TEXTS)
+        assert all(text.strip() for text in out)
+        assert out != TEXTS
+    finally:
+        await backend.aclose()
+
+
+async def test_nllb_uses_flores_codes(nllb: LocalTranslator) -> None:
+    tokenizer = nllb._slots[0].tokenizer
+    route = nllb._route("en", "zh-CN")
+    assert route.src_code == "eng_Latn"
+    assert route.forced_bos == tokenizer.convert_tokens_to_ids("zho_Hans")
+    assert nllb._route("en", "zh-TW").forced_bos == tokenizer.convert_tokens_to_ids("zho_Hant")
+    assert nllb._route("zh-Hans", "en").src_code == "zho_Hans"
+    assert nllb._route("nb", "pt-BR").src_code == "nob_Latn"
+    assert nllb._route(None, "de").src_code == "eng_Latn"  # the documented fallback
+    assert nllb._route("tlh", "de").src_code == "eng_Latn"  # a source outside the table
+
+    # The source code really reaches the encoder: the tokenizer is set per batch.
+    await nllb.translate(["こんにちは"], source="ja", target="en")
+    assert tokenizer.src_lang == "jpn_Jpan"
+    assert tokenizer("x")["input_ids"][0] == tokenizer.convert_tokens_to_ids("jpn_Jpan")
+
+
+async def test_m2m100_uses_iso_codes_through_get_lang_id(m2m: LocalTranslator) -> None:
+    tokenizer = m2m._slots[0].tokenizer
+    assert m2m._route("en", "de").forced_bos == tokenizer.get_lang_id("de")
+    assert m2m._route("en", "nb").forced_bos == tokenizer.get_lang_id("no")
+    assert m2m._route("en", "zh-TW").forced_bos == tokenizer.get_lang_id("zh")
+    assert m2m._route("ja", "en").src_code == "ja"
+    assert m2m._route(None, "en").src_code == "en"
+    await m2m.translate(["Hallo"], source="de", target="en")
+    assert tokenizer.src_lang == "de"
+
+
+@pytest.mark.parametrize("family", ["nllb", "m2m100"])
+async def test_a_different_target_gives_a_different_forced_bos(
+    models: dict[str, Path], family: str
+) -> None:
+    backend = await started(models[family])
+    de, ja = backend._route("en", "de"), backend._route("en", "ja")
+    assert de.forced_bos is not None and ja.forced_bos is not None
+    assert de.forced_bos != ja.forced_bos
+    # The forced token is the decoder's first input, so the garbage that follows differs too.
+    out_de = await backend.translate(TEXTS, source="en", target="de")
+    out_ja = await backend.translate(TEXTS, source="en", target="ja")
+    assert out_de != out_ja
+    # ...while the language token itself never shows in the text.
+    for text in out_de + out_ja:
+        assert "__de__" not in text and "deu_Latn" not in text and "jpn_Jpan" not in text
+    await backend.aclose()
+
+
+async def test_marian_pairs_choose_the_checkpoint(models: dict[str, Path]) -> None:
+    backend = await started(
+        models["marian"], local_marian_models=[f"en-ja={models['marian-en-ja']}"]
+    )
+    try:
+        assert backend._route("en", "de").slot.model_id == str(models["marian"])
+        assert backend._route("en", "ja").slot.model_id == str(models["marian-en-ja"])
+        assert backend._route(None, "ja").slot.model_id == str(models["marian-en-ja"])
+        assert backend.languages() == ["de", "ja"]
+        assert backend.supports("en", "de-AT") and backend.supports(None, "ja")
+        assert not backend.supports("en", "fr")
+        assert not backend.supports("fr", "de")  # Marian is one pair per checkpoint
+        assert backend.info()["marian_pairs"] == [
+            f"en-de={models['marian']}",
+            f"en-ja={models['marian-en-ja']}",
+        ]
+        assert all(await backend.translate(TEXTS[:2], source="en", target="ja"))
+        with pytest.raises(UnsupportedLanguage, match="en-de, en-ja"):
+            await backend.translate(["Bonjour"], source="fr", target="de")
+    finally:
+        await backend.aclose()
+
+
+async def test_marian_pair_from_the_setting_or_the_name(
+    models: dict[str, Path], tmp_path: Path
+) -> None:
+    # A checkpoint without source_lang/target_lang in its tokenizer config...
+    bare = tmp_path / "opus-mt-en-fr"
+    shutil.copytree(models["marian"], bare)
+    config_path = bare / "tokenizer_config.json"
+    tok_config = json.loads(config_path.read_text())
+    tok_config.pop("source_lang", None)
+    tok_config.pop("target_lang", None)
+    config_path.write_text(json.dumps(tok_config))
+    # ...takes its pair from its opus-mt name,
+    backend = await started(bare)
+    assert backend.languages() == ["fr"]
+    await backend.aclose()
+    # ...or from an explicit prefix, which wins over what the tokenizer says.
+    backend = await started(f"en-it={models['marian']}")
+    assert backend.languages() == ["it"]
+    assert backend.model_id == str(models["marian"])
+    await backend.aclose()
+    # Without either, the reason says how to name the pair.
+    nameless = tmp_path / "nameless"
+    shutil.copytree(bare, nameless)
+    backend = make_backend(nameless)
+    assert not await backend.wait_ready(timeout_s=60)
+    assert backend.reason is not None and f"'en-de={nameless}'" in backend.reason
+    await backend.aclose()
+
+
+def test_marian_models_setting_is_checked_at_build() -> None:
+    with pytest.raises(ConfigError, match="src-tgt=ID_OR_DIR"):
+        make_backend("x", local_marian_models=["Helsinki-NLP/opus-mt-en-de"])
+
+
+async def test_marian_models_setting_rejects_other_families(models: dict[str, Path]) -> None:
+    backend = make_backend(models["marian"], local_marian_models=[f"en-de={models['nllb']}"])
+    assert not await backend.wait_ready(timeout_s=60)
+    assert backend.reason is not None and "not a Marian one" in backend.reason
+    await backend.aclose()
+
+
+# -- languages and supports ------------------------------------------------------------------
+
+
+async def test_languages_and_supports(nllb: LocalTranslator, m2m: LocalTranslator) -> None:
+    assert nllb.languages() == sorted(LANGUAGES)
+    m2m_langs = m2m.languages()
+    assert m2m_langs is not None
+    assert "te" not in m2m_langs  # M2M-100 has no Telugu
+    assert set(m2m_langs) == set(LANGUAGES) - {"te"}
+    assert nllb.supports(None, "te") and not m2m.supports(None, "te")
+    assert nllb.supports("en", "zh-Hant-TW") and nllb.supports(None, "pt-BR")
+    assert not nllb.supports("en", "tlh")  # valid BCP 47, not in the table
+    assert not nllb.supports("en", "not a tag")
+    with pytest.raises(UnsupportedLanguage, match="cannot translate en -> te"):
+        await m2m.translate(["hello"], source="en", target="te")
+    assert nllb.info()["languages"] == len(LANGUAGES)
+
+
+# -- batching --------------------------------------------------------------------------------
+
+
+async def test_one_generate_per_batch_and_pairs_do_not_mix(nllb: LocalTranslator) -> None:
+    solo_de = await nllb.translate(TEXTS, source="en", target="de")
+    solo_ja = await nllb.translate(TEXTS, source="en", target="ja")
+    calls = nllb.stats.generate_calls
+    await nllb.translate(TEXTS, source="en", target="de")
+    assert nllb.stats.generate_calls == calls + 1
+    assert nllb.stats.last_generate_sizes == [len(TEXTS)]
+    # Two pairs at once: the worker runs them one after the other, each with its own codes.
+    both = await asyncio.gather(
+        nllb.translate(TEXTS, source="en", target="de"),
+        nllb.translate(TEXTS, source="en", target="ja"),
+    )
+    assert both == [solo_de, solo_ja]
+
+
+async def test_sorted_by_length_then_put_back_in_order(nllb: LocalTranslator) -> None:
+    texts = [TEXTS[2], TEXTS[3], TEXTS[0], TEXTS[1]]  # neither sorted nor reverse sorted
+    batch = await nllb.translate(texts, source="en", target="de")
+    solo = [(await nllb.translate([text], source="en", target="de"))[0] for text in texts]
+    assert len(set(solo)) == len(texts)  # the outputs tell the inputs apart
+    assert batch == solo
+
+
+async def test_whitespace_kept_and_blank_texts_skip_the_model(nllb: LocalTranslator) -> None:
+    calls = nllb.stats.generate_calls
+    assert await nllb.translate(["", "  ", "\n"], source="en", target="de") == ["", "  ", "\n"]
+    assert nllb.stats.generate_calls == calls
+    (plain,) = await nllb.translate(["Hmm, the user said hello."], source="en", target="de")
+    (padded,) = await nllb.translate(["  Hmm, the user said hello.\n"], source="en", target="de")
+    assert padded == "  " + plain + "\n"
+
+
+# -- long segments ---------------------------------------------------------------------------
+
+
+def _count_words(text: str) -> int:
+    return len(text.split())
+
+
+def test_split_text_cuts_at_sentences_then_words_then_characters() -> None:
+    text = "One two three. Four five six seven. Eight nine."
+    pieces = split_text(text, _count_words, 4)
+    assert "".join(pieces) == text
+    assert pieces == ["One two three. ", "Four five six seven. ", "Eight nine."]
+    long_sentence = "a b c d e f g h i j"
+    pieces = split_text(long_sentence, _count_words, 4)
+    assert "".join(pieces) == long_sentence
+    assert all(_count_words(piece) <= 4 for piece in pieces)
+    assert pieces[0] == "a b c d "
+    # Text without spaces: halved until each piece fits.
+    cjk = "用户说了你好" * 8
+    pieces = split_text(cjk, len, 10)
+    assert "".join(pieces) == cjk and all(len(piece) <= 10 for piece in pieces)
+    assert split_text("short one", _count_words, 4) == ["short one"]
+    # Chinese sentence ends need no space after them.
+    assert split_text("你好。用户说了。好的", len, 5) == ["你好。", "用户说了。", "好的"]
+
+
+async def test_long_segments_split_and_rejoined(models: dict[str, Path]) -> None:
+    backend = await started(models["nllb"], local_max_input_tokens=12)
+    try:
+        tokenizer = backend._slots[0].tokenizer
+        long_text = " ".join(TEXTS[:4])
+
+        def count(text: str) -> int:
+            return len(tokenizer(text, add_special_tokens=False)["input_ids"])
+
+        pieces = split_text(long_text, count, 12)
+        assert len(pieces) >= 3 and all(count(piece) <= 12 for piece in pieces)
+        before = backend.stats.split_segments
+        (whole,) = await backend.translate([long_text], source="en", target="de")
+        assert backend.stats.split_segments == before + 1
+        parts = await backend.translate([p.strip() for p in pieces], source="en", target="de")
+        assert whole == " ".join(parts)
+        # Into Japanese the parts are rejoined without spaces.
+        (whole_ja,) = await backend.translate([long_text], source="en", target="ja")
+        parts_ja = await backend.translate([p.strip() for p in pieces], source="en", target="ja")
+        assert whole_ja == "".join(parts_ja)
+    finally:
+        await backend.aclose()
+
+
+# -- start-up, readiness, failures ---------------------------------------------------------------
+
+
+async def test_start_returns_at_once_and_ready_flips_after_loading(
+    models: dict[str, Path],
+) -> None:
+    backend = make_backend(models["nllb"])
+    assert not backend.ready
+    # Hold the worker so that "loading" is observable, not a race.
+    gate = threading.Event()
+    backend._executor.submit(gate.wait, 30)
+    began = time.perf_counter()
+    await backend.start()
+    assert time.perf_counter() - began < 0.5
+    assert backend.ready is False
+    assert backend.reason == f"loading model {str(models['nllb'])!r}"
+    assert backend.languages() is None and backend.supports("en", "de")
+    with pytest.raises(BackendUnavailable, match="loading model"):
+        await backend.translate(["hello"], source="en", target="de")
+    gate.set()
+    assert await backend.wait_ready(timeout_s=60)
+    assert backend.ready and backend.reason is None
+    assert await backend.translate(["hello"], source="en", target="de")
+    await backend.aclose()
+    assert not backend.ready
+    with pytest.raises(BackendUnavailable, match="closed"):
+        await backend.translate(["hello"], source="en", target="de")
+
+
+async def _assert_unavailable(backend: LocalTranslator, *needles: str) -> str:
+    await backend.start()
+    assert await backend.wait_ready(timeout_s=30) is False
+    reason = backend.reason
+    assert reason is not None
+    for needle in needles:
+        assert needle in reason
+    with pytest.raises(BackendUnavailable) as caught:
+        await backend.translate(["hello"], source="en", target="de")
+    assert caught.value.detail == reason
+    await asyncio.sleep(0)  # the loop is alive and well
+    await backend.aclose()
+    return reason
+
+
+async def test_missing_directory_leaves_the_service_running(tmp_path: Path) -> None:
+    missing = tmp_path / "no-such-model"
+    reason = await _assert_unavailable(
+        make_backend(missing), "THINKTRANS_LOCAL_MODEL", "HF_HUB_OFFLINE", "does not exist"
+    )
+    assert str(missing) in reason
+
+
+async def test_directory_that_is_not_a_checkpoint(tmp_path: Path) -> None:
+    await _assert_unavailable(
+        make_backend(tmp_path), "THINKTRANS_LOCAL_MODEL", "not a loadable checkpoint"
+    )
+
+
+async def test_unknown_hub_id_offline_fails_fast_with_one_clear_reason() -> None:
+    began = time.perf_counter()
+    reason = await _assert_unavailable(
+        make_backend("nobody-here/no-such-model"),
+        "THINKTRANS_LOCAL_MODEL",
+        "HF_HUB_OFFLINE",
+        "HF_HOME",
+        "'nobody-here/no-such-model' not found locally",
+    )
+    assert time.perf_counter() - began < 10  # offline: no retries against the hub
+    assert "\n" not in reason
+
+
+async def test_a_non_translation_checkpoint_is_refused(tmp_path: Path) -> None:
+    from transformers import T5Config, T5ForConditionalGeneration
+
+    # A tokenizer from a real family, a model from another: the config decides.
+    shutil.copytree(make_test_model("m2m100", tmp_path / "m2m"), tmp_path / "t5")
+    T5ForConditionalGeneration(
+        T5Config(vocab_size=64, d_model=8, d_ff=8, num_layers=1, num_heads=1, d_kv=8)
+    ).save_pretrained(tmp_path / "t5")
+    await _assert_unavailable(make_backend(tmp_path / "t5"), "'t5' checkpoint", "NLLB-200")
+
+
+@pytest.mark.skipif(
+    __import__("torch").cuda.is_available(), reason="needs a machine without CUDA"
+)
+async def test_cuda_device_without_cuda(models: dict[str, Path]) -> None:
+    await _assert_unavailable(
+        make_backend(models["nllb"], local_device="cuda:0"), "THINKTRANS_LOCAL_DEVICE"
+    )
+
+
+def test_missing_packages_name_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
+    real = local_module.find_spec
+    monkeypatch.setattr(
+        local_module, "find_spec", lambda name: None if name == "torch" else real(name)
+    )
+    with pytest.raises(ModuleNotFoundError, match=r"pip install 'thinktrans\[local\]'") as err:
+        make_backend("x")
+    assert err.value.name == "torch"
+
+
+# -- the worker thread -------------------------------------------------------------------------
+
+
+async def test_inference_runs_off_the_event_loop(models: dict[str, Path]) -> None:
+    backend = await started(models["nllb"], local_num_beams=4)
+    try:
+        ticks = 0
+        stop = asyncio.Event()
+
+        async def ticker() -> None:
+            nonlocal ticks
+            while not stop.is_set():
+                await asyncio.sleep(0.005)
+                ticks += 1
+
+        task = asyncio.create_task(ticker())
+        await asyncio.sleep(0.02)
+        before = ticks
+        began = time.perf_counter()
+        await backend.translate([" ".join(TEXTS)] * 16, source="en", target="de")
+        elapsed = time.perf_counter() - began
+        during = ticks - before
+        stop.set()
+        await task
+        assert elapsed > 0.1, "the batch was too quick to show anything"
+        # A batch run on the loop thread would leave no tick at all while it ran.
+        assert during >= elapsed / 0.005 / 4
+    finally:
+        await backend.aclose()
+
+
+async def test_work_runs_on_the_backends_own_thread(nllb: LocalTranslator) -> None:
+    seen: list[str] = []
+    original = nllb._generate
+
+    def spy(route: Any, texts: list[str]) -> list[str]:
+        seen.append(threading.current_thread().name)
+        return original(route, texts)
+
+    nllb._generate = spy  # type: ignore[method-assign]
+    await nllb.translate(["hello"], source="en", target="de")
+    assert seen and all(name.startswith("thinktrans-local") for name in seen)
+
+
+async def test_generation_is_bounded_and_guarded_against_loops(nllb: LocalTranslator) -> None:
+    model = nllb._slots[0].model
+    calls: list[tuple[dict[str, Any], Any, Any]] = []
+    real_generate = model.generate
+
+    def recording_generate(**kwargs: Any) -> Any:
+        out = real_generate(**kwargs)
+        calls.append((kwargs, kwargs["attention_mask"], out))
+        return out
+
+    model.generate = recording_generate
+    try:
+        await nllb.translate(TEXTS, source="en", target="de")
+    finally:
+        del model.generate
+    ((kwargs, mask, out),) = calls
+    longest = int(mask.sum(dim=1).max())
+    assert kwargs["max_new_tokens"] == 15 * longest // 10 + (15 * longest % 10 > 0) + 10
+    assert kwargs["num_beams"] == 1 and kwargs["do_sample"] is False
+    n = kwargs["no_repeat_ngram_size"]
+    assert 2 <= n <= 8
+    for row in out.tolist():
+        grams = [tuple(row[i : i + n]) for i in range(len(row) - n + 1)]
+        assert len(grams) == len(set(grams)), "a repeated n-gram got through"
+
+
+async def test_close_fails_queued_batches_cleanly(models: dict[str, Path]) -> None:
+    backend = await started(models["nllb"])
+    gate = threading.Event()
+    backend._executor.submit(gate.wait, 30)  # the worker is busy
+    queued = asyncio.create_task(backend.translate(["hello"], source="en", target="de"))
+    await asyncio.sleep(0.05)
+    await backend.aclose()
+    gate.set()
+    with pytest.raises(BackendUnavailable, match="closed"):
+        await queued
+
+
+async def test_multi_target_marian_prefixes_the_target_token(
+    models: dict[str, Path], tmp_path: Path
+) -> None:
+    # opus-mt-en-ROMANCE style: target tokens in the vocabulary; two rare pieces are renamed.
+    multi = tmp_path / "opus-mt-en-mul"
+    shutil.copytree(models["marian"], multi)
+    vocab = json.loads((multi / "vocab.json").read_text(encoding="utf-8"))
+    rare = [piece for piece, i in vocab.items() if i in (len(vocab) - 3, len(vocab) - 2)]
+    for piece, code in zip(rare, (">>fra<<", ">>jpn<<"), strict=True):
+        vocab[code] = vocab.pop(piece)
+    (multi / "vocab.json").write_text(json.dumps(vocab, ensure_ascii=False), encoding="utf-8")
+    config_path = multi / "tokenizer_config.json"
+    tok_config = json.loads(config_path.read_text())
+    tok_config.pop("target_lang", None)
+    config_path.write_text(json.dumps(tok_config))
+
+    backend = await started(multi)
+    try:
+        assert backend.languages() == ["fr", "ja"]
+        route = backend._route("en", "ja")
+        assert route.prefix == ">>jpn<<"
+        tokenizer = route.slot.tokenizer
+        ids = tokenizer(route.prefix + "hello")["input_ids"]
+        assert ids[0] == vocab[">>jpn<<"]
+        out_fr = await backend.translate(TEXTS, source="en", target="fr")
+        out_ja = await backend.translate(TEXTS, source="en", target="ja")
+        assert all(out_fr) and out_fr != out_ja  # the token reaches the encoder
+    finally:
+        await backend.aclose()
