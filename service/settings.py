@@ -140,7 +140,8 @@ class Settings(BaseSettings):
     # -- local backend ---------------------------------------------------------------------
     local_model: str = Field(
         "facebook/nllb-200-distilled-600M",
-        description="Hub id or local directory of an NLLB-200, M2M-100 or Marian checkpoint.",
+        description="Hub id or local directory of an NLLB-200, M2M-100 or Marian checkpoint; "
+        "a Marian one may name its pair first: `en-de=DIR_OR_ID`.",
     )
     local_marian_models: CommaList = Field(
         default_factory=list,
