@@ -1,0 +1,619 @@
+"""Faults through the whole app: a backend that raises, hangs, is slow, is rate limited,
+out of quota or down, answers garbage or the wrong language; a reader that drops and
+resumes, one that never reads, a writer that never closes; shutdown with open streams.
+
+In every case the contract holds: the originals survive, in order, once each; the statuses
+say what happened; and the service stays healthy afterwards (/healthz is 200 and a normal
+request works).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections import deque
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import uvicorn
+
+from models.base import Translator
+from models.passthrough import PassthroughTranslator
+from service.app import create_app
+from tests.conftest import Running, make_settings, start_app
+from tests.fakes import FakeTranslator
+from tests.fakes_remote import FakeChat, FakeDeepL
+
+ROOT = Path(__file__).resolve().parent.parent
+PROBLEM = "application/problem+json"
+TEXT = ("Let me check the weather in Berlin first. Then I will compare it with Munich. "
+        "The user wants a short answer")  # the last sentence has no end: close flushes it
+SSE = {"Accept": "text/event-stream"}
+
+
+# -- helpers ---------------------------------------------------------------------------------
+
+
+@asynccontextmanager
+async def app_with(translator: Translator | None = None, **overrides: Any
+                   ) -> AsyncIterator[Running]:
+    """An app with its lifespan running; with ``translator``, that backend is the chain."""
+    backends: dict[str, Translator] | None = None
+    if translator is not None:
+        backends = {"passthrough": PassthroughTranslator(), translator.name: translator}
+        overrides.setdefault("backend", translator.name)
+    overrides.setdefault("default_locale", "de")
+    gen = start_app(make_settings(**overrides), backends)
+    running = await anext(gen)
+    try:
+        yield running
+    finally:
+        gate = getattr(translator, "gate", None)
+        if gate is not None:
+            gate.set()  # shutdown waits for running batches
+        await gen.aclose()
+
+
+async def post_chunks(client: httpx.AsyncClient, sid: str, chunks: list[tuple[int, str]]
+                      ) -> httpx.Response:
+    body = {"chunks": [{"seq": seq, "text": text} for seq, text in chunks]}
+    return await client.post(f"/v1/streams/{sid}/chunks", json=body)
+
+
+def deltas(text: str, size: int = 7) -> list[tuple[int, str]]:
+    return list(enumerate(text[i:i + size] for i in range(0, len(text), size)))
+
+
+async def read_until_end(client: httpx.AsyncClient, sid: str, *, after: int = -1,
+                         timeout_s: float = 10.0) -> list[dict[str, Any]]:
+    """Long-poll every event after ``after`` until `end`."""
+    events: list[dict[str, Any]] = []
+    give_up = time.monotonic() + timeout_s
+    while time.monotonic() < give_up:
+        r = await client.get(f"/v1/streams/{sid}/events",
+                             params={"after": after, "wait_ms": 500})
+        assert r.status_code == 200, r.text
+        got = r.json()["events"]
+        events += got
+        if got:
+            after = got[-1]["id"]
+            if got[-1]["type"] == "end":
+                return events
+    raise AssertionError(f"no end event within {timeout_s} s: {events}")
+
+
+def segments(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [e["data"] for e in events if e["type"] == "segment"]
+
+
+def final_statuses(events: list[dict[str, Any]]) -> dict[int, dict[str, Any]]:
+    """Each segment's last word: its segment event, or the update that followed it."""
+    final = {s["index"]: s for s in segments(events)}
+    for e in events:
+        if e["type"] == "update":
+            final[e["data"]["index"]] = {**final[e["data"]["index"]], **e["data"]}
+    return final
+
+
+def check_stream(events: list[dict[str, Any]], text: str) -> None:
+    """The contract's invariant over every event of one ended stream."""
+    assert [e["id"] for e in events] == list(range(len(events))), "ids rise from 0, no gaps"
+    types = [e["type"] for e in events]
+    assert types.count("end") == 1 and types[-1] == "end", types
+    segs = segments(events)
+    assert [s["index"] for s in segs] == list(range(len(segs))), "segments in index order"
+    assert "".join(s["original"] for s in segs) == text, "the originals join back exactly"
+    assert events[-1]["data"] == {"segments": len(segs)}
+    owed = {s["index"] for s in segs if s["status"] == "deadline"}
+    updated = [e["data"]["index"] for e in events if e["type"] == "update"]
+    assert sorted(updated) == sorted(owed), "each deadline segment gets exactly one update"
+    for s in segs:
+        if s["status"] in ("deadline", "error", "same_language", "skipped", "no_target"):
+            assert s["text"] == s["original"], s
+
+
+async def assert_healthy(client: httpx.AsyncClient) -> None:
+    """Alive, and a normal request (one-shot and a stream, on passthrough) works."""
+    assert (await client.get("/healthz")).status_code == 200
+    r = await client.post("/v1/translate", json={
+        "texts": ["Everything is fine again now."], "target": "de", "backend": "passthrough"})
+    assert r.status_code == 200, r.text
+    [seg] = r.json()["results"][0]["segments"]
+    assert (seg["status"], seg["backend"]) == ("translated", "passthrough")
+    sid = f"after-{time.monotonic_ns()}"
+    r = await client.post("/v1/streams", json={"stream_id": sid, "backend": "passthrough"})
+    assert r.status_code == 201, r.text
+    await post_chunks(client, sid, deltas("All good here. Really."))
+    assert (await client.post(f"/v1/streams/{sid}/close")).status_code == 200
+    check_stream(await read_until_end(client, sid), "All good here. Really.")
+
+
+# -- the backend fails ----------------------------------------------------------------------
+
+
+async def test_a_backend_that_raises_leaves_the_originals_with_status_error() -> None:
+    fake = FakeTranslator(answers=deque(RuntimeError("boom") for _ in range(3)))
+    # However many batches the stream's segments take, the breaker must not open here.
+    async with app_with(fake, deadline_ms=5000, breaker_failures=50) as run:
+        c = run.client
+        await post_chunks(c, "raise", deltas(TEXT))
+        assert (await c.post("/v1/streams/raise/close")).status_code == 200
+        events = await read_until_end(c, "raise")
+        check_stream(events, TEXT)
+        for seg in segments(events):
+            assert seg["status"] == "error", seg
+            assert "RuntimeError" in seg["error"] and "fake" in seg["error"], seg
+        fake.answers.clear()
+        r = await c.post("/v1/translate", json={"texts": ["A second try goes through."]})
+        [seg] = r.json()["results"][0]["segments"]
+        assert (seg["status"], seg["backend"]) == ("translated", "fake")  # it recovers
+        assert await run.metric("thinktrans_backend_errors_total", backend="fake",
+                                kind="backend-error") >= 1
+        await assert_healthy(c)
+
+
+async def test_a_hung_backend_meets_the_deadline_then_backend_timeout_s() -> None:
+    fake = FakeTranslator(gate=asyncio.Event())  # never opens while the test runs
+    async with app_with(fake, deadline_ms=200, backend_timeout_s=0.8) as run:
+        c = run.client
+        started = time.monotonic()
+        r = await post_chunks(c, "hang", deltas(TEXT, 40))
+        assert r.status_code == 200
+        assert time.monotonic() - started < 1.0, "a chunk POST never waits for translation"
+        await c.post("/v1/streams/hang/close")
+        events = await read_until_end(c, "hang", timeout_s=5)
+        check_stream(events, TEXT)
+        assert {s["status"] for s in segments(events)} == {"deadline"}
+        for seg in segments(events):
+            assert 150 <= seg["latency_ms"] < 2000, seg
+        for update in final_statuses(events).values():
+            assert update["status"] == "error", update
+            assert "took over 0.8 s" in update["error"], update
+        # One-shot: the original comes back at the deadline, the late answer is dropped.
+        t0 = time.monotonic()
+        r = await c.post("/v1/translate", json={"texts": ["Is it still hanging there?"]})
+        [seg] = r.json()["results"][0]["segments"]
+        assert seg["status"] == "deadline" and seg["text"] == "Is it still hanging there?"
+        assert time.monotonic() - t0 < 2.0
+        await assert_healthy(c)
+
+
+async def test_slow_answers_go_out_at_the_deadline_and_follow_as_updates() -> None:
+    fake = FakeTranslator(delay_s=0.5)
+    async with app_with(fake, deadline_ms=150, max_batch_size=2) as run:
+        c = run.client
+        await post_chunks(c, "slow", deltas(TEXT))
+        await c.post("/v1/streams/slow/close")
+        events = await read_until_end(c, "slow", timeout_s=10)
+        check_stream(events, TEXT)
+        assert {s["status"] for s in segments(events)} == {"deadline"}
+        for index, final in final_statuses(events).items():
+            assert final["status"] == "translated", final
+            original = segments(events)[index]["original"]
+            assert final["text"].startswith("<de>") and original.strip() in final["text"]
+        await assert_healthy(c)
+
+
+# -- vendor doubles -----------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def deepl_server() -> Iterator[FakeDeepL]:
+    server = FakeDeepL()
+    server.start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def chat_server() -> Iterator[FakeChat]:
+    server = FakeChat()
+    server.start()
+    yield server
+    server.stop()
+
+
+def deepl_settings(server: FakeDeepL, **overrides: Any) -> dict[str, Any]:
+    return {"backend": "deepl", "deepl_api_key": "k", "deepl_server_url": server.origin,
+            "check_output_language": False, "default_locale": "de", **overrides}
+
+
+async def _deepl_up(run: Running, timeout_s: float = 5.0) -> None:
+    """Wait for the start-time check, so that the fault hits a backend that was up."""
+    await asyncio.wait_for(run.pipeline.backends["deepl"].wait_checked(), timeout_s)
+    assert run.pipeline.backends["deepl"].ready
+
+
+@pytest.mark.parametrize(
+    ("mode", "words"),
+    [("429", ["rate limiting", "429"]), ("500", ["HTTP 500"])],
+    ids=["rate-limited", "server-error"],
+)
+async def test_deepl_failing_gives_status_error_on_a_stream(
+    deepl_server: FakeDeepL, mode: str, words: list[str]
+) -> None:
+    deepl_server.reset()
+    async with app_with(**deepl_settings(deepl_server, deadline_ms=300)) as run:
+        await _deepl_up(run)
+        run.pipeline.backends["deepl"].outage_recheck_s = 0.2
+        deepl_server.mode = mode
+        c = run.client
+        await post_chunks(c, "vendor", deltas(TEXT))
+        await c.post("/v1/streams/vendor/close")
+        events = await read_until_end(c, "vendor", timeout_s=15)
+        check_stream(events, TEXT)
+        for final in final_statuses(events).values():
+            assert final["status"] == "error", final
+            assert all(word in final["error"] for word in words), final
+        await assert_healthy(c)
+        deepl_server.mode = "ok"  # the vendor recovers, and so does the backend
+        give_up = time.monotonic() + 5
+        while (await c.get("/readyz")).status_code != 200:
+            assert time.monotonic() < give_up, "deepl did not come back"
+            await asyncio.sleep(0.1)
+        r = await c.post("/v1/translate", json={"texts": ["We are back in business."]})
+        assert r.json()["results"][0]["segments"][0]["backend"] == "deepl"
+
+
+async def test_a_spent_deepl_quota_falls_through_the_chain_and_says_why(
+    deepl_server: FakeDeepL,
+) -> None:
+    deepl_server.reset()
+    settings = deepl_settings(deepl_server, backend="deepl,passthrough", deadline_ms=5000)
+    async with app_with(**settings) as run:
+        await _deepl_up(run)
+        deepl_server.mode = "456"
+        c = run.client
+        await post_chunks(c, "quota", deltas(TEXT))
+        await c.post("/v1/streams/quota/close")
+        events = await read_until_end(c, "quota")
+        check_stream(events, TEXT)
+        assert {(s["status"], s["backend"]) for s in segments(events)} == {
+            ("translated", "passthrough")}
+        ready = await c.get("/readyz")
+        assert ready.status_code == 503
+        assert "456" in ready.json()["backends"]["deepl"]["reason"]
+        calls = len(deepl_server.translate_requests)
+        r = await c.post("/v1/translate", json={"texts": ["One more sentence to go."]})
+        assert r.json()["results"][0]["segments"][0]["backend"] == "passthrough"
+        assert len(deepl_server.translate_requests) == calls, "a spent quota is not retried"
+        await assert_healthy(c)
+
+
+async def test_llm_garbage_gives_status_error_and_the_service_stays_up(
+    chat_server: FakeChat,
+) -> None:
+    chat_server.reset()
+    chat_server.mode = "malformed"
+    settings = {"backend": "llm", "llm_base_url": f"{chat_server.origin}/v1",
+                "llm_model": "m", "deadline_ms": 5000}
+    async with app_with(**settings) as run:
+        c = run.client
+        await post_chunks(c, "garbage", deltas(TEXT))
+        await c.post("/v1/streams/garbage/close")
+        events = await read_until_end(c, "garbage")
+        check_stream(events, TEXT)
+        for seg in segments(events):
+            assert seg["status"] == "error" and "malformed" in seg["error"], seg
+        await assert_healthy(c)
+
+
+async def test_llm_output_in_the_wrong_language_goes_down_the_chain(chat_server: FakeChat
+                                                                   ) -> None:
+    chat_server.reset()  # "good" answers echo the English text: not German
+    base = {"llm_base_url": f"{chat_server.origin}/v1", "llm_model": "m", "deadline_ms": 5000}
+    async with app_with(backend="llm,passthrough", **base) as run:
+        c = run.client
+        await post_chunks(c, "lang", deltas(TEXT))
+        await c.post("/v1/streams/lang/close")
+        events = await read_until_end(c, "lang")
+        check_stream(events, TEXT)
+        assert {s["backend"] for s in segments(events)} == {"passthrough"}
+    async with app_with(backend="llm", **base) as run:
+        c = run.client
+        await post_chunks(c, "lang", deltas(TEXT))
+        await c.post("/v1/streams/lang/close")
+        events = await read_until_end(c, "lang")
+        check_stream(events, TEXT)
+        for seg in segments(events):
+            assert seg["status"] == "error" and "not de" in seg["error"], seg
+        await assert_healthy(c)
+
+
+# -- readers and writers that misbehave -----------------------------------------------------------
+
+
+async def test_a_reader_that_never_reads_gets_410_and_the_service_stays_up() -> None:
+    async with app_with(max_events_retained=16) as run:
+        c = run.client
+        text = "".join(f"Sentence number {i} is here. " for i in range(40))
+        await post_chunks(c, "deaf", deltas(text, 50))
+        await c.post("/v1/streams/deaf/close")
+        stream = run.app.state.streams.streams["deaf"]
+        for _ in range(100):
+            if stream.ended:
+                break
+            await asyncio.sleep(0.02)
+        assert stream.ended and len(stream.events) == 16  # retained: bounded
+        late = await c.get("/v1/streams/deaf/events")
+        assert late.status_code == 410, late.text
+        assert late.headers["content-type"].startswith(PROBLEM)
+        first = stream.events[0].id
+        assert f"read from {first - 1}" in late.json()["detail"]
+        assert "MAX_EVENTS_RETAINED" in late.json()["detail"]
+        assert (await c.get("/v1/streams/deaf/events", headers=SSE)).status_code == 410
+        rest = await c.get("/v1/streams/deaf/events", params={"after": first - 1})
+        assert [e["id"] for e in rest.json()["events"]] == list(range(first, first + 16))
+        assert rest.json()["events"][-1]["type"] == "end"
+        await assert_healthy(c)
+
+
+async def test_a_stream_that_is_never_closed_expires_and_releases_its_reader() -> None:
+    async with app_with(stream_idle_expire_s=0.6, flush_idle_ms=100) as run:
+        c = run.client
+        await post_chunks(c, "abandoned", deltas("Thinking about it. And then I stop mid"))
+        assert await run.metric("thinktrans_open_streams") == 1
+        started = time.monotonic()
+        r = await asyncio.wait_for(c.get("/v1/streams/abandoned/events", headers=SSE), 10)
+        assert time.monotonic() - started < 5, "the SSE reader was held past expiry"
+        originals = [json.loads(line[6:])["original"] for line in r.text.splitlines()
+                     if line.startswith("data: ")]
+        assert originals == ["Thinking about it. ", "And then I stop mid"]  # idle flush
+        gone = await c.get("/v1/streams/abandoned/events")
+        assert gone.status_code == 404 and "expired" in gone.json()["detail"]
+        assert await run.metric("thinktrans_open_streams") == 0
+        await assert_healthy(c)
+
+
+class _Served:
+    """The app under uvicorn on 127.0.0.1 in a thread (its own loop): real SSE connections."""
+
+    def __init__(self, backends: dict[str, Translator], **overrides: Any) -> None:
+        app = create_app(make_settings(**overrides), backends=backends)
+        self._sock = socket.socket()
+        self._sock.bind(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self._sock.getsockname()[1]}"
+        config = uvicorn.Config(app, loop="asyncio", lifespan="on", log_level="warning",
+                                timeout_graceful_shutdown=1)
+        self._server = uvicorn.Server(config)
+        self._thread = threading.Thread(target=self._server.run,
+                                        kwargs={"sockets": [self._sock]}, daemon=True)
+
+    def __enter__(self) -> str:
+        self._thread.start()
+        give_up = time.monotonic() + 10
+        while not self._server.started:
+            assert time.monotonic() < give_up and self._thread.is_alive(), "did not start"
+            time.sleep(0.01)
+        return self.url
+
+    def __exit__(self, *exc: object) -> None:
+        self._server.should_exit = True
+        self._thread.join(timeout=10)
+        self._sock.close()
+
+
+async def _sse_read(client: httpx.AsyncClient, sid: str, last_id: int | None, limit: int
+                    ) -> list[dict[str, Any]]:
+    """Read up to ``limit`` events over SSE, then drop the connection."""
+    headers = dict(SSE)
+    if last_id is not None:
+        headers["Last-Event-ID"] = str(last_id)
+    got: list[dict[str, Any]] = []
+    fields: dict[str, str] = {}
+    async with client.stream("GET", f"/v1/streams/{sid}/events", headers=headers) as r:
+        assert r.status_code == 200
+        async for line in r.aiter_lines():
+            if line.startswith(":"):
+                continue
+            if line:
+                name, _, value = line.partition(": ")
+                fields[name] = value
+                continue
+            if "data" in fields:
+                got.append({"id": int(fields["id"]), "type": fields["event"],
+                            "data": json.loads(fields["data"])})
+            fields = {}
+            if len(got) >= limit or (got and got[-1]["type"] == "end"):
+                break  # the reader goes away mid-stream
+    return got
+
+
+async def test_an_sse_reader_that_drops_and_resumes_loses_and_repeats_nothing() -> None:
+    slow = FakeTranslator(delay_s=0.25)  # some segments go out late, with updates after
+    parts = [f"Part {i} of the plan is written down here. " for i in range(12)]
+    text = "".join(parts) + "Last words"
+    with _Served({"fake": slow, "passthrough": PassthroughTranslator()}, backend="fake",
+                 default_locale="de", deadline_ms=150, max_batch_size=3) as url:
+        async with httpx.AsyncClient(base_url=url, timeout=10) as c:
+            assert (await c.post("/v1/streams", json={"stream_id": "drop:1"})).status_code == 201
+            seq = 0
+
+            async def writer() -> None:
+                nonlocal seq
+                for part in parts:
+                    for _, delta in deltas(part, 9):
+                        r = await post_chunks(c, "drop:1", [(seq, delta)])
+                        assert r.json() == {"accepted_through": seq}
+                        seq += 1
+                    await asyncio.sleep(0.05)
+                await post_chunks(c, "drop:1", [(seq, "Last words")])
+                assert (await c.post("/v1/streams/drop:1/close")).status_code == 200
+
+            writing = asyncio.create_task(writer())
+            got: list[dict[str, Any]] = []
+            reconnects = 0
+            while not got or got[-1]["type"] != "end":
+                last = got[-1]["id"] if got else None
+                got += await asyncio.wait_for(_sse_read(c, "drop:1", last, 1 + reconnects % 3),
+                                              10)
+                reconnects += 1
+                assert reconnects < 500
+            await writing
+            check_stream(got, text)
+            assert reconnects > 5
+            assert any(e["type"] == "update" for e in got), "some answers came late"
+            polled = await read_until_end(c, "drop:1")
+            assert got == polled  # SSE resumed = long-poll from the start
+            assert (await c.get("/healthz")).status_code == 200
+
+
+# -- shutdown with open streams (a real process, SIGTERM) ---------------------------------------
+
+
+class _Process:
+    """`thinktrans serve` in its own process; its log goes to a file (a pipe could fill)."""
+
+    def __init__(self, **env: str) -> None:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        self.url = f"http://127.0.0.1:{port}"
+        self.log = tempfile.TemporaryFile(mode="w+")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "service.cli", "serve", "--port", str(port)],
+            env={**os.environ, "THINKTRANS_BACKEND": "passthrough", **env}, cwd=ROOT,
+            stdout=self.log, stderr=subprocess.STDOUT,
+        )
+        give_up = time.monotonic() + 30
+        while True:
+            try:
+                if httpx.get(f"{self.url}/readyz", timeout=1).status_code == 200:
+                    return
+            except httpx.TransportError:
+                pass
+            if self.proc.poll() is not None or time.monotonic() > give_up:
+                self.proc.kill()
+                raise AssertionError(f"serve did not get ready:\n{self.read_log()}")
+            time.sleep(0.1)
+
+    def read_log(self) -> str:
+        self.log.seek(0)
+        return self.log.read()
+
+    def terminate(self, timeout_s: float) -> float:
+        """SIGTERM; the seconds until the process is gone."""
+        started = time.monotonic()
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            self.proc.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(5)
+            raise AssertionError(f"no exit within {timeout_s} s of SIGTERM") from None
+        return time.monotonic() - started
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(5)
+        self.log.close()
+
+
+class _SSEReader(threading.Thread):
+    """Reads one stream's SSE until the server ends it; keeps every event."""
+
+    def __init__(self, url: str, sid: str) -> None:
+        super().__init__(daemon=True)
+        self.url, self.sid = url, sid
+        self.events: list[dict[str, Any]] = []
+        self.connected = threading.Event()
+
+    def run(self) -> None:
+        fields: dict[str, str] = {}
+        try:
+            with httpx.stream("GET", f"{self.url}/v1/streams/{self.sid}/events", headers=SSE,
+                              timeout=60) as r:
+                self.connected.set()
+                for line in r.iter_lines():
+                    if line.startswith(":"):
+                        continue
+                    if line:
+                        name, _, value = line.partition(": ")
+                        fields[name] = value
+                        continue
+                    if "data" in fields:
+                        self.events.append({"id": int(fields["id"]), "type": fields["event"],
+                                            "data": json.loads(fields["data"])})
+                    fields = {}
+        except httpx.HTTPError:
+            pass  # the server went away: what was read is what counts
+        finally:
+            self.connected.set()
+
+
+def test_sigterm_flushes_every_open_stream_to_its_readers_and_exits() -> None:
+    server = _Process(THINKTRANS_DEFAULT_LOCALE="de", THINKTRANS_FLUSH_IDLE_MS="60000",
+                      THINKTRANS_SHUTDOWN_GRACE_S="3")
+    try:
+        url = server.url
+        texts = {"t:1": TEXT, "t:2": "Only half a sentence so", "t:3": TEXT + " and more"}
+        for sid, text in texts.items():
+            r = httpx.post(f"{url}/v1/streams/{sid}/chunks",
+                           json={"chunks": [{"seq": s, "text": t} for s, t in deltas(text)]})
+            assert r.status_code == 200
+        # t:4 holds seq 2 past a gap at seq 1 that never comes: only seq 0 can go out.
+        r = httpx.post(f"{url}/v1/streams/t:4/chunks",
+                       json={"chunks": [{"seq": 0, "text": "Before the gap. "},
+                                        {"seq": 2, "text": "after it"}]})
+        assert r.json() == {"accepted_through": 0}
+        readers = {sid: _SSEReader(url, sid) for sid in ("t:1", "t:2", "t:4")}  # t:3: none
+        for reader in readers.values():
+            reader.start()
+            assert reader.connected.wait(5)
+        time.sleep(0.5)  # complete sentences are out; the unterminated rest waits
+        took = server.terminate(timeout_s=20)
+        for reader in readers.values():
+            reader.join(10)
+            assert not reader.is_alive(), "a reader was left hanging"
+        check_stream(readers["t:1"].events, TEXT)
+        check_stream(readers["t:2"].events, texts["t:2"])
+        check_stream(readers["t:4"].events, "Before the gap. ")
+        assert took < 3 + 5, f"exit took {took:.1f} s"
+        assert '"streams drained"' in server.read_log()
+    finally:
+        server.close()
+
+
+def test_sigterm_with_a_hung_backend_still_gives_readers_every_original_and_an_end(
+    deepl_server: FakeDeepL,
+) -> None:
+    """A backend that never answers must not cost a reader its originals at shutdown.
+
+    deadline_ms (5 s) is longer than shutdown_grace_s (1 s): when the grace runs out the
+    segments have not reached their deadline yet. They must still go out with their
+    originals (status error or deadline, an update for each deadline one), then `end`.
+    """
+    deepl_server.reset()
+    server = _Process(THINKTRANS_BACKEND="deepl", THINKTRANS_DEEPL_API_KEY="k",
+                      THINKTRANS_DEEPL_SERVER_URL=deepl_server.origin,
+                      THINKTRANS_CHECK_OUTPUT_LANGUAGE="false", THINKTRANS_DEFAULT_LOCALE="de",
+                      THINKTRANS_DEADLINE_MS="5000", THINKTRANS_SHUTDOWN_GRACE_S="1")
+    try:
+        deepl_server.mode, deepl_server.slow_s = "slow", 30.0
+        r = httpx.post(f"{server.url}/v1/streams/h:1/chunks",
+                       json={"chunks": [{"seq": s, "text": t} for s, t in deltas(TEXT)]})
+        assert r.status_code == 200
+        reader = _SSEReader(server.url, "h:1")
+        reader.start()
+        assert reader.connected.wait(5)
+        time.sleep(0.5)
+        took = server.terminate(timeout_s=30)
+        reader.join(10)
+        assert took < 1 + 5 + 3, f"exit took {took:.1f} s"
+        check_stream(reader.events, TEXT)
+    finally:
+        deepl_server.reset()
+        server.close()
