@@ -12,9 +12,11 @@ checking that every result's segments join back to its text.
 
 Reports: errors, violations, chunk-POST latency as the client saw it (p50/p99) and as the
 server measured it (its request-duration histogram: the share under 25 ms, and the bucket
-that holds p99), one-shot latency, segment statuses, the server's CPU and peak RSS (VmHWM
-from /proc). Exits 1 on any error or violation. Everything stops by itself: the load runs
---duration seconds, streams under way finish their text, and every wait has a timeout.
+that holds p99), how late the client's own event loop wakes (the share of the client-side
+figure that is the client's), one-shot latency, segment statuses, the server's CPU and
+peak RSS (VmHWM from /proc). Exits 1 on any error or violation. Everything stops by
+itself: the load runs --duration seconds, streams under way finish their text, and every
+wait has a timeout.
 """
 
 from __future__ import annotations
@@ -82,6 +84,10 @@ class Server:
     def pid(self) -> int:
         return self.proc.pid
 
+    def discard_log(self) -> None:
+        self.log.close()
+        Path(self.log.name).unlink(missing_ok=True)
+
     def stop(self, timeout_s: float = 30.0) -> float | None:
         """SIGTERM and wait; the seconds it took, or None if it had to be killed."""
         if self.proc.poll() is not None:
@@ -121,6 +127,15 @@ def proc_cpu_s(pid: int) -> float | None:
     return (int(fields[11]) + int(fields[12])) / ticks
 
 
+def run_queue_wait_s(pid: int) -> float | None:
+    """Seconds the process's main thread spent runnable but waiting for a CPU (schedstat)."""
+    try:
+        fields = Path(f"/proc/{pid}/task/{pid}/schedstat").read_text().split()
+    except (OSError, IndexError):
+        return None
+    return int(fields[1]) / 1e9
+
+
 def parse_metrics(text: str) -> dict[str, list[tuple[dict[str, str], float]]]:
     """Prometheus text format: samples by name, each with its labels."""
     out: dict[str, list[tuple[dict[str, str], float]]] = {}
@@ -151,6 +166,20 @@ def route_latency(metrics: dict[str, list[tuple[dict[str, str], float]]], route:
     p50_le = next(le for le, v in buckets if v >= 0.50 * total)
     return {"count": int(total), f"share_under_{under_s * 1000:g}ms": round(under / total, 4),
             "p50_at_most_ms": p50_le * 1000, "p99_at_most_ms": p99_le * 1000}
+
+
+def backend_stats(metrics: dict[str, list[tuple[dict[str, str], float]]]) -> dict[str, Any]:
+    """Batches, mean batch size and failed batches per backend."""
+    out: dict[str, Any] = {}
+    sums = {labels["backend"]: v for labels, v in metrics.get("thinktrans_batch_size_sum", [])}
+    for labels, count in metrics.get("thinktrans_batch_size_count", []):
+        name = labels["backend"]
+        out[name] = {"batches": int(count),
+                     "mean_batch_size": round(sums.get(name, 0.0) / count, 1) if count else None,
+                     "failed_batches": 0}
+    for labels, value in metrics.get("thinktrans_backend_errors_total", []):
+        out.setdefault(labels["backend"], {"failed_batches": 0})["failed_batches"] += int(value)
+    return out
 
 
 def statuses_from(metrics: dict[str, list[tuple[dict[str, str], float]]]) -> dict[str, int]:
@@ -237,8 +266,19 @@ async def run_load(url: str, pid: int, args: argparse.Namespace) -> dict[str, An
             rss_peak_sampled = max(rss_peak_sampled, proc_status(pid).get("VmRSS", 0))
             await asyncio.sleep(1.0)
 
+    lag_ms: list[float] = []
+
+    async def lag() -> None:
+        # How late the client's own loop wakes: latency it adds to every request it times.
+        while sampling:
+            t0 = time.perf_counter()
+            await asyncio.sleep(0.01)
+            lag_ms.append((time.perf_counter() - t0 - 0.01) * 1000.0)
+
     sampler = asyncio.create_task(sample())
-    cpu0 = proc_cpu_s(pid)
+    ticker = asyncio.create_task(lag())
+    cpu0, wait0 = proc_cpu_s(pid), run_queue_wait_s(pid)
+    client0 = time.process_time()
     started = time.monotonic()
     streams_report: BenchReport
     oneshot_report: OneShotReport
@@ -248,9 +288,11 @@ async def run_load(url: str, pid: int, args: argparse.Namespace) -> dict[str, An
                       args.to or "zh-CN", args.seed),
     )
     wall_s = time.monotonic() - started
-    cpu1 = proc_cpu_s(pid)
+    cpu1, wait1 = proc_cpu_s(pid), run_queue_wait_s(pid)
+    client_cpu_s = time.process_time() - client0
     sampling = False
     await sampler
+    await ticker
     async with httpx.AsyncClient(timeout=10) as client:
         metrics = parse_metrics((await client.get(f"{url}/metrics")).text)
     status = proc_status(pid)
@@ -261,13 +303,19 @@ async def run_load(url: str, pid: int, args: argparse.Namespace) -> dict[str, An
     return {
         "streams": streams,
         "chunk_post_server_side": route_latency(metrics, CHUNKS_ROUTE),
+        "client": {"loop_lag_ms": {"p50": percentile(lag_ms, 50), "p99": percentile(lag_ms, 99)},
+                   "cpu_share_of_one_core": round(client_cpu_s / wall_s, 2)},
         "one_shot": oneshot_report.summary(),
         "one_shot_server_side": route_latency(metrics, "/v1/translate", under_s=0.1),
         "segment_statuses_server": statuses_from(metrics),
+        "backends": backend_stats(metrics),
         "server": {
             "cpu_s": None if cpu0 is None or cpu1 is None else round(cpu1 - cpu0, 2),
             "cpu_share_of_one_core": (None if cpu0 is None or cpu1 is None
                                       else round((cpu1 - cpu0) / wall_s, 2)),
+            # Share of the run the server's event-loop thread was ready but had no CPU.
+            "loop_thread_waiting_for_cpu_share": (None if wait0 is None or wait1 is None
+                                                  else round((wait1 - wait0) / wall_s, 3)),
             "peak_rss_mib": round(status.get("VmHWM", 0) / 2**20, 1),
             "rss_at_end_mib": round(status.get("VmRSS", 0) / 2**20, 1),
             "rss_sampled_peak_mib": round(rss_peak_sampled / 2**20, 1),
@@ -359,7 +407,8 @@ def main() -> None:
     for line in failures[:10]:
         print(f"load: {line}", file=sys.stderr)
     if failures:
-        raise SystemExit(1)
+        raise SystemExit(f"load: {len(failures)} failures; the server's log: {server.log.name}")
+    server.discard_log()
 
 
 if __name__ == "__main__":

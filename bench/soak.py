@@ -338,7 +338,8 @@ def main() -> None:
     for line in failures[:10]:
         print(f"soak: {line}", file=sys.stderr)
     if failures:
-        raise SystemExit(1)
+        raise SystemExit(f"soak: {len(failures)} failures; the server's log: {server.log.name}")
+    server.discard_log()
 
 
 if __name__ == "__main__":
