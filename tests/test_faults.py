@@ -377,6 +377,32 @@ async def test_a_stream_that_is_never_closed_expires_and_releases_its_reader() -
         await assert_healthy(c)
 
 
+async def test_a_large_one_shot_request_does_not_hold_streams_past_their_deadline() -> None:
+    """API.md, Timing: a segment's result is out by ready + deadline_ms, whatever else the
+    service is doing. One one-shot request within the default limits (250 texts, under
+    1 MiB) is ~10,000 segments to cut and detect; that work must not stall the event loop
+    that fires every stream's deadline timers."""
+    from service.corpus import builtin_corpus
+
+    corpus = [item.text for item in builtin_corpus()]
+    texts = [" ".join(corpus[(i + k) % len(corpus)] for k in range(7)) for i in range(250)]
+    fake = FakeTranslator(gate=asyncio.Event())  # the stream's segment waits for its deadline
+    async with app_with(fake, deadline_ms=200) as run:
+        c = run.client
+        await post_chunks(c, "victim", [(0, "Let me check the weather in Berlin first. ")])
+        await asyncio.wait_for(fake.started.wait(), 2)  # its translation is under way
+        big = asyncio.create_task(c.post("/v1/translate", json={
+            "texts": texts, "target": "de", "backend": "passthrough"}))
+        r = await c.get("/v1/streams/victim/events", params={"wait_ms": 10_000})
+        [seg] = segments(r.json()["events"])
+        assert seg["status"] == "deadline"
+        answer = await big  # 200, or a problem: too many segments for the queue
+        assert answer.status_code in (200, 413, 503), answer.text
+        assert seg["latency_ms"] < 200 + 300, (
+            f"the deadline segment went out {seg['latency_ms']:.0f} ms after it was ready")
+        await assert_healthy(c)
+
+
 class _Served:
     """The app under uvicorn on 127.0.0.1 in a thread (its own loop): real SSE connections."""
 
