@@ -7,8 +7,9 @@ Starts `thinktrans serve` on 127.0.0.1 (a free port) in its own process, with th
 `passthrough` backend or the `local` one on a tiny test checkpoint (built with
 `python -m service.testmodel --family nllb DIR` unless --model-dir names one). The streams
 part is `thinktrans bench` (service.bench.run_bench: realistic deltas, every stream's
-originals checked); at the same time --oneshot-clients clients POST /v1/translate, each
-checking that every result's segments join back to its text.
+originals checked); at the same time --oneshot-clients clients POST /v1/translate at
+--oneshot-rate requests/s in all, each checking that every result's segments join back
+to its text.
 
 Reports: errors, violations, chunk-POST latency as the client saw it (p50/p99) and as the
 server measured it (its request-duration histogram: the share under 25 ms, and the bucket
@@ -209,16 +210,24 @@ class OneShotReport:
 
 
 async def one_shot_load(url: str, texts: list[str], clients: int, per_request: int,
-                        duration_s: float, target: str, seed: int = 0) -> OneShotReport:
-    """``clients`` loops of POST /v1/translate for ``duration_s``; checks every result."""
+                        duration_s: float, target: str, rate: float, seed: int = 0
+                        ) -> OneShotReport:
+    """``clients`` loops of POST /v1/translate for ``duration_s``, ``rate`` requests/s in
+    all (0: each as fast as it can); checks every result."""
     report = OneShotReport()
     stop_at = time.monotonic() + duration_s
     timeout = aiohttp.ClientTimeout(total=120)
+    interval = clients / rate if rate > 0 else 0.0
 
     async def client(i: int) -> None:
         rng = random.Random(seed * 7919 + i)
+        next_at = time.monotonic() + rng.uniform(0, interval)
         async with aiohttp.ClientSession(timeout=timeout) as session:
             while time.monotonic() < stop_at:
+                # An offered load, not a closed loop: a closed loop would take whatever
+                # the server has left and so set the chunk POSTs' latency itself.
+                await asyncio.sleep(max(0.0, next_at - time.monotonic()))
+                next_at = max(next_at + interval, time.monotonic())
                 batch = [rng.choice(texts) for _ in range(rng.randint(1, per_request))]
                 t0 = time.perf_counter()
                 try:
@@ -285,7 +294,7 @@ async def run_load(url: str, pid: int, args: argparse.Namespace) -> dict[str, An
     streams_report, oneshot_report = await asyncio.gather(
         run_bench(cfg),
         one_shot_load(url, texts, args.oneshot_clients, args.oneshot_texts, args.duration,
-                      args.to or "zh-CN", args.seed),
+                      args.to or "zh-CN", args.oneshot_rate, args.seed),
     )
     wall_s = time.monotonic() - started
     cpu1, wait1 = proc_cpu_s(pid), run_queue_wait_s(pid)
@@ -356,6 +365,8 @@ def main() -> None:
     parser.add_argument("--post-interval-ms", type=float, default=100.0)
     parser.add_argument("--oneshot-clients", type=int, default=8)
     parser.add_argument("--oneshot-texts", type=int, default=3, help="most texts per request")
+    parser.add_argument("--oneshot-rate", type=float, default=20.0,
+                        help="one-shot requests per second in all (0: as fast as they can)")
     parser.add_argument("--to", default="zh-CN")
     parser.add_argument("--corpus", default=None)
     parser.add_argument("--seed", type=int, default=0)
@@ -396,7 +407,7 @@ def main() -> None:
     report["config"] = {
         "backend": args.backend, "streams": args.streams, "duration_s": args.duration,
         "rate": args.rate, "post_interval_ms": args.post_interval_ms,
-        "oneshot_clients": args.oneshot_clients,
+        "oneshot_clients": args.oneshot_clients, "oneshot_rate": args.oneshot_rate,
         "client_loop": "uvloop" if args.uvloop else "asyncio", "server_env": shown_env,
         "machine": machine(), "date": time.strftime("%Y-%m-%d"),
     }
