@@ -112,8 +112,8 @@ async def stream_part(client: httpx.AsyncClient, stream_id: str, deltas: list[st
                                                 if data["status"] == "translated" else "")
                         print(f"  [{data['index']:>2} {tag}] {_shown(data['text'])}")
                 elif kind == "update":
-                    print(f"  [{data['index']:>2} update/{data['backend']}] "
-                          f"{_shown(data['text'])}")
+                    tag = data["status"] + (f"/{data['backend']}" if data.get("backend") else "")
+                    print(f"  [{data['index']:>2} update {tag}] {_shown(data['text'])}")
                 elif kind == "end":
                     return
 
