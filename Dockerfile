@@ -10,10 +10,11 @@
 #                    PyPI) plus PIP_FIND_LINKS, for offline builds.
 #   TORCH_VERSION    pin torch, e.g. 2.13.0 (default: the newest the index has).
 #   EXTRAS           the package extras to install (default: local,deepl).
-#   PIP_CERT         a CA bundle for pip (corporate TLS proxies), a path inside the build.
+#   PIP_CERT         a CA bundle for pip (TLS-inspecting proxies), a path inside the build:
+#                    a mounted file (podman/buildah -v), or the build secret pip_cert:
+#                    --secret id=pip_cert,src=ca.pem --build-arg PIP_CERT=/run/secrets/pip_cert
 #   PIP_INDEX_URL    a PyPI mirror.
 #   PIP_FIND_LINKS   a directory (mounted into the build) or URL of wheels, e.g. torch's.
-# Leave an argument out rather than passing it empty: pip reads PIP_* from the environment.
 
 ARG BASE_IMAGE=debian:bookworm-slim
 
@@ -38,7 +39,8 @@ ARG PIP_FIND_LINKS
 # torch first and on its own: the largest layer, and the one that changes least.
 ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu
 ARG TORCH_VERSION
-RUN pip install ${TORCH_INDEX_URL:+--index-url "$TORCH_INDEX_URL"} \
+RUN --mount=type=secret,id=pip_cert \
+    pip install ${TORCH_INDEX_URL:+--index-url "$TORCH_INDEX_URL"} \
         "torch${TORCH_VERSION:+==$TORCH_VERSION}"
 
 # The dependencies, from pyproject.toml alone (empty packages stand in for the code), so that
@@ -46,14 +48,16 @@ RUN pip install ${TORCH_INDEX_URL:+--index-url "$TORCH_INDEX_URL"} \
 ARG EXTRAS=local,deepl
 WORKDIR /src
 COPY pyproject.toml README.md ./
-RUN mkdir service models && touch service/__init__.py models/__init__.py \
+RUN --mount=type=secret,id=pip_cert \
+    mkdir service models && touch service/__init__.py models/__init__.py \
     && pip install ".[${EXTRAS}]" \
     && pip uninstall -y thinktrans \
     && rm -rf service models build ./*.egg-info
 
 COPY service ./service
 COPY models ./models
-RUN pip install --no-deps . \
+RUN --mount=type=secret,id=pip_cert \
+    pip install --no-deps . \
     && cd / && python -c "import torch, service.app; print('torch', torch.__version__)"
 
 # -- runtime: Debian's Python, the venv, a non-root user -------------------------------------
@@ -67,6 +71,7 @@ LABEL org.opencontainers.image.title="thinktrans" \
 RUN apt-get update \
     && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends \
         python3 ca-certificates \
+    && apt-get clean \
     && rm -rf /var/lib/apt/lists/* \
     && useradd --uid 10001 --user-group --create-home --home-dir /home/thinktrans \
         --shell /usr/sbin/nologin thinktrans \
