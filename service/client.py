@@ -23,8 +23,7 @@ Sending. ``push`` only appends to a buffer; a background task posts the buffer a
 chunk every ``flush_interval_s`` (or sooner once ``flush_chars`` are waiting). Each chunk
 gets the next seq when it is formed and never changes after, so a retry re-posts the same
 seq and text, which the server ignores: retries are safe. A connection dropped mid-request
-is retried once; 429 and 503 (a full queue) are retried after ``Retry-After`` for as long
-as the stall budget allows.
+is retried once; 429 and 503 (a full queue) are retried after ``Retry-After``.
 
 Reading. ``results`` long-polls ``GET /v1/streams/{id}/events?after=N``; ``after`` is the
 last event id seen, so a failed poll resumes where it stopped. Long-poll rather than SSE
@@ -36,7 +35,8 @@ back to the originals when the sidecar
 
 - is unreachable (connection refused, reset);
 - takes longer than ``timeout_s`` (beyond the planned long-poll wait) to answer a request;
-- answers an error (any 4xx or 5xx, or 429/503 for longer than ``stall_s``);
+- answers an error (any 4xx or 5xx; 429 and 503 are retried as ``Retry-After`` asks,
+  as long as that keeps the wait within ``timeout_s``);
 - returns no result for pushed text within ``stall_s`` of the later of the last push and
   the last result (it must exceed the server's ``flush_idle_ms`` + ``deadline_ms``).
 
@@ -269,7 +269,7 @@ class ThinktransClient:
         return not self._closing and time.monotonic() >= self._down_until
 
     def _noted(self, exc: SidecarError) -> None:
-        if not isinstance(exc, _Skipped) and exc.sidecar_failed and not exc.transient:
+        if not isinstance(exc, _Skipped) and exc.sidecar_failed:
             self._down_until = time.monotonic() + self.cooloff_s
 
     def _spawn(self, coro: Awaitable[None]) -> None:
@@ -558,10 +558,11 @@ class ThinkingStream:
         return None
 
     async def _backoff(self, exc: SidecarError, since: float) -> None:
-        """Wait before retrying a 429/503, or raise once the stall budget would be spent."""
-        delay = min(exc.retry_after_s if exc.retry_after_s is not None else 0.2, 1.0)
-        if time.monotonic() + delay - since > self.client.stall_s:
-            raise SidecarError(f"{exc.reason} for over {self.client.stall_s:.1f}s",
+        """Wait as a 429/503 asks, or raise if that would take the wait past ``timeout_s``."""
+        delay = exc.retry_after_s if exc.retry_after_s is not None else 0.1
+        # A sidecar that is shutting down asks for 5 s: the originals should not wait that.
+        if time.monotonic() + delay - since > self.client.timeout_s:
+            raise SidecarError(f"{exc.reason} (retry after {delay:g}s is past the budget)",
                                status=exc.status)
         await asyncio.sleep(delay)
 

@@ -438,7 +438,9 @@ async def test_500_sidecar_passes_originals_through() -> None:
     assert raw.connections >= 1
 
 
-async def test_sidecar_killed_mid_stream() -> None:
+@pytest.mark.parametrize("how", ["kill", "terminate"])
+async def test_sidecar_killed_mid_stream(how: str) -> None:
+    """SIGKILL (a crash) or SIGTERM (a deploy: the sidecar closes its streams and exits)."""
     server = Sidecar()
     try:
         async with ThinktransClient(server.url, timeout_s=0.5) as client:
@@ -458,7 +460,10 @@ async def test_sidecar_killed_mid_stream() -> None:
                 await stream.push(piece)
             while not got:  # the first sentences are back: the stream is well under way
                 await asyncio.sleep(0.01)
-            server.kill()
+            if how == "kill":
+                server.kill()
+            else:
+                server.proc.terminate()
             for piece in pieces[half:]:
                 await stream.push(piece)
                 await asyncio.sleep(0.002)
@@ -511,6 +516,25 @@ async def test_full_queue_503_is_retried(sidecar: Sidecar) -> None:
     assert stream.failure is None
     assert_complete(items, THINKING)
     assert len(transport.paths("POST", "/chunks")) >= 2
+
+
+async def test_shutting_down_503_falls_back_at_once(sidecar: Sidecar) -> None:
+    """A draining sidecar asks for 5 s; the thoughts do not wait that long."""
+
+    def hook(request: httpx.Request, n: int) -> httpx.Response | None:
+        if request.url.path == "/v1/streams":
+            return httpx.Response(503, headers={"Retry-After": "5"},
+                                  json={"type": "urn:thinktrans:problem:overloaded"})
+        return None
+
+    async with ThinktransClient(sidecar.url, transport=Scripted(hook)) as client:
+        stream = client.stream("t:draining", target="de")
+        started = time.monotonic()
+        items = await run_stream(stream, ["Let me see."])
+        assert time.monotonic() - started < 1.0
+        assert not client.available  # and the next streams skip it for a while
+    assert [s.status for s in segments(items)] == ["error"]
+    assert stream.failure is not None and "503" in stream.failure
 
 
 async def test_stall_budget(sidecar: Sidecar) -> None:
