@@ -110,14 +110,18 @@ def chat() -> Iterator[FakeChat]:
     server.stop()
 
 
-@pytest.fixture(scope="module")
-def llm_sidecar(chat: FakeChat) -> Iterator[Sidecar]:
+def llm_server(chat: FakeChat) -> Sidecar:
     """The llm backend on FakeChat, which answers "<language name>: <text>": visible."""
-    server = Sidecar(
+    return Sidecar(
         THINKTRANS_BACKEND="llm", THINKTRANS_LLM_BASE_URL=f"{chat.origin}/v1",
         THINKTRANS_LLM_MODEL="fake-model", THINKTRANS_CHECK_OUTPUT_LANGUAGE="false",
         THINKTRANS_DEADLINE_MS="700",
     )
+
+
+@pytest.fixture(scope="module")
+def llm_sidecar(chat: FakeChat) -> Iterator[Sidecar]:
+    server = llm_server(chat)
     yield server
     server.stop()
 
