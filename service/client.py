@@ -475,7 +475,7 @@ class ThinkingStream:
         self.push_nowait(delta)
 
     def push_nowait(self, delta: str) -> None:
-        """``push`` for synchronous callers."""
+        """``push`` for synchronous code running on the event loop's thread."""
         if self._closing:
             raise RuntimeError(f"stream {self.stream_id!r} is closed; open a new one")
         if not isinstance(delta, str):
@@ -716,8 +716,10 @@ class ThinkingStream:
                     break
                 if item is not None:
                     yield item
-            if self._ended and len(self._pending) and self.failure is None:
-                self._fail(SidecarError("the stream ended before covering all pushed text"))
+            if self._ended and self.failure is None and (len(self._pending) or not self._closing):
+                # The sidecar ended the stream on its own (it is shutting down): what is
+                # left, and whatever comes later, can only go out as it is.
+                self._fail(SidecarError("the sidecar ended the stream early"))
 
     async def _poll(self) -> list[Any]:
         """The next events, after a stall check; [] when the stream failed meanwhile."""

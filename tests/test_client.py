@@ -483,6 +483,33 @@ async def test_sidecar_killed_mid_stream(how: str) -> None:
     assert set(statuses[first_error:]) == {"error"}  # never a server segment after fallback
 
 
+async def test_stream_ended_by_the_sidecar(sidecar: Sidecar) -> None:
+    """A draining sidecar closes open streams itself: the rest passes through, no busy loop."""
+    transport = Scripted()
+    async with ThinktransClient(sidecar.url, transport=transport) as client:
+        stream = client.stream("t:ended", target="de")
+        got: list[StreamItem] = []
+
+        async def read() -> None:
+            async for item in stream.results():
+                got.append(item)
+
+        reader = asyncio.create_task(read())
+        await stream.push("First sentence. Second")
+        while not got:
+            await asyncio.sleep(0.01)
+        async with httpx.AsyncClient() as other:
+            await other.post(f"{sidecar.url}/v1/streams/t:ended/close")
+        await asyncio.sleep(0.3)  # idle: the reader must not spin on the ended stream
+        assert len(transport.requests) < 10
+        await stream.push(" sentence. Third one.")
+        await stream.close()
+        await asyncio.wait_for(reader, 5)
+    assert_complete(got, "First sentence. Second sentence. Third one.")
+    assert stream.failure == "the sidecar ended the stream early"
+    assert [s.status for s in segments(got)] == ["translated", "translated", "error"]
+
+
 async def test_lost_answer_is_retried_with_the_same_seq(sidecar: Sidecar) -> None:
     """The server took the chunks but the answer was lost: re-posting them is harmless."""
     lost: list[int] = []
