@@ -546,6 +546,9 @@ class ThinkingStream:
         failed = asyncio.ensure_future(self._failed.wait())
         try:
             await asyncio.wait({task, failed}, return_when=asyncio.FIRST_COMPLETED)
+        except BaseException:  # the reader was cancelled: leave no request behind
+            task.cancel()
+            raise
         finally:
             failed.cancel()
         if task.done():
