@@ -165,6 +165,76 @@ def detect(
 
 
 @app.command()
+def compare(
+    to: Annotated[str, typer.Option("--to", help="Target locale, e.g. de or zh-CN.")],
+    backend: Annotated[list[str], typer.Option(
+        "--backend", help="A backend or chain to compare (repeat: --backend A --backend B).")],
+    corpus: Annotated[Path | None, typer.Option(
+        help="Text, .jsonl (text, ref) or .tsv (text<TAB>ref); default: the built-in sample.")
+    ] = None,
+    refs: Annotated[Path | None, typer.Option(
+        help="References, one per line, aligned with the corpus (overrides the corpus's).")
+    ] = None,
+    fmt: Annotated[str, typer.Option("--format", help="table, json or markdown.")] = "table",
+    plot: Annotated[Path | None, typer.Option(
+        help="Write a PNG: latency distributions and throughput per backend.")] = None,
+    concurrency: Annotated[int, typer.Option(help="Texts in flight at once per backend.")] = 4,
+    deadline_ms: Annotated[float | None, typer.Option(
+        "--deadline-ms", help="Per-request deadline (default 600000: CPU models are slow).")
+    ] = None,
+    price: Annotated[list[str] | None, typer.Option(
+        "--price", help="BACKEND=USD per million characters, e.g. deepl=25 (repeatable).")
+    ] = None,
+    config: ConfigOpt = None,
+) -> None:
+    """Run one corpus through several backends in-process; latency, throughput, cost, chrF/BLEU."""
+    from service import compare as cmp
+    from service.corpus import load_corpus
+    from service.locale import canonicalize
+
+    if fmt not in ("table", "json", "markdown"):
+        raise _fail(f"unknown format {fmt!r}; choose table, json or markdown", 3)
+    settings = _settings(config)
+    try:
+        target = canonicalize(to)
+        for label in backend:
+            cmp.parse_chain(label)  # an unknown name fails before anything loads
+        items = load_corpus(corpus)
+        references = (cmp.load_refs(refs, len(items)) if refs is not None
+                      else [item.ref for item in items])
+        cmp.check_extras(plot=plot, scores=any(r is not None for r in references))
+        cfg = cmp.CompareConfig(
+            target=target, labels=list(backend), items=items, refs=references,
+            corpus_name=str(corpus) if corpus is not None else "built-in sample",
+            concurrency=concurrency,
+            deadline_ms=deadline_ms if deadline_ms is not None else cmp.COMPARE_DEADLINE_MS,
+            prices={**settings.price_per_million_chars, **cmp.parse_prices(price or [])},
+        )
+        if sys.stderr.isatty():
+            with cmp.RichProgress() as bar:
+                runs = asyncio.run(cmp.run_compare(settings, cfg, bar))
+        else:
+            runs = asyncio.run(cmp.run_compare(settings, cfg))
+        report = cmp.build_report(runs, cfg)
+        if plot is not None:
+            cmp.write_plot(report, runs, plot)
+    except ThinktransError as exc:
+        raise _fail(exc.detail, _exit_code(exc)) from None
+    if fmt == "json":
+        typer.echo(json.dumps(report, ensure_ascii=False, indent=2))
+    elif fmt == "markdown":
+        typer.echo(cmp.format_markdown(report))
+    else:
+        typer.echo(cmp.format_table(report))
+    for b in report["backends"]:
+        if b["errors"]:
+            typer.echo(f"thinktrans: {b['backend']}: {b['errors']} segment(s) untranslated: "
+                       f"{b['error_samples'][0]}", err=True)
+    if plot is not None:
+        typer.echo(f"thinktrans: plot written to {plot}", err=True)
+
+
+@app.command()
 def bench(
     url: Annotated[str, typer.Option(help="Base URL of a running server.")],
     streams: Annotated[int, typer.Option(help="Concurrent streams.")] = 20,
