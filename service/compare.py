@@ -19,6 +19,7 @@ import contextlib
 import math
 import os
 import platform
+import random
 import time
 from collections import Counter
 from collections.abc import Sequence
@@ -551,13 +552,19 @@ def write_plot(report: dict[str, Any], runs: Sequence[BackendRun], path: str | P
     fig, (lat_ax, thr_ax) = plt.subplots(1, 2, figsize=(11, 4.8))
 
     data = [[max(v, 1e-3) for v in run.latencies_ms] or [math.nan] for run in runs]
-    boxes = lat_ax.boxplot(data, patch_artist=True, widths=0.55, showfliers=True)
+    boxes = lat_ax.boxplot(data, patch_artist=True, widths=0.55, showfliers=False)
     lat_ax.set_xticks(range(1, len(labels) + 1), labels)
     for patch, color in zip(boxes["boxes"], colors, strict=True):
         patch.set_facecolor(color)
         patch.set_alpha(0.6)
     for median in boxes["medians"]:
         median.set_color("black")
+    # Every text as a point too: a small corpus's box alone hides how few values it holds.
+    jitter = random.Random(0)
+    for i, (values, color) in enumerate(zip(data, colors, strict=True), 1):
+        xs = [i + jitter.uniform(-0.12, 0.12) for _ in values]
+        lat_ax.scatter(xs, values, s=9, color=color, edgecolors="black", linewidths=0.3,
+                       alpha=0.7, zorder=3)
     flat = [v for d in data for v in d if not math.isnan(v)]
     # Passthrough answers in a millisecond, a CPU model in seconds: one linear axis would
     # squash one of them flat.
