@@ -195,6 +195,7 @@ def compare(
     if fmt not in ("table", "json", "markdown"):
         raise _fail(f"unknown format {fmt!r}; choose table, json or markdown", 3)
     settings = _settings(config)
+    cmp.quiet_logs()
     try:
         target = canonicalize(to)
         for label in backend:

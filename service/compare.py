@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import math
 import os
 import platform
@@ -93,6 +94,19 @@ class RichProgress:
 
     def advance(self, label: str) -> None:
         self._progress.advance(self._tasks[label])
+
+
+def quiet_logs() -> None:
+    """Keep the service's log lines off compare's terminal.
+
+    With no handler configured, Python prints warnings, and a failed model load's
+    traceback, to stderr; compare reports each failure itself, in one line. A handler
+    that drops them stops that, and leaves logging set up by an embedding program alone.
+    """
+    for name in ("thinktrans", "models"):  # service.* and models.* loggers
+        logger = logging.getLogger(name)
+        if not logger.handlers:
+            logger.addHandler(logging.NullHandler())
 
 
 def check_extras(*, plot: Path | None, scores: bool) -> None:

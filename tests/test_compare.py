@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -327,6 +328,18 @@ def test_missing_local_model(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) ->
     monkeypatch.setenv("THINKTRANS_LOCAL_MODEL", str(tmp_path / "no-such-model"))
     one_line_failure(compare("--to", "de", "--backend", "local"), 4,
                      "backend 'local' is not ready: model directory")
+
+
+def test_broken_local_checkpoint_fails_at_once(
+    nllb_checkpoint: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A load that fails with "loading model ... failed": waiting must end, not poll on.
+    broken = tmp_path / "broken"
+    shutil.copytree(nllb_checkpoint, broken)
+    (broken / "model.safetensors").write_bytes(b"\0" * 100)
+    monkeypatch.setenv("THINKTRANS_LOCAL_MODEL", str(broken))
+    one_line_failure(compare("--to", "de", "--backend", "local"), 4,
+                     f"backend 'local' is not ready: loading model {str(broken)!r} failed")
 
 
 @pytest.mark.parametrize(
