@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import importlib.util
 import logging
 import math
 import os
@@ -26,11 +27,15 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from service.corpus import CorpusItem
 from service.errors import BackendUnavailable, ConfigError, InputError
 from service.settings import Settings
+
+if TYPE_CHECKING:
+    from models.base import Translator
+    from service.pipeline import Pipeline
 
 # Long enough for a CPU model to work through a large text; the settings' ceiling.
 COMPARE_DEADLINE_MS = 600_000.0
@@ -233,11 +238,8 @@ def bleu_tokenizer(target: str) -> str:
 
 
 def _has_module(name: str) -> bool:
-    try:
-        __import__(name)
-    except ImportError:
-        return False
-    return True
+    """Whether ``name`` is installed (found, not imported: matplotlib takes a while)."""
+    return importlib.util.find_spec(name) is not None
 
 
 def score(hyps: Sequence[str], refs: Sequence[str], target: str) -> dict[str, Any]:
@@ -285,7 +287,7 @@ def settings_for(base: Settings, chain: list[str], deadline_ms: float) -> Settin
     )
 
 
-async def wait_ready(translators: Sequence[Any], timeout_s: float = READY_TIMEOUT_S) -> None:
+async def wait_ready(translators: Sequence[Translator], timeout_s: float = READY_TIMEOUT_S) -> None:
     """Wait until each backend is loaded or checked, then raise if one is not ready.
 
     The local backend loads in the background (``wait_ready``); DeepL and the LLM check
@@ -312,10 +314,16 @@ def _loading(reason: str | None) -> bool:
     return reason is not None and reason.startswith("loading") and "failed" not in reason
 
 
-async def _run_one(pipeline: Any, run: BackendRun, config: CompareConfig,
+def _billed(translator: Translator) -> int:
+    """Characters the vendor billed since start (DeepL and the LLM count them in info())."""
+    value = translator.info().get("billed_characters")
+    return value if isinstance(value, int) else 0
+
+
+async def _run_one(pipeline: Pipeline, run: BackendRun, config: CompareConfig,
                    progress: ProgressSink) -> None:
     translators = [pipeline.backends[n] for n in run.chain]
-    before = {t.name: int(t.info().get("billed_characters") or 0) for t in translators}
+    before = {t.name: _billed(t) for t in translators}
     run.billed_flags = {t.name: bool(t.billed) for t in translators}
     sem = asyncio.Semaphore(config.concurrency)
     results: list[dict[str, Any] | None] = [None] * len(config.items)
@@ -336,7 +344,7 @@ async def _run_one(pipeline: Any, run: BackendRun, config: CompareConfig,
     run.latencies_ms = latencies
     run.results = [r for r in results if r is not None]
     run.billed = {
-        t.name: int(t.info().get("billed_characters") or 0) - before[t.name]
+        t.name: _billed(t) - before[t.name]
         for t in translators if t.billed
     }
 
@@ -349,13 +357,15 @@ async def run_compare(
 
     if config.concurrency < 1:
         raise InputError(f"--concurrency must be >= 1, got {config.concurrency}")
+    if not config.deadline_ms > 0:
+        raise InputError(f"--deadline-ms must be > 0, got {config.deadline_ms:g}")
     if len(set(config.labels)) != len(config.labels):
         raise InputError("a backend is named twice; compare each backend once")
     chains = {label: parse_chain(label) for label in config.labels}
     sink: ProgressSink = progress or _NoProgress()
     runs: list[BackendRun] = []
     async with contextlib.AsyncExitStack() as stack:
-        pipelines = {}
+        pipelines: dict[str, Pipeline] = {}
         started = time.perf_counter()
         for label, chain in chains.items():
             app = create_app(settings_for(base, chain, config.deadline_ms))

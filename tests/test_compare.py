@@ -349,6 +349,7 @@ def test_broken_local_checkpoint_fails_at_once(
         (["--price", "deepl"], 3, "--price 'deepl': write BACKEND=USD_PER_MILLION_CHARS"),
         (["--price", "deepl=-1"], 3, "--price 'deepl=-1'"),
         (["--concurrency", "0"], 3, "--concurrency must be >= 1, got 0"),
+        (["--deadline-ms", "0"], 3, "--deadline-ms must be > 0, got 0"),
         (["--plot", "/no/such/dir/x.png"], 3, "its directory does not exist"),
     ],
 )
