@@ -5,6 +5,7 @@ from __future__ import annotations
 import hmac
 import json
 import logging
+import re
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
 from contextlib import asynccontextmanager
@@ -41,6 +42,7 @@ from service.settings import Settings, load_settings
 from service.streams import EventsGone, Stream, StreamManager, TooManyStreams
 
 log = logging.getLogger("thinktrans.app")
+access_log = logging.getLogger("thinktrans.access")
 
 PROBLEM_JSON = "application/problem+json"
 StreamId = Annotated[str, Path(pattern=STREAM_ID_PATTERN, description="1-128 of A-Za-z0-9._:-")]
@@ -92,9 +94,16 @@ class Guard:
         finally:
             route = getattr(scope.get("route"), "path", "unmatched")
             method = scope.get("method", "")
+            elapsed = time.monotonic() - started
             self.metrics.requests.labels(method, route, str(status)).inc()
-            self.metrics.request_seconds.labels(method, route).observe(
-                time.monotonic() - started)
+            self.metrics.request_seconds.labels(method, route).observe(elapsed)
+            if access_log.isEnabledFor(logging.INFO):
+                stream_id = scope.get("path_params", {}).get("stream_id")
+                access_log.info("request", extra={
+                    "method": method, "route": route, "status": status,
+                    "ms": round(elapsed * 1000, 2),
+                    **({"stream": stream_id} if stream_id else {}),
+                })
 
     async def _guarded(self, scope: Scope, receive: Receive, send: Send) -> None:
         headers = dict(scope.get("headers", []))
@@ -193,10 +202,12 @@ def create_app(
         for batcher in batchers.values():
             await batcher.start()
         await streams.start()
-        log.info("started backends=%s chain=%s", ",".join(built), ",".join(settings.backend))
+        log.info("started", extra={"backends": list(built), "chain": settings.backend})
         try:
             yield
         finally:
+            if not streams.draining:
+                await streams.drain(settings.shutdown_grace_s)
             await streams.stop()
             for batcher in batchers.values():
                 await batcher.stop()
@@ -306,7 +317,11 @@ def create_app(
         return {
             "default_target": settings.default_locale,
             "allowed_locales": settings.allowed_locales or None,
-            "backends": {name: {"targets": t.languages()} for name, t in pipeline.backends.items()},
+            "backends": {
+                name: {"ready": t.ready, "targets": t.languages() if t.ready else None,
+                       **({} if t.ready else {"reason": t.reason})}
+                for name, t in pipeline.backends.items()
+            },
         }
 
     @v1.get("/backends")
@@ -400,7 +415,7 @@ def create_app(
         """Segment, update and end events: SSE with Accept: text/event-stream, else JSON."""
         stream = streams_of(request).get(stream_id)
         if last_event_id is not None:
-            if not last_event_id.strip().lstrip("-").isdigit():
+            if not re.fullmatch(r"-?[0-9]{1,18}", last_event_id.strip()):
                 raise InputError("Last-Event-ID must be an integer event id")
             after = max(after, int(last_event_id.strip()))
         stream.events_after(after)  # 410 now, not mid-stream, if events are gone

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import logging
 import os
 import sys
 from pathlib import Path
@@ -74,16 +73,46 @@ def serve(
         settings.host = host
     if port is not None:
         settings.port = port
-    logging.basicConfig(
-        level=settings.log_level.upper(),
-        format='{"ts":"%(asctime)s","level":"%(levelname)s","logger":"%(name)s","msg":"%(message)s"}',
-    )
+    from service.logs import configure
+
+    configure(settings.log_level, log_text=settings.log_text)
     try:
         application = create_app(settings)
     except ThinktransError as exc:
         raise _fail(exc.detail, _exit_code(exc)) from None
-    uvicorn.run(application, host=settings.host, port=settings.port,
-                log_level=settings.log_level, timeout_graceful_shutdown=10)
+    uv_config = uvicorn.Config(application, host=settings.host, port=settings.port,
+                            log_level=settings.log_level, log_config=None, access_log=False,
+                            timeout_graceful_shutdown=int(settings.shutdown_grace_s) + 5)
+    server = _DrainingServer(uv_config)
+    server.run()
+
+
+class _DrainingServer:
+    """uvicorn's server, with open streams flushed as soon as a shutdown signal comes.
+
+    uvicorn waits for open connections before the app's lifespan ends; SSE readers stay
+    connected until their stream ends, so the streams must be closed first, not last.
+    """
+
+    def __init__(self, config: Any) -> None:
+        import uvicorn
+
+        self.server = uvicorn.Server(config)
+        self.app = config.app
+        inner = self.server.handle_exit
+
+        def handle_exit(sig: int, frame: Any) -> None:
+            manager = getattr(self.app.state, "streams", None)
+            if manager is not None and not manager.draining:
+                grace = self.app.state.settings.shutdown_grace_s
+                loop = asyncio.get_event_loop()
+                loop.call_soon_threadsafe(lambda: loop.create_task(manager.drain(grace)))
+            inner(sig, frame)
+
+        self.server.handle_exit = handle_exit  # type: ignore[method-assign]
+
+    def run(self) -> None:
+        self.server.run()
 
 
 async def _in_process(settings: Settings, work: Any) -> Any:

@@ -135,6 +135,10 @@ class Settings(BaseSettings):
     max_events_retained: int = Field(
         4096, ge=16, description="Events kept per stream for SSE resume and long-poll."
     )
+    shutdown_grace_s: float = Field(
+        10.0, ge=0, le=600,
+        description="On shutdown, open streams are flushed and given this long to finish.",
+    )
     max_wait_poll_ms: int = Field(30_000, ge=0, description="Longest a long-poll read waits.")
 
     # -- local backend ---------------------------------------------------------------------
