@@ -1,4 +1,4 @@
-"""The command line: serve, translate, detect, make-test-model (and later compare, bench).
+"""The command line: serve, translate, detect, compare, bench, make-test-model.
 
 Errors become one line on stderr and a non-zero exit code, never a traceback.
 """
@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import sys
 from pathlib import Path
 from typing import Annotated, Any
@@ -66,13 +65,11 @@ def serve(
 
     from service.app import create_app
 
-    if backend is not None and "THINKTRANS_BACKEND" not in os.environ:
-        os.environ["THINKTRANS_BACKEND"] = backend
-    settings = _settings(config, host=host, port=port)
-    if host is not None:
-        settings.host = host
-    if port is not None:
-        settings.port = port
+    settings = _settings(config)
+    try:
+        settings = settings.with_flags(backend=backend, host=host, port=port)
+    except ConfigError as exc:
+        raise _fail(exc.detail, 2) from None
     from service.logs import configure
 
     configure(settings.log_level, log_text=settings.log_text)
@@ -121,19 +118,11 @@ async def _in_process(settings: Settings, work: Any) -> Any:
     application = create_app(settings)
     async with application.router.lifespan_context(application):
         pipeline = application.state.pipeline
-        await _wait_ready(pipeline, settings)
+        from models.base import settle
+
+        # The backends load or check in the background; a one-shot command waits for that.
+        await settle([pipeline.backends[n] for n in settings.backend], timeout_s=600.0)
         return await work(pipeline)
-
-
-async def _wait_ready(pipeline: Any, settings: Settings, timeout_s: float = 600.0) -> None:
-    """Wait for the chain's backends to load (or to fail loading)."""
-    loop = asyncio.get_running_loop()
-    until = loop.time() + timeout_s
-    while loop.time() < until:
-        pending = [pipeline.backends[n] for n in settings.backend]
-        if all(t.ready or (t.reason and not t.reason.startswith("loading")) for t in pending):
-            return
-        await asyncio.sleep(0.1)
 
 
 @app.command()
@@ -148,10 +137,10 @@ def translate(
     """Translate text in-process (no server needed)."""
     from service.locale import canonicalize
 
-    overrides: dict[str, Any] = {}
-    if backend is not None:
-        overrides["backend"] = backend
-    settings = _settings(config, **overrides)
+    try:
+        settings = _settings(config).with_flags(backend=backend)
+    except ConfigError as exc:
+        raise _fail(exc.detail, 2) from None
     body = _read_text(text)
     try:
         target = canonicalize(to)

@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from service.corpus import CorpusItem
 from service.errors import BackendUnavailable, ConfigError, InputError
+from service.metrics import percentile
 from service.settings import Settings
 
 if TYPE_CHECKING:
@@ -256,17 +257,6 @@ def score(hyps: Sequence[str], refs: Sequence[str], target: str) -> dict[str, An
     return {"chrf": round(chrf.score, 2), "bleu": round(bleu.score, 2), "bleu_tokenize": tokenize}
 
 
-def percentile(values: Sequence[float], q: float) -> float | None:
-    """The q-th percentile by nearest rank (the smallest value with q% at or below it)."""
-    if not values:
-        return None
-    ordered = sorted(values)
-    # ceil, not round(x + 0.5): round() goes to even on .5, so p95 of 100 values would be
-    # the 96th one.
-    rank = max(0, min(len(ordered) - 1, math.ceil(q / 100 * len(ordered)) - 1))
-    return round(ordered[rank], 2)
-
-
 # -- running ---------------------------------------------------------------------------------
 
 
@@ -288,30 +278,16 @@ def settings_for(base: Settings, chain: list[str], deadline_ms: float) -> Settin
 
 
 async def wait_ready(translators: Sequence[Translator], timeout_s: float = READY_TIMEOUT_S) -> None:
-    """Wait until each backend is loaded or checked, then raise if one is not ready.
+    """Wait until each backend has settled (loaded, or checked its endpoint), then raise
+    if one is not ready."""
+    from models.base import settle
 
-    The local backend loads in the background (``wait_ready``); DeepL and the LLM check
-    their endpoint in the background (``wait_checked``). Waiting on those, not polling
-    ``reason``, also ends at once when loading failed.
-    """
-    loop = asyncio.get_running_loop()
-    until = loop.time() + timeout_s
+    await settle(translators, timeout_s)
     for t in translators:
-        waiter = getattr(t, "wait_ready", None) or getattr(t, "wait_checked", None)
-        if waiter is not None:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(waiter(), max(0.0, until - loop.time()))
-        # A backend without a waiter that still loads: poll (a failed load says "failed").
-        while not t.ready and _loading(t.reason) and loop.time() < until:
-            await asyncio.sleep(0.1)
         if not t.ready:
             raise BackendUnavailable(
                 f"backend {t.name!r} is not ready: {t.reason or 'no reason given'}"
             )
-
-
-def _loading(reason: str | None) -> bool:
-    return reason is not None and reason.startswith("loading") and "failed" not in reason
 
 
 def _billed(translator: Translator) -> int:
