@@ -307,6 +307,9 @@ class LocalTranslator(Translator):
         loop = asyncio.get_running_loop()
         self._load_future = loop.run_in_executor(self._executor, self._load)
 
+    async def settled(self) -> None:
+        await self.wait_ready()
+
     async def wait_ready(self, timeout_s: float | None = None) -> bool:
         """Wait until loading has finished (or failed); return ``ready``."""
         if self._load_future is None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hmac
 import json
 import logging
+import re
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
 from contextlib import asynccontextmanager
@@ -414,7 +415,7 @@ def create_app(
         """Segment, update and end events: SSE with Accept: text/event-stream, else JSON."""
         stream = streams_of(request).get(stream_id)
         if last_event_id is not None:
-            if not last_event_id.strip().lstrip("-").isdigit():
+            if not re.fullmatch(r"-?[0-9]{1,18}", last_event_id.strip()):
                 raise InputError("Last-Event-ID must be an integer event id")
             after = max(after, int(last_event_id.strip()))
         stream.events_after(after)  # 410 now, not mid-stream, if events are gone

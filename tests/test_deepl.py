@@ -146,7 +146,7 @@ async def test_model_type_and_formality(fake: FakeDeepL, make: Make) -> None:
 async def test_strict_formality_dropped_where_unsupported(fake: FakeDeepL, make: Make) -> None:
     backend = make(deepl_formality="less")
     await backend.start()
-    await backend.wait_checked()
+    await backend.settled()
     await backend.translate(["Hi."], source=None, target="de")  # DE supports formality
     await backend.translate(["Hi."], source=None, target="ar")  # AR does not
     de, ar = (r.json for r in fake.translate_requests)
@@ -303,7 +303,7 @@ async def test_start_does_not_block_and_refines_languages(fake: FakeDeepL, make:
     started = time.monotonic()
     await backend.start()
     assert time.monotonic() - started < 0.1
-    await backend.wait_checked()
+    await backend.settled()
     assert backend.ready
     assert backend.info()["usage"] == {"character_count": 1234, "character_limit": 500_000}
     langs = backend.languages()
@@ -322,7 +322,7 @@ async def test_start_check_marks_not_ready(
     backend.recheck_after_s = backend.outage_recheck_s = 30
     fake.mode = mode
     await backend.start()
-    await backend.wait_checked()
+    await backend.settled()
     assert not backend.ready and backend.reason is not None and words in backend.reason
 
 
