@@ -81,9 +81,11 @@ T = TypeVar("T")
 
 STREAM_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]")
-# Below the server's defaults (max_chunk_chars 16384, max_chunks_per_request 1024).
+# Below the server's defaults (max_chunk_chars 16384, max_chunks_per_request 1024, and
+# max_request_bytes 1 MiB: 65536 characters are at most 6 bytes each as JSON).
 MAX_CHUNK_CHARS = 8192
 MAX_CHUNKS_PER_POST = 256
+MAX_CHARS_PER_POST = 65536
 
 
 # -- results -------------------------------------------------------------------------------
@@ -652,7 +654,13 @@ class ThinkingStream:
 
     async def _post_chunks(self) -> None:
         while self._unacked and self.failure is None:
-            batch = self._unacked[:MAX_CHUNKS_PER_POST]
+            batch: list[tuple[int, str]] = []
+            chars = 0
+            for chunk in self._unacked[:MAX_CHUNKS_PER_POST]:
+                if batch and chars + len(chunk[1]) > MAX_CHARS_PER_POST:
+                    break
+                batch.append(chunk)
+                chars += len(chunk[1])
             body = {"chunks": [{"seq": seq, "text": text} for seq, text in batch]}
             try:
                 data = await self.client._request(

@@ -364,6 +364,21 @@ async def test_chunks_are_batched_with_fixed_seqs(sidecar: Sidecar) -> None:
     assert transport.paths("POST", "/close") and transport.paths("DELETE", "/t:batch")
 
 
+async def test_a_huge_delta_is_posted_in_bounded_requests(sidecar: Sidecar) -> None:
+    transport = Scripted()
+    text = "这段思考很长没有句号" * 38_000  # 1.1 MB as UTF-8: over the 1 MiB request limit
+    async with ThinktransClient(sidecar.url, transport=transport) as client:
+        stream = client.stream("t:huge", target="de")
+        items = await run_stream(stream, [text[:10], text[10:], "并且结束。"])
+        await stream.aclose()
+    assert stream.failure is None
+    assert_complete(items, text + "并且结束。")
+    posts = [transport.bodies[i] for i in transport.paths("POST", "/chunks")]
+    assert len(posts) >= 3
+    assert all(sum(len(c["text"]) for c in body["chunks"]) <= 65536 for body in posts)
+    assert all(len(c["text"]) <= 8192 for body in posts for c in body["chunks"])
+
+
 async def test_target_from_user_text_and_none(sidecar: Sidecar) -> None:
     async with ThinktransClient(sidecar.url) as client:
         guessed = client.stream("t:user", user_text="Pourquoi le test échoue-t-il sur la CI ?")
