@@ -3,50 +3,22 @@
 from __future__ import annotations
 
 import json
-import os
 import signal
-import socket
-import subprocess
-import sys
 import threading
 import time
 
 import httpx
 
 from models.passthrough import PassthroughTranslator
-from tests.conftest import make_settings, start_app
+from tests.conftest import make_settings, served, start_app
 from tests.fakes import FakeTranslator
 
 SECRET = "The secret plan is to add seven and nine"
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _serve(**env: str) -> tuple[subprocess.Popen[str], str]:
-    port = _free_port()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "service.cli", "serve", "--port", str(port)],
-        env={**os.environ, "THINKTRANS_BACKEND": "passthrough", **env},
-        stderr=subprocess.PIPE, text=True,
-    )
-    url = f"http://127.0.0.1:{port}"
-    for _ in range(150):
-        try:
-            if httpx.get(f"{url}/readyz", timeout=1).status_code == 200:
-                return proc, url
-        except httpx.TransportError:
-            time.sleep(0.1)
-    proc.kill()
-    raise AssertionError(proc.stderr.read() if proc.stderr else "server did not start")
-
-
 def test_shutdown_flushes_open_streams_and_logs_no_text() -> None:
-    proc, url = _serve(THINKTRANS_DEFAULT_LOCALE="zh-CN", THINKTRANS_FLUSH_IDLE_MS="60000")
-    try:
+    with served(THINKTRANS_DEFAULT_LOCALE="zh-CN", THINKTRANS_FLUSH_IDLE_MS="60000") as srv:
+        url, proc = srv.url, srv.proc
         assert httpx.post(f"{url}/v1/streams", json={"stream_id": "d1"}).status_code == 201
         text = f"First sentence here. {SECRET}"  # the second part has no sentence end
         r = httpx.post(f"{url}/v1/streams/d1/chunks",
@@ -65,13 +37,10 @@ def test_shutdown_flushes_open_streams_and_logs_no_text() -> None:
         proc.send_signal(signal.SIGTERM)
         reader.join(20)
         proc.wait(20)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
+        log = srv.log()
     events = [json.loads(line[6:]) for line in lines]
     assert [e.get("original") for e in events[:-1]] == ["First sentence here. ", SECRET]
     assert events[-1] == {"segments": 2}  # `end` after the flushed segment
-    log = proc.stderr.read() if proc.stderr else ""
     records = [json.loads(line) for line in log.splitlines() if line.startswith("{")]
     assert any(r["msg"] == "request" and r["route"] == "/v1/streams/{stream_id}/chunks"
                for r in records)

@@ -11,10 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import socket
-import subprocess
-import sys
 import threading
 import time
 from collections import deque
@@ -35,6 +32,7 @@ from models.passthrough import PassthroughTranslator
 from service.app import create_app
 from service.errors import BackendUnavailable
 from tests.conftest import Running, make_settings, start_app
+from tests.conftest import served as serve_cli
 from tests.fakes import Call, FakeTranslator
 
 PROBLEM = "application/problem+json"
@@ -979,39 +977,11 @@ async def test_deleting_a_stream_with_translations_in_flight_counts_no_deadline_
 
 # -- over real HTTP, as curl would see it --------------------------------------------------
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @pytest.fixture
 def serve_process() -> Iterator[str]:
     """`python -m service.cli serve` in its own process (uvicorn, default loop)."""
-    port = _free_port()
-    env = {**os.environ, "THINKTRANS_BACKEND": "passthrough",
-           "THINKTRANS_DEFAULT_LOCALE": "zh-CN"}
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "service.cli", "serve", "--port", str(port)],
-        env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-    )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        give_up = time.monotonic() + 30
-        while True:
-            try:
-                if httpx.get(f"{url}/readyz", timeout=1).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            if proc.poll() is not None:
-                raise AssertionError(proc.stdout.read().decode() if proc.stdout else "died")
-            assert time.monotonic() < give_up, "serve did not get ready"
-            time.sleep(0.1)
-        yield url
-    finally:
-        proc.terminate()
-        proc.wait(timeout=10)
+    with serve_cli(THINKTRANS_DEFAULT_LOCALE="zh-CN") as srv:
+        yield srv.url
 
 
 def test_a_stream_over_real_http(serve_process: str) -> None:
