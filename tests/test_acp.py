@@ -19,8 +19,9 @@ from hypothesis import strategies as st
 from service.acp import ThoughtTranslator, default_lane, locale_from_initialize, translate_messages
 from service.client import STREAM_ID, ThinktransClient, safe_stream_id
 from service.locale import canonicalize
+from tests.conftest import Server, served
 from tests.fakes_remote import FakeChat, closed_port_url
-from tests.test_client import RawServer, Sidecar, answer_500, llm_server, never_answer
+from tests.test_client import RawServer, answer_500, llm_server, never_answer
 
 ROOT = Path(__file__).resolve().parent.parent
 TRACE = ROOT / "examples" / "acp_trace.jsonl"
@@ -29,11 +30,10 @@ SESSION = "sess_7f3c2a"
 
 
 @pytest.fixture(scope="module")
-def sidecar() -> Iterator[Sidecar]:
+def sidecar() -> Iterator[Server]:
     """Passthrough, no default locale."""
-    server = Sidecar()
-    yield server
-    server.stop()
+    with served() as server:
+        yield server
 
 
 @pytest.fixture(scope="module")
@@ -45,10 +45,9 @@ def chat() -> Iterator[FakeChat]:
 
 
 @pytest.fixture(scope="module")
-def llm_sidecar(chat: FakeChat) -> Iterator[Sidecar]:
-    server = llm_server(chat)
-    yield server
-    server.stop()
+def llm_sidecar(chat: FakeChat) -> Iterator[Server]:
+    with llm_server(chat) as server:
+        yield server
 
 
 @pytest.fixture
@@ -173,7 +172,7 @@ def test_default_lane() -> None:
 # -- the translator on a real sidecar ------------------------------------------------------
 
 
-async def test_trace_is_translated_in_order(llm_sidecar: Sidecar, fake_chat: FakeChat) -> None:
+async def test_trace_is_translated_in_order(llm_sidecar: Server, fake_chat: FakeChat) -> None:
     trace = load_trace()
     out = await translate_all(llm_sidecar.url, trace, pause_s=0.001)
     assert_order_kept(trace, out)
@@ -192,7 +191,7 @@ async def test_trace_is_translated_in_order(llm_sidecar: Sidecar, fake_chat: Fak
             assert message["params"]["sessionId"] == SESSION
 
 
-async def test_explicit_target_wins(llm_sidecar: Sidecar, fake_chat: FakeChat) -> None:
+async def test_explicit_target_wins(llm_sidecar: Server, fake_chat: FakeChat) -> None:
     out = await translate_all(llm_sidecar.url, load_trace()[:40], target="de")
     metas = thinktrans_meta(out)
     assert metas and {m["target"] for m in metas} == {"de"}
@@ -201,7 +200,7 @@ async def test_explicit_target_wins(llm_sidecar: Sidecar, fake_chat: FakeChat) -
 
 
 @pytest.mark.parametrize("locale", [None, "zh_CN", "xx-invalid-"])
-async def test_no_usable_locale_leaves_it_to_the_user_text(sidecar: Sidecar,
+async def test_no_usable_locale_leaves_it_to_the_user_text(sidecar: Server,
                                                            locale: str | None) -> None:
     trace = load_trace()[:30]
     meta = trace[0]["params"].pop("_meta")
@@ -231,7 +230,7 @@ def other(kind: str, session: str = SESSION, **fields: Any) -> dict[str, Any]:
             "params": {"sessionId": session, "update": {"sessionUpdate": kind, **fields}}}
 
 
-async def test_sub_agent_thoughts_keep_their_own_stream(sidecar: Sidecar) -> None:
+async def test_sub_agent_thoughts_keep_their_own_stream(sidecar: Server) -> None:
     sub_meta = {"claudeCode": {"parentToolUseId": "toolu_9"}}
     main_text = "First I look at the parser. Then I run the tests again."
     sub_text = "Searching the repo for parse calls. Found three of them."
@@ -254,7 +253,7 @@ async def test_sub_agent_thoughts_keep_their_own_stream(sidecar: Sidecar) -> Non
     assert all(u["_meta"]["thinktrans"]["status"] == "translated" for u in main + sub)
 
 
-async def test_sessions_do_not_wait_for_each_other(sidecar: Sidecar) -> None:
+async def test_sessions_do_not_wait_for_each_other(sidecar: Server) -> None:
     sent: list[Any] = []
     changed = asyncio.Event()
 
@@ -320,7 +319,7 @@ async def run_bridge(*args: str) -> asyncio.subprocess.Process:
     )
 
 
-async def test_bridge_on_the_shipped_trace(llm_sidecar: Sidecar, fake_chat: FakeChat) -> None:
+async def test_bridge_on_the_shipped_trace(llm_sidecar: Server, fake_chat: FakeChat) -> None:
     proc = await run_bridge("--url", llm_sidecar.url)
     stdout, stderr = await asyncio.wait_for(proc.communicate(TRACE.read_bytes()), 30)
     assert proc.returncode == 0, stderr.decode()
@@ -334,10 +333,9 @@ async def test_bridge_on_the_shipped_trace(llm_sidecar: Sidecar, fake_chat: Fake
 
 
 async def test_bridge_survives_the_sidecar_dying_mid_stream() -> None:
-    server = Sidecar()
     lines = TRACE.read_text().splitlines()
     first_tool = next(i for i, line in enumerate(lines) if '"tool_call"' in line)
-    try:
+    with served() as server:
         proc = await run_bridge("--url", server.url, "--timeout", "0.5")
         assert proc.stdin is not None and proc.stdout is not None
         proc.stdin.write("\n".join(lines[: first_tool + 1]).encode() + b"\n")
@@ -346,7 +344,7 @@ async def test_bridge_survives_the_sidecar_dying_mid_stream() -> None:
         while not any(update_of(m) and update_of(m)["sessionUpdate"] == "tool_call"  # type: ignore[index]
                       for m in got):
             got.append(json.loads(await asyncio.wait_for(proc.stdout.readline(), 10)))
-        server.kill()
+        server.proc.kill()
         for line in lines[first_tool + 1:]:
             proc.stdin.write(line.encode() + b"\n")
             await proc.stdin.drain()
@@ -354,8 +352,6 @@ async def test_bridge_survives_the_sidecar_dying_mid_stream() -> None:
         proc.stdin.write(b"this line is not JSON\n")
         proc.stdin.close()
         rest, stderr = await asyncio.wait_for(proc.communicate(), 20)
-    finally:
-        server.stop()
     assert proc.returncode == 0, stderr.decode()
     tail = rest.decode().splitlines()
     assert tail[-1] == "this line is not JSON"

@@ -6,12 +6,11 @@ import asyncio
 import json
 import logging
 import os
-import signal
-import socket
 import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +28,7 @@ from service.client import (
     TranslatedSegment,
     safe_stream_id,
 )
+from tests.conftest import Server, served
 from tests.fakes_remote import FakeChat, closed_port_url
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -45,61 +45,11 @@ STATUSES = {"translated", "same_language", "skipped", "deadline", "error", "no_t
 # -- sidecars ------------------------------------------------------------------------------
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-class Sidecar:
-    """`python -m service.cli serve` in its own process on 127.0.0.1."""
-
-    def __init__(self, **env: str) -> None:
-        self.port = free_port()
-        base = {k: v for k, v in os.environ.items() if not k.startswith("THINKTRANS_")}
-        base.update({"THINKTRANS_BACKEND": "passthrough", "THINKTRANS_LOG_LEVEL": "warning",
-                     "PYTHONPATH": str(ROOT)}, **env)
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "service.cli", "serve", "--port", str(self.port)],
-            cwd=ROOT, env=base, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-        )
-        self.url = f"http://127.0.0.1:{self.port}"
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            try:
-                if httpx.get(f"{self.url}/readyz", timeout=1).status_code == 200:
-                    return
-            except httpx.TransportError:
-                pass
-            if self.proc.poll() is not None:
-                out = self.proc.stdout.read().decode() if self.proc.stdout else ""
-                raise AssertionError(f"sidecar died: {out[-2000:]}")
-            time.sleep(0.05)
-        self.stop()
-        raise AssertionError("sidecar did not become ready")
-
-    def kill(self) -> None:
-        """Gone at once, mid-whatever: no graceful shutdown."""
-        self.proc.send_signal(signal.SIGKILL)
-        self.proc.wait(timeout=10)
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.kill()
-        if self.proc.stdout is not None:
-            self.proc.stdout.close()
-
-
 @pytest.fixture(scope="module")
-def sidecar() -> Iterator[Sidecar]:
+def sidecar() -> Iterator[Server]:
     """Passthrough, no default locale: the target is whatever the client resolves."""
-    server = Sidecar()
-    yield server
-    server.stop()
+    with served() as server:
+        yield server
 
 
 @pytest.fixture(scope="module")
@@ -110,9 +60,9 @@ def chat() -> Iterator[FakeChat]:
     server.stop()
 
 
-def llm_server(chat: FakeChat) -> Sidecar:
+def llm_server(chat: FakeChat) -> AbstractContextManager[Server]:
     """The llm backend on FakeChat, which answers "<language name>: <text>": visible."""
-    return Sidecar(
+    return served(
         THINKTRANS_BACKEND="llm", THINKTRANS_LLM_BASE_URL=f"{chat.origin}/v1",
         THINKTRANS_LLM_MODEL="fake-model", THINKTRANS_CHECK_OUTPUT_LANGUAGE="false",
         THINKTRANS_DEADLINE_MS="700",
@@ -120,10 +70,9 @@ def llm_server(chat: FakeChat) -> Sidecar:
 
 
 @pytest.fixture(scope="module")
-def llm_sidecar(chat: FakeChat) -> Iterator[Sidecar]:
-    server = llm_server(chat)
-    yield server
-    server.stop()
+def llm_sidecar(chat: FakeChat) -> Iterator[Server]:
+    with llm_server(chat) as server:
+        yield server
 
 
 @pytest.fixture
@@ -293,7 +242,7 @@ def test_safe_stream_id() -> None:
 # -- one-shot ------------------------------------------------------------------------------
 
 
-async def test_translate_real_server(sidecar: Sidecar) -> None:
+async def test_translate_real_server(sidecar: Server) -> None:
     text = "Hmm, the user said hello. 我们来看看。\n```python\nx = 1\n```\n"
     async with ThinktransClient(sidecar.url) as client:
         [result] = await client.translate([text], target="ZH-cn")
@@ -316,7 +265,7 @@ async def test_translate_falls_back_when_down() -> None:
             await client.translate(["One."], target="de", fallback=False)
 
 
-async def test_translate_error_is_not_an_outage(sidecar: Sidecar) -> None:
+async def test_translate_error_is_not_an_outage(sidecar: Server) -> None:
     """A 422 (bad target) falls back for that call, but the sidecar is not skipped after."""
     async with ThinktransClient(sidecar.url) as client:
         [bad] = await client.translate(["Hello there."], target="zh_CN")
@@ -329,7 +278,7 @@ async def test_translate_error_is_not_an_outage(sidecar: Sidecar) -> None:
 # -- streams against real sidecars ---------------------------------------------------------
 
 
-async def test_stream_translates_in_order(llm_sidecar: Sidecar, fake_chat: FakeChat) -> None:
+async def test_stream_translates_in_order(llm_sidecar: Server, fake_chat: FakeChat) -> None:
     async with ThinktransClient(llm_sidecar.url) as client:
         stream = client.stream("t:order", target="zh-CN")
         items = await run_stream(stream, deltas(THINKING), pause_s=0.001)
@@ -348,7 +297,7 @@ async def test_stream_translates_in_order(llm_sidecar: Sidecar, fake_chat: FakeC
     assert [r for r in fake_chat.requests if r.path.endswith("/chat/completions")]
 
 
-async def test_chunks_are_batched_with_fixed_seqs(sidecar: Sidecar) -> None:
+async def test_chunks_are_batched_with_fixed_seqs(sidecar: Server) -> None:
     transport = Scripted()
     pieces = deltas(THINKING)
     async with ThinktransClient(sidecar.url, transport=transport) as client:
@@ -364,7 +313,7 @@ async def test_chunks_are_batched_with_fixed_seqs(sidecar: Sidecar) -> None:
     assert transport.paths("POST", "/close") and transport.paths("DELETE", "/t:batch")
 
 
-async def test_a_huge_delta_is_posted_in_bounded_requests(sidecar: Sidecar) -> None:
+async def test_a_huge_delta_is_posted_in_bounded_requests(sidecar: Server) -> None:
     transport = Scripted()
     text = "这段思考很长没有句号" * 38_000  # 1.1 MB as UTF-8: over the 1 MiB request limit
     async with ThinktransClient(sidecar.url, transport=transport) as client:
@@ -379,7 +328,7 @@ async def test_a_huge_delta_is_posted_in_bounded_requests(sidecar: Sidecar) -> N
     assert all(len(c["text"]) <= 8192 for body in posts for c in body["chunks"])
 
 
-async def test_target_from_user_text_and_none(sidecar: Sidecar) -> None:
+async def test_target_from_user_text_and_none(sidecar: Server) -> None:
     async with ThinktransClient(sidecar.url) as client:
         guessed = client.stream("t:user", user_text="Pourquoi le test échoue-t-il sur la CI ?")
         items = await run_stream(guessed, ["Let me check ", "the logs."])
@@ -390,7 +339,7 @@ async def test_target_from_user_text_and_none(sidecar: Sidecar) -> None:
     assert none.target is None and [s.status for s in segments(bare)] == ["no_target"]
 
 
-async def test_late_update_follows_deadline(llm_sidecar: Sidecar, fake_chat: FakeChat) -> None:
+async def test_late_update_follows_deadline(llm_sidecar: Server, fake_chat: FakeChat) -> None:
     fake_chat.slow_s = 1.2
     fake_chat.script.append("timeout")  # one answer past the server's 700 ms deadline
     async with ThinktransClient(llm_sidecar.url) as client:
@@ -460,8 +409,7 @@ async def test_500_sidecar_passes_originals_through() -> None:
 @pytest.mark.parametrize("how", ["kill", "terminate"])
 async def test_sidecar_killed_mid_stream(how: str) -> None:
     """SIGKILL (a crash) or SIGTERM (a deploy: the sidecar closes its streams and exits)."""
-    server = Sidecar()
-    try:
+    with served() as server:
         async with ThinktransClient(server.url, timeout_s=0.5) as client:
             stream = client.stream("t:killed", target="de")
             pieces = deltas(THINKING)
@@ -480,7 +428,7 @@ async def test_sidecar_killed_mid_stream(how: str) -> None:
             while not got:  # the first sentences are back: the stream is well under way
                 await asyncio.sleep(0.01)
             if how == "kill":
-                server.kill()
+                server.proc.kill()
             else:
                 server.proc.terminate()
             for piece in pieces[half:]:
@@ -489,8 +437,6 @@ async def test_sidecar_killed_mid_stream(how: str) -> None:
             await stream.close()
             await asyncio.wait_for(reader_done.wait(), 5)
             await reader
-    finally:
-        server.stop()
     segs = assert_complete(got, THINKING)
     statuses = [s.status for s in segs]
     assert statuses[0] == "translated" and statuses[-1] == "error"
@@ -498,7 +444,7 @@ async def test_sidecar_killed_mid_stream(how: str) -> None:
     assert set(statuses[first_error:]) == {"error"}  # never a server segment after fallback
 
 
-async def test_stream_ended_by_the_sidecar(sidecar: Sidecar) -> None:
+async def test_stream_ended_by_the_sidecar(sidecar: Server) -> None:
     """A draining sidecar closes open streams itself: the rest passes through, no busy loop."""
     transport = Scripted()
     async with ThinktransClient(sidecar.url, transport=transport) as client:
@@ -525,7 +471,7 @@ async def test_stream_ended_by_the_sidecar(sidecar: Sidecar) -> None:
     assert [s.status for s in segments(got)] == ["translated", "translated", "error"]
 
 
-async def test_lost_answer_is_retried_with_the_same_seq(sidecar: Sidecar) -> None:
+async def test_lost_answer_is_retried_with_the_same_seq(sidecar: Server) -> None:
     """The server took the chunks but the answer was lost: re-posting them is harmless."""
     lost: list[int] = []
 
@@ -548,7 +494,7 @@ async def test_lost_answer_is_retried_with_the_same_seq(sidecar: Sidecar) -> Non
     assert transport.bodies[posts[0]] == transport.bodies[posts[1]]  # same seqs, same text
 
 
-async def test_full_queue_503_is_retried(sidecar: Sidecar) -> None:
+async def test_full_queue_503_is_retried(sidecar: Server) -> None:
     def hook(request: httpx.Request, n: int) -> httpx.Response | None:
         if request.url.path.endswith("/chunks") and n < 4:
             return httpx.Response(503, headers={"Retry-After": "0"},
@@ -564,7 +510,7 @@ async def test_full_queue_503_is_retried(sidecar: Sidecar) -> None:
     assert len(transport.paths("POST", "/chunks")) >= 2
 
 
-async def test_shutting_down_503_falls_back_at_once(sidecar: Sidecar) -> None:
+async def test_shutting_down_503_falls_back_at_once(sidecar: Server) -> None:
     """A draining sidecar asks for 5 s; the thoughts do not wait that long."""
 
     def hook(request: httpx.Request, n: int) -> httpx.Response | None:
@@ -583,7 +529,7 @@ async def test_shutting_down_503_falls_back_at_once(sidecar: Sidecar) -> None:
     assert stream.failure is not None and "503" in stream.failure
 
 
-async def test_stall_budget(sidecar: Sidecar) -> None:
+async def test_stall_budget(sidecar: Server) -> None:
     """The sidecar answers every poll, but never with a result: the budget ends the wait."""
 
     def hook(request: httpx.Request, n: int) -> httpx.Response | None:
@@ -632,7 +578,7 @@ async def test_token_is_sent() -> None:
     assert seen == ["Bearer s3cret"]
 
 
-async def test_logs_hold_no_thinking_text(sidecar: Sidecar, caplog: pytest.LogCaptureFixture
+async def test_logs_hold_no_thinking_text(sidecar: Server, caplog: pytest.LogCaptureFixture
                                           ) -> None:
     caplog.set_level(logging.DEBUG)
     async with ThinktransClient(sidecar.url) as client:
@@ -690,7 +636,7 @@ def faulty(fault: str, after: int) -> Scripted:
     after=st.integers(0, 8),
     pause=st.sampled_from([0.0, 0.003]),
 )
-def test_originals_join_back_whatever_fails(sidecar: Sidecar, text: str, sizes: list[int],
+def test_originals_join_back_whatever_fails(sidecar: Server, text: str, sizes: list[int],
                                             fault: str, after: int, pause: float) -> None:
     async def scenario() -> tuple[list[StreamItem], str | None]:
         async with ThinktransClient(sidecar.url, transport=faulty(fault, after),
