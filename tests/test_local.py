@@ -594,12 +594,11 @@ async def test_the_service_on_a_test_checkpoint(models: dict[str, Path]) -> None
         assert (await app.client.get("/readyz")).status_code == 200
         long_text = " ".join(TEXTS)
 
-        async def one(i: int) -> dict[str, Any]:
-            r = await app.client.post("/v1/translate", json={
-                "target": "zh-CN", "texts": [f"{long_text} Number {i}."]})
+        async def one(client: Any, text: str) -> dict[str, Any]:
+            r = await client.post("/v1/translate", json={"target": "zh-CN", "texts": [text]})
             return dict(r.json()["results"][0]["segments"][0])
 
-        work = asyncio.gather(*(one(i) for i in range(48)))
+        work = asyncio.gather(*(one(app.client, f"{long_text} Number {i}.") for i in range(48)))
         await asyncio.sleep(0.05)  # a batch is running now
         began = time.perf_counter()
         health = await app.client.get("/healthz")
