@@ -52,7 +52,7 @@ class Translator(ABC):
     # Whether the vendor bills the characters sent (counted in metrics and /v1/backends).
     billed: ClassVar[bool] = False
     # Whether outputs are checked to be in the target language (passthrough's are not).
-    check_output_language: ClassVar[bool] = True
+    check_output_language: bool = True
 
     def __init__(self) -> None:
         self.ready = True
