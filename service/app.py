@@ -324,6 +324,16 @@ def create_app(
             },
         }
 
+    @v1.get("/limits")
+    async def limits() -> dict[str, Any]:
+        """The size and count limits this instance enforces, so clients can stay inside."""
+        names = ("max_request_bytes", "max_texts", "max_text_chars", "max_segment_chars",
+                 "max_chunk_chars", "max_chunks_per_request", "max_gap",
+                 "max_stream_buffer_chars", "max_streams", "max_events_retained",
+                 "max_queue_size", "max_wait_poll_ms", "deadline_ms", "flush_idle_ms",
+                 "stream_idle_expire_s")
+        return {name: getattr(settings, name) for name in names}
+
     @v1.get("/backends")
     async def backends_route(request: Request) -> dict[str, Any]:
         """Configured backends, the default chain, readiness and queue depth."""
