@@ -285,72 +285,7 @@ def create_app(
                 )
             check_encodable(text, f"texts[{i}]")
 
-    @v1.post("/translate", response_model=TranslateResponse)
-    async def translate(body: TranslateRequest, request: Request) -> dict[str, Any]:
-        """Translate whole texts; segments not in the target language go to the backend."""
-        check_texts(body.texts)
-        pipeline = pipeline_of(request)
-        resolved = resolve_target(
-            body.target, user_text=None, default_locale=settings.default_locale,
-            allowed=settings.allowed_locales, detect=lambda t: pipeline.detect(t).lang,
-        )
-        results = await pipeline.translate_texts(
-            body.texts, target=resolved.target, source=body.source, backend=body.backend
-        )
-        return {"results": results}
-
-    @v1.post("/detect", response_model=DetectResponse)
-    async def detect(body: DetectRequest, request: Request) -> dict[str, Any]:
-        """Detect each text's language."""
-        check_texts(body.texts)
-        pipeline = pipeline_of(request)
-        out = []
-        for text in body.texts:
-            det = pipeline.detect(text)
-            out.append({"lang": det.lang, "confidence": det.confidence, "reliable": det.reliable})
-        return {"results": out}
-
-    @v1.get("/languages")
-    async def languages(request: Request) -> dict[str, Any]:
-        """Supported targets per backend, the default target and the allowed ones."""
-        pipeline = pipeline_of(request)
-        return {
-            "default_target": settings.default_locale,
-            "allowed_locales": settings.allowed_locales or None,
-            "backends": {
-                name: {"ready": t.ready, "targets": t.languages() if t.ready else None,
-                       **({} if t.ready else {"reason": t.reason})}
-                for name, t in pipeline.backends.items()
-            },
-        }
-
-    @v1.get("/limits")
-    async def limits() -> dict[str, Any]:
-        """The size and count limits this instance enforces, so clients can stay inside."""
-        names = ("max_request_bytes", "max_texts", "max_text_chars", "max_segment_chars",
-                 "max_chunk_chars", "max_chunks_per_request", "max_gap",
-                 "max_stream_buffer_chars", "max_streams", "max_events_retained",
-                 "max_queue_size", "max_wait_poll_ms", "deadline_ms", "flush_idle_ms",
-                 "stream_idle_expire_s")
-        return {name: getattr(settings, name) for name in names}
-
-    @v1.get("/backends")
-    async def backends_route(request: Request) -> dict[str, Any]:
-        """Configured backends, the default chain, readiness and queue depth."""
-        pipeline = pipeline_of(request)
-        return {
-            "chain": settings.backend,
-            "backends": [
-                {"name": name, "ready": t.ready,
-                 "reason": t.reason or pipeline.batchers[name].breaker_reason,
-                 "in_chain": name in settings.backend,
-                 "queue_depth": pipeline.batchers[name].queue_size, "info": t.info()}
-                for name, t in pipeline.backends.items()
-            ],
-        }
-
-
-    # -- streams ---------------------------------------------------------------------------
+    # -- streams (first: the chunk route is the hot path, and routes match in order) ----
 
     def streams_of(request: Request) -> StreamManager:
         manager: StreamManager = request.app.state.streams
@@ -437,6 +372,73 @@ def create_app(
         wait_s = min(wait_ms, settings.max_wait_poll_ms) / 1000.0
         events = await stream.wait_events(after, wait_s)
         return {"events": [e.as_json() for e in events]}
+
+    # -- one-shot ----------------------------------------------------------------------------
+
+    @v1.post("/translate", response_model=TranslateResponse)
+    async def translate(body: TranslateRequest, request: Request) -> dict[str, Any]:
+        """Translate whole texts; segments not in the target language go to the backend."""
+        check_texts(body.texts)
+        pipeline = pipeline_of(request)
+        resolved = resolve_target(
+            body.target, user_text=None, default_locale=settings.default_locale,
+            allowed=settings.allowed_locales, detect=lambda t: pipeline.detect(t).lang,
+        )
+        results = await pipeline.translate_texts(
+            body.texts, target=resolved.target, source=body.source, backend=body.backend
+        )
+        return {"results": results}
+
+    @v1.post("/detect", response_model=DetectResponse)
+    async def detect(body: DetectRequest, request: Request) -> dict[str, Any]:
+        """Detect each text's language."""
+        check_texts(body.texts)
+        pipeline = pipeline_of(request)
+        out = []
+        for text in body.texts:
+            det = pipeline.detect(text)
+            out.append({"lang": det.lang, "confidence": det.confidence, "reliable": det.reliable})
+        return {"results": out}
+
+    @v1.get("/languages")
+    async def languages(request: Request) -> dict[str, Any]:
+        """Supported targets per backend, the default target and the allowed ones."""
+        pipeline = pipeline_of(request)
+        return {
+            "default_target": settings.default_locale,
+            "allowed_locales": settings.allowed_locales or None,
+            "backends": {
+                name: {"ready": t.ready, "targets": t.languages() if t.ready else None,
+                       **({} if t.ready else {"reason": t.reason})}
+                for name, t in pipeline.backends.items()
+            },
+        }
+
+    @v1.get("/limits")
+    async def limits() -> dict[str, Any]:
+        """The size and count limits this instance enforces, so clients can stay inside."""
+        names = ("max_request_bytes", "max_texts", "max_text_chars", "max_segment_chars",
+                 "max_chunk_chars", "max_chunks_per_request", "max_gap",
+                 "max_stream_buffer_chars", "max_streams", "max_events_retained",
+                 "max_queue_size", "max_wait_poll_ms", "deadline_ms", "flush_idle_ms",
+                 "stream_idle_expire_s")
+        return {name: getattr(settings, name) for name in names}
+
+    @v1.get("/backends")
+    async def backends_route(request: Request) -> dict[str, Any]:
+        """Configured backends, the default chain, readiness and queue depth."""
+        pipeline = pipeline_of(request)
+        return {
+            "chain": settings.backend,
+            "backends": [
+                {"name": name, "ready": t.ready,
+                 "reason": t.reason or pipeline.batchers[name].breaker_reason,
+                 "in_chain": name in settings.backend,
+                 "queue_depth": pipeline.batchers[name].queue_size, "info": t.info()}
+                for name, t in pipeline.backends.items()
+            ],
+        }
+
 
     app.include_router(v1)
 
