@@ -307,6 +307,9 @@ class LocalTranslator(Translator):
         loop = asyncio.get_running_loop()
         self._load_future = loop.run_in_executor(self._executor, self._load)
 
+    async def settled(self) -> None:
+        await self.wait_ready()
+
     async def wait_ready(self, timeout_s: float | None = None) -> bool:
         """Wait until loading has finished (or failed); return ``ready``."""
         if self._load_future is None:
@@ -654,6 +657,11 @@ class LocalTranslator(Translator):
         except (OSError, ValueError) as exc:  # weights missing or not a seq2seq model
             raise _LoadError(_not_found_reason(spec.model_id, exc)) from exc
         model = model.to(self.device).eval()
+        if getattr(config, "thinktrans_test_checkpoint", False):
+            # `thinktrans make-test-model` output: random weights, text in no language.
+            self.check_output_language = False
+            log.warning("local: %r is a random-weight test checkpoint; its output is noise",
+                        spec.model_id)
         slot = _Slot(
             model_id=spec.model_id,
             family=family,

@@ -308,8 +308,11 @@ class Batcher:
             self.metrics.batch_seconds.labels(self.name).observe(elapsed)
             if self.translator.billed:
                 self.metrics.billed_chars.labels(self.name).inc(sum(map(len, texts)))
-            log.debug("batch backend=%s size=%d chars=%d ms=%.1f", self.name, len(live),
-                      sum(map(len, texts)), elapsed * 1000)
+            log.info("batch", extra={
+                "backend": self.name, "size": len(live), "chars": sum(map(len, texts)),
+                "ms": round(elapsed * 1000, 2), "source": source, "target": target,
+                "queued_ms": round((started - live[0].enqueued) * 1000, 2),
+            })
             for item, out in zip(live, outputs, strict=True):
                 queued_ms = (started - item.enqueued) * 1000.0
                 if not item.future.done():
@@ -319,6 +322,8 @@ class Batcher:
 
     def _fail_all(self, items: Sequence[_Item], exc: BackendError) -> None:
         self.metrics.backend_errors.labels(self.name, exc.slug).inc()
+        log.warning("batch failed", extra={"backend": self.name, "size": len(items),
+                                           "error": exc.slug})
         self._record(ok=False)
         for item in items:
             _fail(item, exc)

@@ -85,15 +85,22 @@ class Segmenter:
                 return out
             out.append(piece)
 
-    def flush(self) -> list[Piece]:
-        """Return everything pending as segments (at idle, size bound or close)."""
-        out = self.feed("")  # nothing new; complete pieces were already taken
-        if self._buf:
-            kind: Kind = "code" if self._fence is not None else _kind_of(self._buf)
-            out.append(Piece(self._buf, kind))
-            self._buf = ""
+    def flush(self, *, final: bool = True) -> list[Piece]:
+        """Return everything pending as segments.
+
+        ``final=False`` (a stream gone idle) keeps an open code fence open, so that the
+        rest of the code block that arrives later is still code, not prose.
+        """
+        if not self._buf:
+            return []
+        kind: Kind = "code" if self._fence is not None else _kind_of(self._buf)
+        out = [Piece(self._buf, kind)]
+        self._buf = ""
+        self._scan_from = 0
+        if final:
             self._fence = None
-            self._scan_from = 0
+        elif self._fence is not None:
+            self._body_start = 0
         return out
 
     def _take(self, end: int, kind: Kind) -> Piece:

@@ -135,6 +135,10 @@ class Settings(BaseSettings):
     max_events_retained: int = Field(
         4096, ge=16, description="Events kept per stream for SSE resume and long-poll."
     )
+    shutdown_grace_s: float = Field(
+        10.0, ge=0, le=600,
+        description="On shutdown, open streams are flushed and given this long to finish.",
+    )
     max_wait_poll_ms: int = Field(30_000, ge=0, description="Longest a long-poll read waits.")
 
     # -- local backend ---------------------------------------------------------------------
@@ -246,6 +250,23 @@ class Settings(BaseSettings):
     ) -> tuple[PydanticBaseSettingsSource, ...]:
         # The variable wins: environment first, then what the YAML file (init) gave.
         return env_settings, init_settings
+
+    def with_flags(self, *, backend: str | None = None, host: str | None = None,
+                   port: int | None = None) -> Settings:
+        """Command-line flags win over variables and the file; checked like them."""
+        update: dict[str, Any] = {}
+        if backend is not None:
+            try:
+                update["backend"] = self._chain(_split_commas(backend))
+            except ValueError as exc:
+                raise ConfigError(f"invalid --backend {backend!r}: {exc}") from None
+        if host is not None:
+            update["host"] = host
+        if port is not None:
+            if not 1 <= port <= 65535:
+                raise ConfigError(f"invalid --port {port}: must be 1..65535")
+            update["port"] = port
+        return self.model_copy(update=update)
 
     def all_backends(self) -> list[str]:
         """Every backend this service builds: the chain, the extras, and passthrough."""

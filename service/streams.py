@@ -37,6 +37,7 @@ from service.segmenter import Piece, Segmenter, is_translatable
 from service.settings import Settings
 
 log = logging.getLogger("thinktrans.streams")
+_QUEUE_RETRY_S = 0.02
 
 
 class TooManyStreams(ThinktransError):
@@ -63,6 +64,7 @@ class _Segment:
     ready_at: float
     task: asyncio.Task[Translation] | None = None
     timer: asyncio.TimerHandle | None = None
+    retry: asyncio.TimerHandle | None = None  # waiting for room in a full queue
     emitted: bool = False
     late: bool = False  # emitted as `deadline`; an update is owed
 
@@ -99,6 +101,7 @@ class Stream:
     recent_lang: str | None = None
     closed: bool = False
     ended: bool = False
+    dropped: bool = False
     events: deque[Event] = field(default_factory=deque)
     next_event_id: int = 0
     idle_timer: asyncio.TimerHandle | None = None
@@ -108,10 +111,25 @@ class Stream:
 
     def add_chunks(self, chunks: Sequence[tuple[int, str]]) -> int:
         """Accept chunks by seq; return the highest seq accepted without a gap."""
-        settings = self.manager.settings
         if self.closed:
             raise Conflict(f"stream {self.stream_id!r} is closed; open a new stream")
         self.manager.check_capacity(self)
+        try:
+            self._add_chunks(chunks)
+        except ThinktransError as exc:
+            # Chunks before the refused one stay accepted: say how far, so the client
+            # resends from there.
+            exc.extra.setdefault("accepted_through", self.next_seq - 1)
+            raise
+        finally:
+            # Even when a later chunk of the request is refused, the ones accepted
+            # before it are in: they must be flushed when the stream goes idle.
+            self.touch()
+            self._arm_idle_flush()
+        return self.next_seq - 1
+
+    def _add_chunks(self, chunks: Sequence[tuple[int, str]]) -> None:
+        settings = self.manager.settings
         for seq, text in chunks:
             if seq < self.next_seq:
                 if self.digests[seq] != hash(text):
@@ -141,9 +159,6 @@ class Stream:
                 held = self.held.pop(self.next_seq)
                 self.held_chars -= len(held)
                 self._accept(held)
-        self.touch()
-        self._arm_idle_flush()
-        return self.next_seq - 1
 
     def _check_buffer(self, extra: int) -> None:
         limit = self.manager.settings.max_stream_buffer_chars
@@ -178,22 +193,32 @@ class Stream:
         seg = _Segment(len(self.segments), piece, decision, time.monotonic())
         self.segments.append(seg)
         if decision.status is None:
-            assert self.target is not None
-            try:
-                seg.task = pipeline.submit(piece.text.strip(), decision.send_source,
-                                           self.target, self.chain)
-            except Overloaded as exc:
-                seg.task = _failed_task(exc)
-            seg.task.add_done_callback(functools.partial(self._on_task_done, seg))
-            loop = asyncio.get_running_loop()
-            deadline = seg.ready_at + self.manager.settings.deadline_ms / 1000.0
-            seg.timer = loop.call_at(loop.time() + (deadline - time.monotonic()),
-                                     self._on_deadline, seg)
+            self._submit(seg)
+            self._arm_deadline(seg)
         self._advance()
 
-    def flush(self) -> None:
-        """Make whatever text is pending a segment (idle, or close)."""
-        for piece in self.segmenter.flush():
+    def _submit(self, seg: _Segment) -> None:
+        """Queue a segment's translation; while the queue is full, try again shortly.
+
+        The chunk that carried it is already accepted, so the segment is never dropped:
+        past its deadline it goes out as `deadline` and its update follows.
+        """
+        seg.retry = None
+        if self.ended:
+            return
+        assert self.target is not None
+        try:
+            seg.task = self.manager.pipeline.submit(
+                seg.piece.text.strip(), seg.decision.send_source, self.target, self.chain)
+        except Overloaded:
+            seg.retry = asyncio.get_running_loop().call_later(
+                _QUEUE_RETRY_S, self._submit, seg)
+            return
+        seg.task.add_done_callback(functools.partial(self._on_task_done, seg))
+
+    def flush(self, *, final: bool = True) -> None:
+        """Make whatever text is pending a segment (idle: ``final=False``, or close)."""
+        for piece in self.segmenter.flush(final=final):
             self._add_segment(piece)
 
     def _arm_idle_flush(self) -> None:
@@ -210,12 +235,14 @@ class Stream:
         if quiet + 0.001 < idle_s:
             self.idle_timer = asyncio.get_running_loop().call_later(idle_s - quiet, self._on_idle)
             return
-        self.flush()
+        self.flush(final=False)
 
     def _on_task_done(self, seg: _Segment, _task: asyncio.Task[Translation]) -> None:
         self._on_done(seg)
 
     def _on_done(self, seg: _Segment) -> None:
+        if self.dropped:
+            return
         if seg.timer is not None:
             seg.timer.cancel()
             seg.timer = None
@@ -226,10 +253,22 @@ class Stream:
 
     def _on_deadline(self, seg: _Segment) -> None:
         seg.timer = None
+        if self.dropped:
+            return
+        if not self._resolvable(seg):
+            # The loop's clock and ours may differ by a hair: re-arm for what is left.
+            self._arm_deadline(seg)
+            return
         self._advance()
 
+    def _arm_deadline(self, seg: _Segment) -> None:
+        loop = asyncio.get_running_loop()
+        deadline = seg.ready_at + self.manager.settings.deadline_ms / 1000.0
+        seg.timer = loop.call_at(loop.time() + max(0.0, deadline - time.monotonic()),
+                                 self._on_deadline, seg)
+
     def _resolvable(self, seg: _Segment) -> bool:
-        if seg.decision.status is not None or seg.task is None or seg.task.done():
+        if seg.decision.status is not None or (seg.task is not None and seg.task.done()):
             return True
         deadline = seg.ready_at + self.manager.settings.deadline_ms / 1000.0
         return time.monotonic() >= deadline - 0.0005
@@ -275,6 +314,7 @@ class Stream:
                 and self.owed_updates == 0):
             self.ended = True
             self._publish("end", {"segments": len(self.segments)})
+            self.manager._gauge()
 
     # -- events --------------------------------------------------------------------------
 
@@ -331,25 +371,20 @@ class Stream:
         return len(self.segments)
 
     def drop(self) -> None:
-        """Cancel timers and work; wake readers."""
+        """Cancel timers and work; wake readers. Nothing is emitted after this."""
+        self.dropped = True
         if self.idle_timer is not None:
             self.idle_timer.cancel()
-        for seg in self.segments[self.head:]:
-            if seg.timer is not None:
-                seg.timer.cancel()
+        for seg in self.segments:
+            for handle in (seg.timer, seg.retry):
+                if handle is not None:
+                    handle.cancel()
         for seg in self.segments:
             if seg.task is not None and not seg.task.done():
                 seg.task.cancel()
         self.ended = True
         if self._changed is not None and not self._changed.done():
             self._changed.set_result(None)
-
-
-def _failed_task(exc: BaseException) -> asyncio.Task[Translation]:
-    async def fail() -> Translation:
-        raise BackendError(getattr(exc, "detail", str(exc)))
-
-    return asyncio.create_task(fail())
 
 
 class StreamManager:
@@ -360,6 +395,7 @@ class StreamManager:
         self.pipeline = pipeline
         self.streams: dict[str, Stream] = {}
         self._sweeper: asyncio.Task[None] | None = None
+        self.draining = False
 
     async def start(self) -> None:
         self._sweeper = asyncio.create_task(self._sweep(), name="streams:sweeper")
@@ -376,8 +412,12 @@ class StreamManager:
         self.streams.clear()
         self._gauge()
 
+    def active(self) -> int:
+        """Streams not yet ended; an ended one is kept only for late readers."""
+        return sum(1 for s in self.streams.values() if not s.ended)
+
     def _gauge(self) -> None:
-        self.pipeline.metrics.open_streams.set(len(self.streams))
+        self.pipeline.metrics.open_streams.set(self.active())
 
     async def _sweep(self) -> None:
         interval = min(1.0, self.settings.stream_idle_expire_s / 4)
@@ -390,10 +430,26 @@ class StreamManager:
         cutoff = time.monotonic() - self.settings.stream_idle_expire_s
         stale = [s for s in self.streams.values() if s.last_activity < cutoff]
         for stream in stale:
-            log.info("stream expired id_len=%d segments=%d", len(stream.stream_id),
-                     len(stream.segments))
+            log.info("stream expired", extra={"stream": stream.stream_id,
+                                              "segments": len(stream.segments)})
             self.delete(stream.stream_id)
         return len(stale)
+
+    async def drain(self, grace_s: float) -> None:
+        """Shutdown: refuse new streams, close open ones (flushing their text), and give
+        their translations ``grace_s`` to come out; then drop what is left."""
+        self.draining = True
+        for stream in list(self.streams.values()):
+            if not stream.closed:
+                stream.held.clear()  # a gap that was never filled cannot be flushed
+                stream.held_chars = 0
+                stream.close()
+        until = time.monotonic() + grace_s
+        while time.monotonic() < until and not all(s.ended for s in self.streams.values()):
+            await asyncio.sleep(0.05)
+        for stream in self.streams.values():
+            stream.drop()
+        log.info("streams drained", extra={"streams": len(self.streams)})
 
     def open(self, stream_id: str, resolved: ResolvedTarget, backend: str | None) -> tuple[
             Stream, bool]:
@@ -407,9 +463,13 @@ class StreamManager:
                 )
             existing.touch()
             return existing, False
-        if len(self.streams) >= self.settings.max_streams:
+        if self.draining:
+            raise Overloaded("the service is shutting down; open the stream on another "
+                             "instance", retry_after_s=5)
+        active = self.active()
+        if active >= self.settings.max_streams:
             raise TooManyStreams(
-                f"{len(self.streams)} streams are open (THINKTRANS_MAX_STREAMS="
+                f"{active} streams are open (THINKTRANS_MAX_STREAMS="
                 f"{self.settings.max_streams}); close finished streams or retry later"
             )
         chain = self.pipeline.chain_for(backend)

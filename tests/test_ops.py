@@ -1,0 +1,76 @@
+"""Operations: graceful shutdown, JSON logs without thinking text, liveness vs readiness."""
+
+from __future__ import annotations
+
+import json
+import signal
+import threading
+import time
+
+import httpx
+
+from models.passthrough import PassthroughTranslator
+from tests.conftest import make_settings, served, start_app
+from tests.fakes import FakeTranslator
+
+SECRET = "The secret plan is to add seven and nine"
+
+
+def test_shutdown_flushes_open_streams_and_logs_no_text() -> None:
+    with served(THINKTRANS_DEFAULT_LOCALE="zh-CN", THINKTRANS_FLUSH_IDLE_MS="60000") as srv:
+        url, proc = srv.url, srv.proc
+        assert httpx.post(f"{url}/v1/streams", json={"stream_id": "d1"}).status_code == 201
+        text = f"First sentence here. {SECRET}"  # the second part has no sentence end
+        r = httpx.post(f"{url}/v1/streams/d1/chunks",
+                       json={"chunks": [{"seq": 0, "text": text}]})
+        assert r.json() == {"accepted_through": 0}
+        lines: list[str] = []
+
+        def read() -> None:
+            with httpx.stream("GET", f"{url}/v1/streams/d1/events", timeout=30,
+                              headers={"Accept": "text/event-stream"}) as resp:
+                lines.extend(line for line in resp.iter_lines() if line.startswith("data: "))
+
+        reader = threading.Thread(target=read)
+        reader.start()
+        time.sleep(0.5)  # the first segment is out; the rest waits for idle or close
+        proc.send_signal(signal.SIGTERM)
+        reader.join(20)
+        proc.wait(20)
+        log = srv.log()
+    events = [json.loads(line[6:]) for line in lines]
+    assert [e.get("original") for e in events[:-1]] == ["First sentence here. ", SECRET]
+    assert events[-1] == {"segments": 2}  # `end` after the flushed segment
+    records = [json.loads(line) for line in log.splitlines() if line.startswith("{")]
+    assert any(r["msg"] == "request" and r["route"] == "/v1/streams/{stream_id}/chunks"
+               for r in records)
+    assert any(r["msg"] == "batch" and r["backend"] == "passthrough" for r in records)
+    assert any(r["msg"] == "streams drained" for r in records)
+    assert "secret plan" not in log
+
+
+def test_new_streams_are_refused_while_draining() -> None:
+    async def scenario() -> None:
+        async for running in start_app(make_settings(shutdown_grace_s=0.2)):
+            await running.app.state.streams.drain(0.2)
+            r = await running.client.post("/v1/streams", json={"stream_id": "late"})
+            assert r.status_code == 503
+            assert r.headers["Retry-After"]
+            assert r.headers["content-type"] == "application/problem+json"
+
+    import asyncio
+
+    asyncio.run(scenario())
+
+
+async def test_liveness_is_not_readiness() -> None:
+    loading = FakeTranslator(name_="fake")
+    loading.ready, loading.reason = False, "loading model 'x'"
+    backends = {"fake": loading, "passthrough": PassthroughTranslator()}
+    async for running in start_app(make_settings(backend="fake"), backends):
+        assert (await running.client.get("/healthz")).status_code == 200
+        ready = await running.client.get("/readyz")
+        assert ready.status_code == 503
+        assert ready.json()["backends"]["fake"]["reason"] == "loading model 'x'"
+        loading.ready, loading.reason = True, None
+        assert (await running.client.get("/readyz")).status_code == 200
