@@ -131,6 +131,8 @@ async def stream_part(client: httpx.AsyncClient, stream_id: str, deltas: list[st
         await asyncio.wait_for(reader, timeout=120.0)
     finally:
         reader.cancel()
+    # Read to the end: drop it now rather than let it count against max_streams until it expires.
+    await client.delete(f"/v1/streams/{stream_id}")
     whole = "".join(originals[i] for i in sorted(originals)) == "".join(deltas)
     if not whole or sorted(originals) != list(range(len(originals))):
         print(f"  !! {stream_id}: the segments do not give back the deltas", file=sys.stderr)
