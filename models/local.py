@@ -30,6 +30,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+import os
 import re
 import time
 from collections.abc import Callable, Sequence
@@ -217,6 +218,14 @@ def _short(exc: BaseException) -> str:
 def _not_found_reason(model_id: str, exc: BaseException) -> str:
     looks_local = model_id.startswith(("/", "./", "../", "~")) or Path(model_id).exists()
     path = Path(model_id).expanduser()
+    unreadable = sorted(p.name for p in path.iterdir()
+                        if p.is_file() and not os.access(p, os.R_OK)) if path.is_dir() else []
+    if unreadable:
+        # save_pretrained writes model.safetensors as 0600; a non-root container cannot read it
+        return (
+            f"cannot read {', '.join(unreadable)} in {model_id!r} as uid {os.getuid()}: make "
+            f"the checkpoint readable (chmod -R a+rX {model_id})"
+        )
     if looks_local and not path.exists():
         return (
             f"model directory {model_id!r} does not exist: set THINKTRANS_LOCAL_MODEL to a "

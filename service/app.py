@@ -451,22 +451,34 @@ def create_app(
 
     @app.get("/readyz", tags=["health"])
     async def readyz(request: Request) -> JSONResponse:
-        """Ready: every backend of the default chain is loaded and reachable."""
+        """Ready when the default chain can serve: at least one of its backends is ready.
+
+        ``status`` is ``ready`` (all of them), ``degraded`` (some: the chain falls through)
+        or ``not_ready`` (none; 503), with each backend's reason.
+        """
         pipeline: Pipeline | None = getattr(request.app.state, "pipeline", None)
         if pipeline is None:
             return JSONResponse({"status": "starting", "backends": {}}, status_code=503)
+        states = _backend_states(pipeline)
+        chain = [states[name]["ready"] for name in settings.backend]
+        status = "ready" if all(chain) else "degraded" if any(chain) else "not_ready"
+        return JSONResponse({"status": status, "backends": states},
+                            status_code=503 if status == "not_ready" else 200)
+
+    def _backend_states(pipeline: Pipeline) -> dict[str, dict[str, Any]]:
         states = {}
         for name in settings.backend:
             t = pipeline.backends[name]
             metrics.backend_ready.labels(name).set(1 if t.ready else 0)
             states[name] = {"ready": t.ready, "reason": t.reason}
-        ready = all(s["ready"] for s in states.values())
-        return JSONResponse({"status": "ready" if ready else "not_ready", "backends": states},
-                            status_code=200 if ready else 503)
+        return states
 
     @app.get("/metrics", tags=["health"])
-    async def metrics_route() -> Response:
+    async def metrics_route(request: Request) -> Response:
         """Prometheus text format."""
+        pipeline: Pipeline | None = getattr(request.app.state, "pipeline", None)
+        if pipeline is not None:
+            _backend_states(pipeline)  # thinktrans_backend_ready, current at each scrape
         return Response(metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
 
     return app

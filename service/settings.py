@@ -198,6 +198,15 @@ class Settings(BaseSettings):
     def _lists(cls, value: Any) -> Any:
         return _split_commas(value)
 
+    @field_validator("port", mode="before")
+    @classmethod
+    def _port(cls, value: Any) -> Any:
+        if isinstance(value, str) and value.startswith("tcp://"):
+            # Kubernetes' service links set THINKTRANS_PORT for a Service named thinktrans.
+            raise ValueError("looks like a Kubernetes service link; set enableServiceLinks: "
+                             "false in the pod spec, or name the Service otherwise")
+        return value
+
     @field_validator("default_locale")
     @classmethod
     def _default_locale(cls, value: str | None) -> str | None:

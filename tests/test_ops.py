@@ -74,3 +74,16 @@ async def test_liveness_is_not_readiness() -> None:
         assert ready.json()["backends"]["fake"]["reason"] == "loading model 'x'"
         loading.ready, loading.reason = True, None
         assert (await running.client.get("/readyz")).status_code == 200
+
+
+async def test_a_chain_with_one_backend_down_is_degraded_but_ready() -> None:
+    down = FakeTranslator(name_="fake")
+    down.ready, down.reason = False, "quota exceeded"
+    backends = {"fake": down, "passthrough": PassthroughTranslator()}
+    async for running in start_app(make_settings(backend="fake,passthrough"), backends):
+        ready = await running.client.get("/readyz")
+        assert ready.status_code == 200
+        assert ready.json()["status"] == "degraded"
+        assert ready.json()["backends"]["fake"]["reason"] == "quota exceeded"
+        metrics = (await running.client.get("/metrics")).text
+        assert 'thinktrans_backend_ready{backend="fake"} 0.0' in metrics
