@@ -7,6 +7,8 @@ The batcher, not each backend, checks that the output has as many texts as the i
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from typing import ClassVar
@@ -28,7 +30,17 @@ __all__ = [
     "RateLimited",
     "Translator",
     "UnsupportedLanguage",
+    "settle",
 ]
+
+
+async def settle(translators: Sequence[Translator], timeout_s: float) -> None:
+    """Wait, ``timeout_s`` at most in all, for every backend's start-up work to finish."""
+    loop = asyncio.get_running_loop()
+    until = loop.time() + timeout_s
+    for translator in translators:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(translator.settled(), max(0.0, until - loop.time()))
 
 
 class Translator(ABC):
@@ -40,7 +52,7 @@ class Translator(ABC):
     # Whether the vendor bills the characters sent (counted in metrics and /v1/backends).
     billed: ClassVar[bool] = False
     # Whether outputs are checked to be in the target language (passthrough's are not).
-    check_output_language: ClassVar[bool] = True
+    check_output_language: bool = True
 
     def __init__(self) -> None:
         self.ready = True
@@ -52,6 +64,10 @@ class Translator(ABC):
         Long work belongs in a background task that flips ``ready`` when done, so that
         the service answers ``/healthz`` at once.
         """
+
+    async def settled(self) -> None:  # noqa: B027 - an optional hook
+        """Return once start-up work (a model load, a credentials check) has finished,
+        ready or not; the CLI and ``compare`` wait on it, the service never does."""
 
     @abstractmethod
     async def translate(

@@ -183,7 +183,7 @@ class DeepLTranslator(Translator):
             return
         self._start_task = self._spawn(self._start_check())
 
-    async def wait_checked(self) -> None:
+    async def settled(self) -> None:
         """Wait for the start-time check (tests and the CLI; the service never waits)."""
         if self._start_task is not None:
             await asyncio.shield(self._start_task)

@@ -231,7 +231,7 @@ class LLMTranslator(Translator):
         if self._configured:
             self._start_task = asyncio.get_running_loop().create_task(self._start_check())
 
-    async def wait_checked(self) -> None:
+    async def settled(self) -> None:
         """Wait for the start-time probe (tests and the CLI; the service never waits)."""
         if self._start_task is not None:
             await asyncio.shield(self._start_task)

@@ -30,6 +30,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+import os
 import re
 import time
 from collections.abc import Callable, Sequence
@@ -217,6 +218,14 @@ def _short(exc: BaseException) -> str:
 def _not_found_reason(model_id: str, exc: BaseException) -> str:
     looks_local = model_id.startswith(("/", "./", "../", "~")) or Path(model_id).exists()
     path = Path(model_id).expanduser()
+    unreadable = sorted(p.name for p in path.iterdir()
+                        if p.is_file() and not os.access(p, os.R_OK)) if path.is_dir() else []
+    if unreadable:
+        # save_pretrained writes model.safetensors as 0600; a non-root container cannot read it
+        return (
+            f"cannot read {', '.join(unreadable)} in {model_id!r} as uid {os.getuid()}: make "
+            f"the checkpoint readable (chmod -R a+rX {model_id})"
+        )
     if looks_local and not path.exists():
         return (
             f"model directory {model_id!r} does not exist: set THINKTRANS_LOCAL_MODEL to a "
@@ -306,6 +315,9 @@ class LocalTranslator(Translator):
         self.reason = f"loading model {self.model_id!r}"
         loop = asyncio.get_running_loop()
         self._load_future = loop.run_in_executor(self._executor, self._load)
+
+    async def settled(self) -> None:
+        await self.wait_ready()
 
     async def wait_ready(self, timeout_s: float | None = None) -> bool:
         """Wait until loading has finished (or failed); return ``ready``."""
@@ -654,6 +666,11 @@ class LocalTranslator(Translator):
         except (OSError, ValueError) as exc:  # weights missing or not a seq2seq model
             raise _LoadError(_not_found_reason(spec.model_id, exc)) from exc
         model = model.to(self.device).eval()
+        if getattr(config, "thinktrans_test_checkpoint", False):
+            # `thinktrans make-test-model` output: random weights, text in no language.
+            self.check_output_language = False
+            log.warning("local: %r is a random-weight test checkpoint; its output is noise",
+                        spec.model_id)
         slot = _Slot(
             model_id=spec.model_id,
             family=family,

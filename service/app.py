@@ -5,6 +5,7 @@ from __future__ import annotations
 import hmac
 import json
 import logging
+import re
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
 from contextlib import asynccontextmanager
@@ -284,6 +285,98 @@ def create_app(
                 )
             check_encodable(text, f"texts[{i}]")
 
+    # -- streams (first: the chunk route is the hot path, and routes match in order) ----
+
+    def streams_of(request: Request) -> StreamManager:
+        manager: StreamManager = request.app.state.streams
+        return manager
+
+    @v1.post("/streams", response_model=OpenStreamResponse, status_code=201)
+    async def open_stream(body: OpenStreamRequest, request: Request) -> JSONResponse:
+        """Open a stream; opening it again with the same target is a no-op (200)."""
+        pipeline = pipeline_of(request)
+        if body.user_text is not None:
+            check_encodable(body.user_text, "user_text")
+        resolved = resolve_target(
+            body.target, user_text=body.user_text, default_locale=settings.default_locale,
+            allowed=settings.allowed_locales, detect=lambda t: pipeline.detect(t).lang,
+        )
+        stream, created = streams_of(request).open(body.stream_id, resolved, body.backend)
+        return JSONResponse(
+            {"stream_id": stream.stream_id, "target": stream.target,
+             "target_source": stream.target_source},
+            status_code=201 if created else 200,
+        )
+
+    @v1.post("/streams/{stream_id}/chunks", response_model=ChunksResponse)
+    async def post_chunks(stream_id: StreamId, body: ChunksRequest, request: Request
+                          ) -> Response:
+        """Accept chunks by seq; returns at once, never waiting for translation."""
+        if len(body.chunks) > settings.max_chunks_per_request:
+            raise PayloadTooLarge(
+                f"{len(body.chunks)} chunks in one request; at most "
+                f"THINKTRANS_MAX_CHUNKS_PER_REQUEST={settings.max_chunks_per_request}"
+            )
+        chunks = []
+        for i, chunk in enumerate(body.chunks):
+            if len(chunk.text) > settings.max_chunk_chars:
+                raise PayloadTooLarge(
+                    f"chunks[{i}] has {len(chunk.text)} characters; at most "
+                    f"THINKTRANS_MAX_CHUNK_CHARS={settings.max_chunk_chars}"
+                )
+            check_encodable(chunk.text, f"chunks[{i}].text")
+            chunks.append((chunk.seq, chunk.text))
+        manager = streams_of(request)
+        stream = manager.streams.get(stream_id)
+        if stream is None:
+            resolved = resolve_target(None, user_text=None,
+                                      default_locale=settings.default_locale,
+                                      allowed=settings.allowed_locales, detect=lambda t: None)
+            stream, _ = manager.open(stream_id, resolved, None)
+        accepted = stream.add_chunks(chunks)
+        # Built by hand: this is the hot path, and the shape is one integer.
+        return Response(b'{"accepted_through":%d}' % accepted, media_type="application/json")
+
+    @v1.post("/streams/{stream_id}/close", response_model=CloseResponse)
+    async def close_stream(stream_id: StreamId, request: Request) -> dict[str, int]:
+        """Flush the last segment; `end` follows once every result is out."""
+        return {"segments": streams_of(request).get(stream_id).close()}
+
+    @v1.delete("/streams/{stream_id}", status_code=204)
+    async def delete_stream(stream_id: StreamId, request: Request) -> Response:
+        """Drop a stream and its pending work."""
+        streams_of(request).delete(stream_id)
+        return Response(status_code=204)
+
+    @v1.get("/streams/{stream_id}/events", response_model=EventsResponse,
+            responses={200: {"content": {"text/event-stream": {}}}})
+    async def stream_events(
+        stream_id: StreamId,
+        request: Request,
+        after: Annotated[int, Query(ge=-1, le=2**53, description="Events after this id.")] = -1,
+        wait_ms: Annotated[int, Query(ge=0, le=3_600_000,
+                                      description="Long-poll: longest wait.")] = 0,
+        accept: Annotated[str | None, Header()] = None,
+        last_event_id: Annotated[str | None, Header()] = None,
+    ) -> Any:
+        """Segment, update and end events: SSE with Accept: text/event-stream, else JSON."""
+        stream = streams_of(request).get(stream_id)
+        if last_event_id is not None:
+            if not re.fullmatch(r"-?[0-9]{1,18}", last_event_id.strip()):
+                raise InputError("Last-Event-ID must be an integer event id")
+            after = max(after, int(last_event_id.strip()))
+        stream.events_after(after)  # 410 now, not mid-stream, if events are gone
+        if accept and "text/event-stream" in accept:
+            return StreamingResponse(
+                _sse(stream, after), media_type="text/event-stream",
+                headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+            )
+        wait_s = min(wait_ms, settings.max_wait_poll_ms) / 1000.0
+        events = await stream.wait_events(after, wait_s)
+        return {"events": [e.as_json() for e in events]}
+
+    # -- one-shot ----------------------------------------------------------------------------
+
     @v1.post("/translate", response_model=TranslateResponse)
     async def translate(body: TranslateRequest, request: Request) -> dict[str, Any]:
         """Translate whole texts; segments not in the target language go to the backend."""
@@ -323,6 +416,16 @@ def create_app(
             },
         }
 
+    @v1.get("/limits")
+    async def limits() -> dict[str, Any]:
+        """The size and count limits this instance enforces, so clients can stay inside."""
+        names = ("max_request_bytes", "max_texts", "max_text_chars", "max_segment_chars",
+                 "max_chunk_chars", "max_chunks_per_request", "max_gap",
+                 "max_stream_buffer_chars", "max_streams", "max_events_retained",
+                 "max_queue_size", "max_wait_poll_ms", "deadline_ms", "flush_idle_ms",
+                 "stream_idle_expire_s")
+        return {name: getattr(settings, name) for name in names}
+
     @v1.get("/backends")
     async def backends_route(request: Request) -> dict[str, Any]:
         """Configured backends, the default chain, readiness and queue depth."""
@@ -339,94 +442,6 @@ def create_app(
         }
 
 
-    # -- streams ---------------------------------------------------------------------------
-
-    def streams_of(request: Request) -> StreamManager:
-        manager: StreamManager = request.app.state.streams
-        return manager
-
-    @v1.post("/streams", response_model=OpenStreamResponse, status_code=201)
-    async def open_stream(body: OpenStreamRequest, request: Request) -> JSONResponse:
-        """Open a stream; opening it again with the same target is a no-op (200)."""
-        pipeline = pipeline_of(request)
-        if body.user_text is not None:
-            check_encodable(body.user_text, "user_text")
-        resolved = resolve_target(
-            body.target, user_text=body.user_text, default_locale=settings.default_locale,
-            allowed=settings.allowed_locales, detect=lambda t: pipeline.detect(t).lang,
-        )
-        stream, created = streams_of(request).open(body.stream_id, resolved, body.backend)
-        return JSONResponse(
-            {"stream_id": stream.stream_id, "target": stream.target,
-             "target_source": stream.target_source},
-            status_code=201 if created else 200,
-        )
-
-    @v1.post("/streams/{stream_id}/chunks", response_model=ChunksResponse)
-    async def post_chunks(stream_id: StreamId, body: ChunksRequest, request: Request
-                          ) -> dict[str, int]:
-        """Accept chunks by seq; returns at once, never waiting for translation."""
-        if len(body.chunks) > settings.max_chunks_per_request:
-            raise PayloadTooLarge(
-                f"{len(body.chunks)} chunks in one request; at most "
-                f"THINKTRANS_MAX_CHUNKS_PER_REQUEST={settings.max_chunks_per_request}"
-            )
-        chunks = []
-        for i, chunk in enumerate(body.chunks):
-            if len(chunk.text) > settings.max_chunk_chars:
-                raise PayloadTooLarge(
-                    f"chunks[{i}] has {len(chunk.text)} characters; at most "
-                    f"THINKTRANS_MAX_CHUNK_CHARS={settings.max_chunk_chars}"
-                )
-            check_encodable(chunk.text, f"chunks[{i}].text")
-            chunks.append((chunk.seq, chunk.text))
-        manager = streams_of(request)
-        stream = manager.streams.get(stream_id)
-        if stream is None:
-            resolved = resolve_target(None, user_text=None,
-                                      default_locale=settings.default_locale,
-                                      allowed=settings.allowed_locales, detect=lambda t: None)
-            stream, _ = manager.open(stream_id, resolved, None)
-        return {"accepted_through": stream.add_chunks(chunks)}
-
-    @v1.post("/streams/{stream_id}/close", response_model=CloseResponse)
-    async def close_stream(stream_id: StreamId, request: Request) -> dict[str, int]:
-        """Flush the last segment; `end` follows once every result is out."""
-        return {"segments": streams_of(request).get(stream_id).close()}
-
-    @v1.delete("/streams/{stream_id}", status_code=204)
-    async def delete_stream(stream_id: StreamId, request: Request) -> Response:
-        """Drop a stream and its pending work."""
-        streams_of(request).delete(stream_id)
-        return Response(status_code=204)
-
-    @v1.get("/streams/{stream_id}/events", response_model=EventsResponse,
-            responses={200: {"content": {"text/event-stream": {}}}})
-    async def stream_events(
-        stream_id: StreamId,
-        request: Request,
-        after: Annotated[int, Query(ge=-1, le=2**53, description="Events after this id.")] = -1,
-        wait_ms: Annotated[int, Query(ge=0, le=3_600_000,
-                                      description="Long-poll: longest wait.")] = 0,
-        accept: Annotated[str | None, Header()] = None,
-        last_event_id: Annotated[str | None, Header()] = None,
-    ) -> Any:
-        """Segment, update and end events: SSE with Accept: text/event-stream, else JSON."""
-        stream = streams_of(request).get(stream_id)
-        if last_event_id is not None:
-            if not last_event_id.strip().lstrip("-").isdigit():
-                raise InputError("Last-Event-ID must be an integer event id")
-            after = max(after, int(last_event_id.strip()))
-        stream.events_after(after)  # 410 now, not mid-stream, if events are gone
-        if accept and "text/event-stream" in accept:
-            return StreamingResponse(
-                _sse(stream, after), media_type="text/event-stream",
-                headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
-            )
-        wait_s = min(wait_ms, settings.max_wait_poll_ms) / 1000.0
-        events = await stream.wait_events(after, wait_s)
-        return {"events": [e.as_json() for e in events]}
-
     app.include_router(v1)
 
     @app.get("/healthz", tags=["health"])
@@ -436,22 +451,34 @@ def create_app(
 
     @app.get("/readyz", tags=["health"])
     async def readyz(request: Request) -> JSONResponse:
-        """Ready: every backend of the default chain is loaded and reachable."""
+        """Ready when the default chain can serve: at least one of its backends is ready.
+
+        ``status`` is ``ready`` (all of them), ``degraded`` (some: the chain falls through)
+        or ``not_ready`` (none; 503), with each backend's reason.
+        """
         pipeline: Pipeline | None = getattr(request.app.state, "pipeline", None)
         if pipeline is None:
             return JSONResponse({"status": "starting", "backends": {}}, status_code=503)
+        states = _backend_states(pipeline)
+        chain = [states[name]["ready"] for name in settings.backend]
+        status = "ready" if all(chain) else "degraded" if any(chain) else "not_ready"
+        return JSONResponse({"status": status, "backends": states},
+                            status_code=503 if status == "not_ready" else 200)
+
+    def _backend_states(pipeline: Pipeline) -> dict[str, dict[str, Any]]:
         states = {}
         for name in settings.backend:
             t = pipeline.backends[name]
             metrics.backend_ready.labels(name).set(1 if t.ready else 0)
             states[name] = {"ready": t.ready, "reason": t.reason}
-        ready = all(s["ready"] for s in states.values())
-        return JSONResponse({"status": "ready" if ready else "not_ready", "backends": states},
-                            status_code=200 if ready else 503)
+        return states
 
     @app.get("/metrics", tags=["health"])
-    async def metrics_route() -> Response:
+    async def metrics_route(request: Request) -> Response:
         """Prometheus text format."""
+        pipeline: Pipeline | None = getattr(request.app.state, "pipeline", None)
+        if pipeline is not None:
+            _backend_states(pipeline)  # thinktrans_backend_ready, current at each scrape
         return Response(metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
 
     return app

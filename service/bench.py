@@ -21,6 +21,7 @@ from typing import Any
 import aiohttp
 
 from service.errors import InputError
+from service.metrics import percentile
 
 _CJK = re.compile(r"[\u3040-\u30ff\u3400-\u9fff\uac00-\ud7af]")
 
@@ -78,15 +79,6 @@ class BenchReport:
                                         else round(cpu_per_delta_us, 1)),
             "wall_s": round(self.wall_s, 2),
         }
-
-
-def percentile(values: list[float], q: float) -> float | None:
-    """The q-th percentile (nearest rank), or None for no values."""
-    if not values:
-        return None
-    ordered = sorted(values)
-    rank = max(0, min(len(ordered) - 1, round(q / 100 * len(ordered) + 0.5) - 1))
-    return round(ordered[rank], 2)
 
 
 def split_deltas(text: str, rng: random.Random) -> list[str]:

@@ -1,4 +1,4 @@
-"""The command line: serve, translate, detect, make-test-model (and later compare, bench).
+"""The command line: serve, translate, detect, compare, bench, make-test-model.
 
 Errors become one line on stderr and a non-zero exit code, never a traceback.
 """
@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import sys
 from pathlib import Path
 from typing import Annotated, Any
@@ -66,13 +65,11 @@ def serve(
 
     from service.app import create_app
 
-    if backend is not None and "THINKTRANS_BACKEND" not in os.environ:
-        os.environ["THINKTRANS_BACKEND"] = backend
-    settings = _settings(config, host=host, port=port)
-    if host is not None:
-        settings.host = host
-    if port is not None:
-        settings.port = port
+    settings = _settings(config)
+    try:
+        settings = settings.with_flags(backend=backend, host=host, port=port)
+    except ConfigError as exc:
+        raise _fail(exc.detail, 2) from None
     from service.logs import configure
 
     configure(settings.log_level, log_text=settings.log_text)
@@ -121,19 +118,11 @@ async def _in_process(settings: Settings, work: Any) -> Any:
     application = create_app(settings)
     async with application.router.lifespan_context(application):
         pipeline = application.state.pipeline
-        await _wait_ready(pipeline, settings)
+        from models.base import settle
+
+        # The backends load or check in the background; a one-shot command waits for that.
+        await settle([pipeline.backends[n] for n in settings.backend], timeout_s=600.0)
         return await work(pipeline)
-
-
-async def _wait_ready(pipeline: Any, settings: Settings, timeout_s: float = 600.0) -> None:
-    """Wait for the chain's backends to load (or to fail loading)."""
-    loop = asyncio.get_running_loop()
-    until = loop.time() + timeout_s
-    while loop.time() < until:
-        pending = [pipeline.backends[n] for n in settings.backend]
-        if all(t.ready or (t.reason and not t.reason.startswith("loading")) for t in pending):
-            return
-        await asyncio.sleep(0.1)
 
 
 @app.command()
@@ -148,10 +137,10 @@ def translate(
     """Translate text in-process (no server needed)."""
     from service.locale import canonicalize
 
-    overrides: dict[str, Any] = {}
-    if backend is not None:
-        overrides["backend"] = backend
-    settings = _settings(config, **overrides)
+    try:
+        settings = _settings(config).with_flags(backend=backend)
+    except ConfigError as exc:
+        raise _fail(exc.detail, 2) from None
     body = _read_text(text)
     try:
         target = canonicalize(to)
@@ -191,6 +180,77 @@ def detect(
         det = detector.detect(line)
         typer.echo(json.dumps({"lang": det.lang, "confidence": det.confidence,
                                "reliable": det.reliable}))
+
+
+@app.command()
+def compare(
+    to: Annotated[str, typer.Option("--to", help="Target locale, e.g. de or zh-CN.")],
+    backend: Annotated[list[str], typer.Option(
+        "--backend", help="A backend or chain to compare (repeat: --backend A --backend B).")],
+    corpus: Annotated[Path | None, typer.Option(
+        help="Text, .jsonl (text, ref) or .tsv (text<TAB>ref); default: the built-in sample.")
+    ] = None,
+    refs: Annotated[Path | None, typer.Option(
+        help="References, one per line, aligned with the corpus (overrides the corpus's).")
+    ] = None,
+    fmt: Annotated[str, typer.Option("--format", help="table, json or markdown.")] = "table",
+    plot: Annotated[Path | None, typer.Option(
+        help="Write a PNG: latency distributions and throughput per backend.")] = None,
+    concurrency: Annotated[int, typer.Option(help="Texts in flight at once per backend.")] = 4,
+    deadline_ms: Annotated[float | None, typer.Option(
+        "--deadline-ms", help="Per-request deadline (default 600000: CPU models are slow).")
+    ] = None,
+    price: Annotated[list[str] | None, typer.Option(
+        "--price", help="BACKEND=USD per million characters, e.g. deepl=25 (repeatable).")
+    ] = None,
+    config: ConfigOpt = None,
+) -> None:
+    """Run one corpus through several backends in-process; latency, throughput, cost, chrF/BLEU."""
+    from service import compare as cmp
+    from service.corpus import load_corpus
+    from service.locale import canonicalize
+
+    if fmt not in ("table", "json", "markdown"):
+        raise _fail(f"unknown format {fmt!r}; choose table, json or markdown", 3)
+    settings = _settings(config)
+    cmp.quiet_logs()
+    try:
+        target = canonicalize(to)
+        for label in backend:
+            cmp.parse_chain(label)  # an unknown name fails before anything loads
+        items = load_corpus(corpus)
+        references = (cmp.load_refs(refs, len(items)) if refs is not None
+                      else [item.ref for item in items])
+        cmp.check_extras(plot=plot, scores=any(r is not None for r in references))
+        cfg = cmp.CompareConfig(
+            target=target, labels=list(backend), items=items, refs=references,
+            corpus_name=str(corpus) if corpus is not None else "built-in sample",
+            concurrency=concurrency,
+            deadline_ms=deadline_ms if deadline_ms is not None else cmp.COMPARE_DEADLINE_MS,
+            prices={**settings.price_per_million_chars, **cmp.parse_prices(price or [])},
+        )
+        if sys.stderr.isatty():
+            with cmp.RichProgress() as bar:
+                runs = asyncio.run(cmp.run_compare(settings, cfg, bar))
+        else:
+            runs = asyncio.run(cmp.run_compare(settings, cfg))
+        report = cmp.build_report(runs, cfg)
+        if plot is not None:
+            cmp.write_plot(report, runs, plot)
+    except ThinktransError as exc:
+        raise _fail(exc.detail, _exit_code(exc)) from None
+    if fmt == "json":
+        typer.echo(json.dumps(report, ensure_ascii=False, indent=2))
+    elif fmt == "markdown":
+        typer.echo(cmp.format_markdown(report))
+    else:
+        typer.echo(cmp.format_table(report))
+    for b in report["backends"]:
+        if b["errors"]:
+            typer.echo(f"thinktrans: {b['backend']}: {b['errors']} segment(s) untranslated: "
+                       f"{b['error_samples'][0]}", err=True)
+    if plot is not None:
+        typer.echo(f"thinktrans: plot written to {plot}", err=True)
 
 
 @app.command()

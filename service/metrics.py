@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import math
+from collections.abc import Sequence
+
 from prometheus_client import (
     CollectorRegistry,
     Counter,
@@ -13,6 +16,16 @@ from prometheus_client import (
 
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 _BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
+
+
+def percentile(values: Sequence[float], q: float) -> float | None:
+    """The q-th percentile by nearest rank (the smallest value with q% at or below it)."""
+    if not values:
+        return None
+    ordered = sorted(values)
+    # ceil, not round(): round() goes to even on .5, so p95 of 100 values would be the 96th.
+    rank = max(0, min(len(ordered) - 1, math.ceil(q / 100 * len(ordered)) - 1))
+    return round(ordered[rank], 2)
 
 
 class Metrics:

@@ -271,12 +271,19 @@ class Pipeline:
 
         started = time.monotonic()
         tasks: dict[tuple[int, int], asyncio.Task[Translation]] = {}
+        finished: dict[asyncio.Task[Translation], float] = {}
+
+        def note_finish(task: asyncio.Task[Translation]) -> None:
+            finished[task] = time.monotonic()
+
         try:
             for key, d in decisions.items():
                 if d.status is None:
                     assert target is not None
                     piece = split[key[0]][key[1]]
-                    tasks[key] = self.submit(piece.text.strip(), d.send_source, target, chain)
+                    task = self.submit(piece.text.strip(), d.send_source, target, chain)
+                    task.add_done_callback(note_finish)
+                    tasks[key] = task
             if tasks:
                 await asyncio.wait(tasks.values(), timeout=self.settings.deadline_ms / 1000.0)
         finally:
@@ -286,10 +293,12 @@ class Pipeline:
 
         results = []
         for t, pieces in enumerate(split):
-            segments = [
-                self.result(i, piece.text, target, decisions[(t, i)], tasks.get((t, i)), started)
-                for i, piece in enumerate(pieces)
-            ]
+            segments = []
+            for i, piece in enumerate(pieces):
+                pending = tasks.get((t, i))
+                done_at = finished.get(pending) if pending is not None else started
+                segments.append(self.result(i, piece.text, target, decisions[(t, i)], pending,
+                                            started, done_at))
             results.append({"text": "".join(s["text"] for s in segments), "segments": segments})
         return results
 
@@ -301,9 +310,13 @@ class Pipeline:
         decision: Decision,
         task: asyncio.Task[Translation] | None,
         ready_at: float,
+        done_at: float | None = None,
     ) -> dict[str, Any]:
-        """Build a segment's result from its decision and (finished or not) translation."""
-        latency_ms = (time.monotonic() - ready_at) * 1000.0
+        """Build a segment's result from its decision and (finished or not) translation.
+
+        ``latency_ms`` runs from ready to ``done_at`` (when its answer came), else to now.
+        """
+        latency_ms = ((done_at or time.monotonic()) - ready_at) * 1000.0
         status: Status
         text = backend = error = None
         queued_ms = 0.0

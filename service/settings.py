@@ -198,6 +198,15 @@ class Settings(BaseSettings):
     def _lists(cls, value: Any) -> Any:
         return _split_commas(value)
 
+    @field_validator("port", mode="before")
+    @classmethod
+    def _port(cls, value: Any) -> Any:
+        if isinstance(value, str) and value.startswith("tcp://"):
+            # Kubernetes' service links set THINKTRANS_PORT for a Service named thinktrans.
+            raise ValueError("looks like a Kubernetes service link; set enableServiceLinks: "
+                             "false in the pod spec, or name the Service otherwise")
+        return value
+
     @field_validator("default_locale")
     @classmethod
     def _default_locale(cls, value: str | None) -> str | None:
@@ -250,6 +259,23 @@ class Settings(BaseSettings):
     ) -> tuple[PydanticBaseSettingsSource, ...]:
         # The variable wins: environment first, then what the YAML file (init) gave.
         return env_settings, init_settings
+
+    def with_flags(self, *, backend: str | None = None, host: str | None = None,
+                   port: int | None = None) -> Settings:
+        """Command-line flags win over variables and the file; checked like them."""
+        update: dict[str, Any] = {}
+        if backend is not None:
+            try:
+                update["backend"] = self._chain(_split_commas(backend))
+            except ValueError as exc:
+                raise ConfigError(f"invalid --backend {backend!r}: {exc}") from None
+        if host is not None:
+            update["host"] = host
+        if port is not None:
+            if not 1 <= port <= 65535:
+                raise ConfigError(f"invalid --port {port}: must be 1..65535")
+            update["port"] = port
+        return self.model_copy(update=update)
 
     def all_backends(self) -> list[str]:
         """Every backend this service builds: the chain, the extras, and passthrough."""

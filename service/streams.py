@@ -101,6 +101,7 @@ class Stream:
     recent_lang: str | None = None
     closed: bool = False
     ended: bool = False
+    dropped: bool = False
     events: deque[Event] = field(default_factory=deque)
     next_event_id: int = 0
     idle_timer: asyncio.TimerHandle | None = None
@@ -115,6 +116,11 @@ class Stream:
         self.manager.check_capacity(self)
         try:
             self._add_chunks(chunks)
+        except ThinktransError as exc:
+            # Chunks before the refused one stay accepted: say how far, so the client
+            # resends from there.
+            exc.extra.setdefault("accepted_through", self.next_seq - 1)
+            raise
         finally:
             # Even when a later chunk of the request is refused, the ones accepted
             # before it are in: they must be flushed when the stream goes idle.
@@ -235,6 +241,8 @@ class Stream:
         self._on_done(seg)
 
     def _on_done(self, seg: _Segment) -> None:
+        if self.dropped:
+            return
         if seg.timer is not None:
             seg.timer.cancel()
             seg.timer = None
@@ -245,6 +253,8 @@ class Stream:
 
     def _on_deadline(self, seg: _Segment) -> None:
         seg.timer = None
+        if self.dropped:
+            return
         if not self._resolvable(seg):
             # The loop's clock and ours may differ by a hair: re-arm for what is left.
             self._arm_deadline(seg)
@@ -304,6 +314,7 @@ class Stream:
                 and self.owed_updates == 0):
             self.ended = True
             self._publish("end", {"segments": len(self.segments)})
+            self.manager._gauge()
 
     # -- events --------------------------------------------------------------------------
 
@@ -360,7 +371,8 @@ class Stream:
         return len(self.segments)
 
     def drop(self) -> None:
-        """Cancel timers and work; wake readers."""
+        """Cancel timers and work; wake readers. Nothing is emitted after this."""
+        self.dropped = True
         if self.idle_timer is not None:
             self.idle_timer.cancel()
         for seg in self.segments:
@@ -400,8 +412,12 @@ class StreamManager:
         self.streams.clear()
         self._gauge()
 
+    def active(self) -> int:
+        """Streams not yet ended; an ended one is kept only for late readers."""
+        return sum(1 for s in self.streams.values() if not s.ended)
+
     def _gauge(self) -> None:
-        self.pipeline.metrics.open_streams.set(len(self.streams))
+        self.pipeline.metrics.open_streams.set(self.active())
 
     async def _sweep(self) -> None:
         interval = min(1.0, self.settings.stream_idle_expire_s / 4)
@@ -450,9 +466,10 @@ class StreamManager:
         if self.draining:
             raise Overloaded("the service is shutting down; open the stream on another "
                              "instance", retry_after_s=5)
-        if len(self.streams) >= self.settings.max_streams:
+        active = self.active()
+        if active >= self.settings.max_streams:
             raise TooManyStreams(
-                f"{len(self.streams)} streams are open (THINKTRANS_MAX_STREAMS="
+                f"{active} streams are open (THINKTRANS_MAX_STREAMS="
                 f"{self.settings.max_streams}); close finished streams or retry later"
             )
         chain = self.pipeline.chain_for(backend)

@@ -1,7 +1,15 @@
 from __future__ import annotations
 
 import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
 from collections.abc import AsyncIterator, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -57,3 +65,60 @@ async def start_app(
 async def passthrough_app() -> AsyncIterator[Running]:
     async for running in start_app(make_settings(default_locale="zh-CN")):
         yield running
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class Server:
+    """`thinktrans serve` in its own process; its log goes to a file, not a pipe that fills."""
+
+    proc: subprocess.Popen[bytes]
+    url: str
+    log_path: Path
+
+    def log(self) -> str:
+        return self.log_path.read_text(encoding="utf-8", errors="replace")
+
+
+@contextmanager
+def served(**env: str) -> Iterator[Server]:
+    """Start `python -m service.cli serve` on a free port of 127.0.0.1 (passthrough unless
+    ``env`` says otherwise), wait for /readyz, and stop it afterwards."""
+    port = free_port()
+    full_env = {**os.environ, "THINKTRANS_BACKEND": "passthrough", **env}
+    with tempfile.TemporaryDirectory() as tmp:
+        log_path = Path(tmp) / "serve.log"
+        with log_path.open("wb") as log:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "service.cli", "serve", "--port", str(port)],
+                env=full_env, stdout=log, stderr=subprocess.STDOUT,
+                cwd=Path(__file__).resolve().parent.parent,
+            )
+        server = Server(proc, f"http://127.0.0.1:{port}", log_path)
+        try:
+            give_up = time.monotonic() + 60
+            while True:
+                try:
+                    if httpx.get(f"{server.url}/readyz", timeout=1).status_code == 200:
+                        break
+                except httpx.TransportError:
+                    pass
+                if proc.poll() is not None:
+                    raise AssertionError(f"serve exited: {server.log()[-2000:]}")
+                if time.monotonic() > give_up:
+                    raise AssertionError(f"serve not ready: {server.log()[-2000:]}")
+                time.sleep(0.1)
+            yield server
+        finally:
+            if proc.poll() is None:
+                proc.terminate()
+                try:
+                    proc.wait(timeout=20)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait()

@@ -7,6 +7,6 @@ PY=${PYTHON:-python3}
 # The constraints file pins the CPU build of torch; GPU hosts install without it.
 .venv/bin/python -m pip install -q --disable-pip-version-check -c .ci/constraints.txt -e '.[all,dev]'
 .venv/bin/python -m pytest -q -p no:cacheprovider "$@"
-.venv/bin/ruff check service models tests bench
+.venv/bin/ruff check service models tests bench examples
 .venv/bin/mypy service models
 echo "tests, ruff and mypy passed"

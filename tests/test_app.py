@@ -560,3 +560,10 @@ async def test_the_request_backend_field_picks_a_configured_backend() -> None:
     assert by_fake["segments"][0]["backend"] == "fake"
     assert [c.texts for c in fake.calls] == [[SENTENCES[1]]]
     assert_problem(resp, 422, "fake", "passthrough")
+
+
+async def test_limits_are_discoverable() -> None:
+    async for running in start_app(make_settings(max_chunk_chars=100, max_texts=3)):
+        limits = (await running.client.get("/v1/limits")).json()
+        assert limits["max_chunk_chars"] == 100 and limits["max_texts"] == 3
+        assert limits["max_request_bytes"] == 1_048_576

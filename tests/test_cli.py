@@ -1,11 +1,6 @@
 from __future__ import annotations
 
 import json
-import os
-import socket
-import subprocess
-import sys
-import time
 from collections.abc import Iterator
 
 import httpx
@@ -13,6 +8,7 @@ import pytest
 from typer.testing import CliRunner
 
 from service.cli import app
+from tests.conftest import served
 
 runner = CliRunner()
 
@@ -57,36 +53,10 @@ def test_detect() -> None:
     assert [line["lang"] for line in lines] == ["de", "zh-Hans"]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @pytest.fixture
 def server() -> Iterator[str]:
-    """`thinktrans serve` in its own process, on a free port of 127.0.0.1."""
-    port = _free_port()
-    env = {**os.environ, "THINKTRANS_BACKEND": "passthrough", "THINKTRANS_DEFAULT_LOCALE": "zh-CN"}
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "service.cli", "serve", "--port", str(port)],
-        env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-    )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        for _ in range(100):
-            try:
-                if httpx.get(f"{url}/readyz", timeout=1).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            if proc.poll() is not None:
-                raise AssertionError(proc.stdout.read().decode() if proc.stdout else "died")
-            time.sleep(0.1)
-        yield url
-    finally:
-        proc.terminate()
-        proc.wait(timeout=10)
+    with served(THINKTRANS_DEFAULT_LOCALE="zh-CN") as srv:
+        yield srv.url
 
 
 def test_serve_over_real_http(server: str) -> None:

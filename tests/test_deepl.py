@@ -146,7 +146,7 @@ async def test_model_type_and_formality(fake: FakeDeepL, make: Make) -> None:
 async def test_strict_formality_dropped_where_unsupported(fake: FakeDeepL, make: Make) -> None:
     backend = make(deepl_formality="less")
     await backend.start()
-    await backend.wait_checked()
+    await backend.settled()
     await backend.translate(["Hi."], source=None, target="de")  # DE supports formality
     await backend.translate(["Hi."], source=None, target="ar")  # AR does not
     de, ar = (r.json for r in fake.translate_requests)
@@ -285,12 +285,15 @@ async def test_no_key_is_not_ready(fake: FakeDeepL) -> None:
     backend = DeepLTranslator.from_settings(
         load_settings(backend="deepl", deepl_server_url=fake.origin)
     )
+    before = len(fake.requests)
     try:
         await backend.start()
         assert backend.ready is False and backend.reason == NO_KEY_REASON
         with pytest.raises(BackendUnavailable, match="THINKTRANS_DEEPL_API_KEY"):
             await backend.translate(["Hello."], source="en", target="de")
-        assert fake.requests == []
+        # A slow request of an earlier test may still land here; it carries that test's
+        # key. Nothing without a key may have been sent.
+        assert [r for r in fake.requests[before:] if "authorization" not in r.headers] == []
     finally:
         await backend.aclose()
 
@@ -303,7 +306,7 @@ async def test_start_does_not_block_and_refines_languages(fake: FakeDeepL, make:
     started = time.monotonic()
     await backend.start()
     assert time.monotonic() - started < 0.1
-    await backend.wait_checked()
+    await backend.settled()
     assert backend.ready
     assert backend.info()["usage"] == {"character_count": 1234, "character_limit": 500_000}
     langs = backend.languages()
@@ -322,7 +325,7 @@ async def test_start_check_marks_not_ready(
     backend.recheck_after_s = backend.outage_recheck_s = 30
     fake.mode = mode
     await backend.start()
-    await backend.wait_checked()
+    await backend.settled()
     assert not backend.ready and backend.reason is not None and words in backend.reason
 
 

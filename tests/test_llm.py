@@ -305,7 +305,7 @@ async def test_start_probe(fake: FakeChat, make: Make, mode: str, ready: bool) -
     backend.recheck_after_s = backend.outage_recheck_s = 30
     fake.mode = mode
     await backend.start()
-    await backend.wait_checked()
+    await backend.settled()
     assert backend.ready is ready
     assert [r.path for r in fake.requests] == ["/v1/models"]
 

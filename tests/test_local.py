@@ -580,3 +580,34 @@ async def test_multi_target_marian_prefixes_the_target_token(
         assert all(out_fr) and out_fr != out_ja  # the token reaches the encoder
     finally:
         await backend.aclose()
+
+
+async def test_the_service_on_a_test_checkpoint(models: dict[str, Path]) -> None:
+    """As a user would: readyz turns 200, 48 concurrent requests are all translated by
+    local, and /healthz answers while a batch runs."""
+    from tests.conftest import make_settings, start_app
+
+    settings = make_settings(backend="local", local_model=str(models["nllb"]), max_wait_ms=20,
+                             local_num_beams=4, deadline_ms=120_000)
+    async for app in start_app(settings):
+        assert await app.pipeline.backends["local"].wait_ready(120)
+        assert (await app.client.get("/readyz")).status_code == 200
+        long_text = " ".join(TEXTS)
+
+        async def one(client: Any, text: str) -> dict[str, Any]:
+            r = await client.post("/v1/translate", json={"target": "zh-CN", "texts": [text]})
+            return dict(r.json()["results"][0]["segments"][0])
+
+        work = asyncio.gather(*(one(app.client, f"{long_text} Number {i}.") for i in range(48)))
+        await asyncio.sleep(0.05)  # a batch is running now
+        began = time.perf_counter()
+        health = await app.client.get("/healthz")
+        health_s = time.perf_counter() - began
+        segments = await work
+        assert health.status_code == 200
+        assert all(s["status"] == "translated" and s["backend"] == "local" for s in segments)
+        assert all(s["text"].strip() and s["text"] != s["original"] for s in segments)
+        sizes = app.app.state.metrics.registry.get_sample_value(
+            "thinktrans_batch_size_count", {"backend": "local"})
+        assert sizes is not None and sizes < 48  # batched, not one by one
+        assert health_s < 1.0

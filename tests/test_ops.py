@@ -3,50 +3,22 @@
 from __future__ import annotations
 
 import json
-import os
 import signal
-import socket
-import subprocess
-import sys
 import threading
 import time
 
 import httpx
 
 from models.passthrough import PassthroughTranslator
-from tests.conftest import make_settings, start_app
+from tests.conftest import make_settings, served, start_app
 from tests.fakes import FakeTranslator
 
 SECRET = "The secret plan is to add seven and nine"
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _serve(**env: str) -> tuple[subprocess.Popen[str], str]:
-    port = _free_port()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "service.cli", "serve", "--port", str(port)],
-        env={**os.environ, "THINKTRANS_BACKEND": "passthrough", **env},
-        stderr=subprocess.PIPE, text=True,
-    )
-    url = f"http://127.0.0.1:{port}"
-    for _ in range(150):
-        try:
-            if httpx.get(f"{url}/readyz", timeout=1).status_code == 200:
-                return proc, url
-        except httpx.TransportError:
-            time.sleep(0.1)
-    proc.kill()
-    raise AssertionError(proc.stderr.read() if proc.stderr else "server did not start")
-
-
 def test_shutdown_flushes_open_streams_and_logs_no_text() -> None:
-    proc, url = _serve(THINKTRANS_DEFAULT_LOCALE="zh-CN", THINKTRANS_FLUSH_IDLE_MS="60000")
-    try:
+    with served(THINKTRANS_DEFAULT_LOCALE="zh-CN", THINKTRANS_FLUSH_IDLE_MS="60000") as srv:
+        url, proc = srv.url, srv.proc
         assert httpx.post(f"{url}/v1/streams", json={"stream_id": "d1"}).status_code == 201
         text = f"First sentence here. {SECRET}"  # the second part has no sentence end
         r = httpx.post(f"{url}/v1/streams/d1/chunks",
@@ -65,13 +37,10 @@ def test_shutdown_flushes_open_streams_and_logs_no_text() -> None:
         proc.send_signal(signal.SIGTERM)
         reader.join(20)
         proc.wait(20)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
+        log = srv.log()
     events = [json.loads(line[6:]) for line in lines]
     assert [e.get("original") for e in events[:-1]] == ["First sentence here. ", SECRET]
     assert events[-1] == {"segments": 2}  # `end` after the flushed segment
-    log = proc.stderr.read() if proc.stderr else ""
     records = [json.loads(line) for line in log.splitlines() if line.startswith("{")]
     assert any(r["msg"] == "request" and r["route"] == "/v1/streams/{stream_id}/chunks"
                for r in records)
@@ -105,3 +74,16 @@ async def test_liveness_is_not_readiness() -> None:
         assert ready.json()["backends"]["fake"]["reason"] == "loading model 'x'"
         loading.ready, loading.reason = True, None
         assert (await running.client.get("/readyz")).status_code == 200
+
+
+async def test_a_chain_with_one_backend_down_is_degraded_but_ready() -> None:
+    down = FakeTranslator(name_="fake")
+    down.ready, down.reason = False, "quota exceeded"
+    backends = {"fake": down, "passthrough": PassthroughTranslator()}
+    async for running in start_app(make_settings(backend="fake,passthrough"), backends):
+        ready = await running.client.get("/readyz")
+        assert ready.status_code == 200
+        assert ready.json()["status"] == "degraded"
+        assert ready.json()["backends"]["fake"]["reason"] == "quota exceeded"
+        metrics = (await running.client.get("/metrics")).text
+        assert 'thinktrans_backend_ready{backend="fake"} 0.0' in metrics

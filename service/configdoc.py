@@ -1,0 +1,215 @@
+"""Generate ``docs/configuration.md`` from the Settings model, so the page cannot drift.
+
+Every field of :class:`service.settings.Settings` becomes a row: its variable
+(``THINKTRANS_<NAME>``), its YAML key, its type and bounds, its default and its description.
+Rows are grouped under the ``# -- name ---`` comment headers of ``settings.py``.
+
+Command line::
+
+    python -m service.configdoc            # print the page
+    python -m service.configdoc --write    # rewrite docs/configuration.md
+    python -m service.configdoc --check    # exit 1 when docs/configuration.md is stale
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import inspect
+import json
+import re
+import sys
+import types
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, Literal, Union, get_args, get_origin
+
+import annotated_types
+from pydantic import SecretStr
+from pydantic.fields import FieldInfo
+from pydantic_core import PydanticUndefined
+
+from service.settings import Settings
+
+DEFAULT_PATH = Path("docs/configuration.md")
+REGENERATE = "python -m service.configdoc --write"
+
+_HEADER = re.compile(r"^\s*# -- (?P<name>[^-].*?) -+\s*$")
+
+_INTRO = f"""\
+# Configuration
+
+<!-- Generated from service/settings.py by `{REGENERATE}`; do not edit by hand. -->
+
+Settings come from `THINKTRANS_*` environment variables and an optional YAML file
+(`thinktrans serve --config thinktrans.yaml`); a variable wins over the file, and a setting
+given in neither keeps its default. In the YAML file the key is the lower-case name without
+the prefix (`max_batch_size: 8`). Invalid settings stop the start with one line that names
+the setting and the value.
+
+Lists are comma separated in a variable (`THINKTRANS_BACKEND=deepl,local`) and either a YAML
+list or the same string in the file. A mapping is JSON in a variable
+(`THINKTRANS_PRICE_PER_MILLION_CHARS='{{"deepl": 25}}'`). Booleans are `true` or `false`.
+Secrets (`THINKTRANS_API_TOKEN`, the API keys) are never logged or shown by the service; pass
+them through your orchestrator's secret store rather than a file in the image.
+"""
+
+_OUTRO = """\
+## Read by the libraries, not by thinktrans
+
+| variable | meaning |
+| --- | --- |
+| `DEEPL_AUTH_KEY` | The DeepL key, used when `THINKTRANS_DEEPL_API_KEY` is not set. |
+| `HF_HOME` | Hugging Face cache, where hub ids are downloaded to (`/models` in the image). |
+| `HF_HUB_OFFLINE` | `1`: never reach the Hub; hub ids load from the `HF_HOME` cache only. |
+| `CUDA_VISIBLE_DEVICES` | The GPUs torch sees (`THINKTRANS_LOCAL_DEVICE=auto` takes the first). |
+"""
+
+
+def field_groups(settings_cls: type[Settings] = Settings) -> list[tuple[str, list[str]]]:
+    """Field names grouped under the comment headers of the class's source, in source order."""
+    names = list(settings_cls.model_fields)
+    try:
+        source = inspect.getsource(settings_cls)
+    except (OSError, TypeError):
+        return [("settings", names)]
+    lines = source.splitlines()
+    headers = [(i + 1, m["name"]) for i, line in enumerate(lines) if (m := _HEADER.match(line))]
+    tree = ast.parse(source)
+    cls = next(node for node in tree.body if isinstance(node, ast.ClassDef))
+    groups: list[tuple[str, list[str]]] = []
+    seen: set[str] = set()
+    for node in cls.body:
+        if not (isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name)):
+            continue
+        name = node.target.id
+        if name not in settings_cls.model_fields:
+            continue  # model_config and other class attributes
+        title = next((t for lineno, t in reversed(headers) if lineno < node.lineno), "settings")
+        if not groups or groups[-1][0] != title:
+            groups.append((title, []))
+        groups[-1][1].append(name)
+        seen.add(name)
+    missing = [n for n in names if n not in seen]  # fields defined outside the class body
+    if missing:
+        groups.append(("other", missing))
+    return groups
+
+
+def _type_text(annotation: Any) -> str:
+    origin = get_origin(annotation)
+    if origin is Literal:
+        return " | ".join(f"`{a if isinstance(a, str) else json.dumps(a)}`"
+                          for a in get_args(annotation))
+    if origin in (Union, types.UnionType):
+        parts = [a for a in get_args(annotation) if a is not type(None)]
+        return " | ".join(_type_text(a) for a in parts)
+    if origin is list:
+        return "list"
+    if origin is dict:
+        return "mapping"
+    if annotation is SecretStr:
+        return "secret"
+    if annotation is bool:
+        return "boolean"
+    if annotation is int:
+        return "integer"
+    if annotation is float:
+        return "number"
+    if annotation is str:
+        return "string"
+    return getattr(annotation, "__name__", str(annotation))
+
+
+def _bounds(info: FieldInfo) -> str:
+    found: dict[str, Any] = {}
+    for meta in info.metadata:
+        if isinstance(meta, annotated_types.BaseMetadata):
+            for attr in ("ge", "gt", "le", "lt"):
+                if getattr(meta, attr, None) is not None:
+                    found[attr] = getattr(meta, attr)
+    if "ge" in found and "le" in found:
+        return f"{_number(found['ge'])} to {_number(found['le'])}"
+    signs = {"ge": ">=", "gt": ">", "le": "<=", "lt": "<"}
+    return ", ".join(f"{signs[attr]} {_number(value)}" for attr, value in found.items())
+
+
+def _number(value: float) -> str:
+    return f"{value:g}" if isinstance(value, float) else str(value)
+
+
+def _default_text(info: FieldInfo) -> str:
+    if info.default_factory is not None:
+        value = info.default_factory()  # type: ignore[call-arg]
+    elif info.default is PydanticUndefined:
+        return "required"
+    else:
+        value = info.default
+    if value is None:
+        return "unset"
+    if isinstance(value, bool):
+        return f"`{str(value).lower()}`"
+    if isinstance(value, int | float):
+        return f"`{_number(value)}`"
+    if isinstance(value, list):
+        return f"`{','.join(map(str, value))}`" if value else "empty"
+    if isinstance(value, dict):
+        return f"`{json.dumps(value)}`"
+    return f"`{value}`"
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|").replace("\n", " ")
+
+
+def render(settings_cls: type[Settings] = Settings) -> str:
+    """The whole configuration page as Markdown."""
+    prefix = str(settings_cls.model_config.get("env_prefix", ""))
+    out = [_INTRO]
+    for title, names in field_groups(settings_cls):
+        out.append(f"## {title}\n")
+        out.append("| variable | YAML key | type | default | meaning |")
+        out.append("| --- | --- | --- | --- | --- |")
+        for name in names:
+            info = settings_cls.model_fields[name]
+            kind = _type_text(info.annotation)
+            bounds = _bounds(info)
+            if bounds:
+                kind = f"{kind}, {bounds}"
+            meaning = info.description or ""
+            out.append(f"| `{prefix}{name.upper()}` | `{name}` | {_cell(kind)} | "
+                       f"{_cell(_default_text(info))} | {_cell(meaning)} |")
+        out.append("")
+    out.append(_OUTRO)
+    return "\n".join(out)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m service.configdoc",
+        description="Print docs/configuration.md, generated from service/settings.py.",
+    )
+    mode = parser.add_mutually_exclusive_group()
+    mode.add_argument("--write", action="store_true", help="write the page to --path")
+    mode.add_argument("--check", action="store_true",
+                      help="exit 1 when the page at --path differs from the generated one")
+    parser.add_argument("--path", type=Path, default=DEFAULT_PATH,
+                        help=f"the page (default: {DEFAULT_PATH})")
+    args = parser.parse_args(argv)
+    page = render()
+    if args.write:
+        args.path.write_text(page, encoding="utf-8")
+        return 0
+    if args.check:
+        current = args.path.read_text(encoding="utf-8") if args.path.exists() else None
+        if current != page:
+            print(f"{args.path} is out of date with service/settings.py; run: {REGENERATE}",
+                  file=sys.stderr)
+            return 1
+        return 0
+    sys.stdout.write(page)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,656 @@
+"""service.client against real sidecars (`thinktrans serve` processes) and broken ones."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from service.client import (
+    SegmentUpdate,
+    SidecarError,
+    StreamItem,
+    ThinkingStream,
+    ThinktransClient,
+    TranslatedSegment,
+    safe_stream_id,
+)
+from tests.conftest import Server, served
+from tests.fakes_remote import FakeChat, closed_port_url
+
+ROOT = Path(__file__).resolve().parent.parent
+
+THINKING = (
+    "The user asks why the build fails on CI. Let me check `setup.cfg` first, "
+    "then the workflow file.\n```yaml\nruns-on: ubuntu-latest\n```\n"
+    "Hmm, Zanzibar is not the cause. 我们再看看日志。 The cache key looks stale, "
+    "so the fix is to bump it"
+)
+STATUSES = {"translated", "same_language", "skipped", "deadline", "error", "no_target"}
+
+
+# -- sidecars ------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def sidecar() -> Iterator[Server]:
+    """Passthrough, no default locale: the target is whatever the client resolves."""
+    with served() as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def chat() -> Iterator[FakeChat]:
+    server = FakeChat()
+    server.start()
+    yield server
+    server.stop()
+
+
+def llm_server(chat: FakeChat) -> AbstractContextManager[Server]:
+    """The llm backend on FakeChat, which answers "<language name>: <text>": visible."""
+    return served(
+        THINKTRANS_BACKEND="llm", THINKTRANS_LLM_BASE_URL=f"{chat.origin}/v1",
+        THINKTRANS_LLM_MODEL="fake-model", THINKTRANS_CHECK_OUTPUT_LANGUAGE="false",
+        THINKTRANS_DEADLINE_MS="700",
+    )
+
+
+@pytest.fixture(scope="module")
+def llm_sidecar(chat: FakeChat) -> Iterator[Server]:
+    with llm_server(chat) as server:
+        yield server
+
+
+@pytest.fixture
+def fake_chat(chat: FakeChat) -> FakeChat:
+    chat.reset()
+    return chat
+
+
+class RawServer:
+    """A TCP server on 127.0.0.1 with a handler per connection: for sidecars that misbehave."""
+
+    def __init__(self, handle: Callable[[asyncio.StreamReader, asyncio.StreamWriter], Any]):
+        self._handle = handle
+        self.server: asyncio.Server | None = None
+        self.connections = 0
+        self._handlers: set[asyncio.Task[Any]] = set()
+
+    async def __aenter__(self) -> str:
+        async def on_connect(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            self.connections += 1
+            task = asyncio.current_task()
+            assert task is not None
+            self._handlers.add(task)
+            try:
+                await self._handle(reader, writer)
+            except (ConnectionError, asyncio.IncompleteReadError, asyncio.CancelledError):
+                pass
+            finally:
+                writer.close()
+                self._handlers.discard(task)
+
+        self.server = await asyncio.start_server(on_connect, "127.0.0.1", 0)
+        port = self.server.sockets[0].getsockname()[1]
+        return f"http://127.0.0.1:{port}"
+
+    async def __aexit__(self, *exc: object) -> None:
+        assert self.server is not None
+        self.server.close()
+        for task in list(self._handlers):
+            task.cancel()
+        await asyncio.sleep(0)
+
+
+async def never_answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    """Accept, read, and never answer: a hung sidecar."""
+    await reader.read(65536)
+    await asyncio.sleep(3600)
+
+
+async def answer_500(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    """Answer every request with a problem+json 500, keeping the connection alive."""
+    while True:
+        head = await reader.readuntil(b"\r\n\r\n")
+        length = 0
+        for line in head.decode("latin-1").split("\r\n"):
+            if line.lower().startswith("content-length:"):
+                length = int(line.split(":", 1)[1])
+        if length:
+            await reader.readexactly(length)
+        body = b'{"type":"urn:thinktrans:problem:internal","title":"Internal error","status":500}'
+        writer.write(b"HTTP/1.1 500 Internal Server Error\r\ncontent-type: application/"
+                     b"problem+json\r\ncontent-length: " + str(len(body)).encode()
+                     + b"\r\n\r\n" + body)
+        await writer.drain()
+
+
+class Scripted(httpx.AsyncBaseTransport):
+    """A real transport with a hook before each request: forward, fake an answer, or fail."""
+
+    def __init__(self, hook: Callable[[httpx.Request, int], httpx.Response | None] | None = None
+                 ) -> None:
+        self.inner = httpx.AsyncHTTPTransport()
+        self.hook = hook
+        self.requests: list[httpx.Request] = []
+        self.bodies: list[Any] = []
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        self.requests.append(request)
+        body = await request.aread()
+        self.bodies.append(json.loads(body) if body else None)
+        if self.hook is not None:
+            answer = self.hook(request, len(self.requests) - 1)
+            if answer is not None:
+                return answer
+        return await self.inner.handle_async_request(request)
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
+
+    def paths(self, method: str, suffix: str) -> list[int]:
+        return [i for i, r in enumerate(self.requests)
+                if r.method == method and r.url.path.endswith(suffix)]
+
+
+def deltas(text: str, sizes: list[int] | None = None) -> list[str]:
+    """``text`` cut into pieces of 1-6 characters (or the given sizes, cycled)."""
+    sizes = sizes or [1, 4, 2, 6, 3, 5]
+    out, i, k = [], 0, 0
+    while i < len(text):
+        n = sizes[k % len(sizes)]
+        out.append(text[i: i + n])
+        i += n
+        k += 1
+    return out
+
+
+async def run_stream(stream: ThinkingStream, pieces: list[str], *, pause_s: float = 0.0,
+                     updates: bool = True, close: bool = True) -> list[StreamItem]:
+    """Push ``pieces`` (pausing between them) while reading results; all that came back."""
+
+    async def feed() -> float:
+        slowest = 0.0
+        for piece in pieces:
+            started = time.monotonic()
+            await stream.push(piece)
+            slowest = max(slowest, time.monotonic() - started)
+            if pause_s:
+                await asyncio.sleep(pause_s)
+        if close:
+            await stream.close()
+        return slowest
+
+    feeder = asyncio.create_task(feed())
+    items = [item async for item in stream.results(updates=updates)]
+    slowest = await feeder
+    assert slowest < 0.05, f"push blocked for {slowest:.3f}s"
+    return items
+
+
+def segments(items: list[StreamItem]) -> list[TranslatedSegment]:
+    return [item for item in items if isinstance(item, TranslatedSegment)]
+
+
+def assert_complete(items: list[StreamItem], text: str) -> list[TranslatedSegment]:
+    """Nothing lost, duplicated or reordered; indexes run 0, 1, 2...; statuses known."""
+    segs = segments(items)
+    assert "".join(s.original for s in segs) == text
+    assert [s.index for s in segs] == list(range(len(segs)))
+    assert {s.status for s in segs} <= STATUSES
+    return segs
+
+
+# -- import --------------------------------------------------------------------------------
+
+
+def test_import_is_light() -> None:
+    code = ("import sys, service.client, service.acp\n"
+            "heavy = {'torch', 'transformers', 'fastapi', 'starlette', 'pydantic', 'models',\n"
+            "         'numpy', 'uvicorn', 'deepl'}\n"
+            "bad = sorted(m for m in sys.modules if m.split('.')[0] in heavy\n"
+            "             or m.startswith('service.') and m not in {'service.client',\n"
+            "             'service.acp', 'service.locale', 'service.errors'})\n"
+            "print(','.join(bad))")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
+                         env={**os.environ, "PYTHONPATH": str(ROOT)}, check=True)
+    assert out.stdout.strip() == ""
+
+
+def test_safe_stream_id() -> None:
+    assert safe_stream_id("sess_1", "ab.0") == "sess_1:ab.0"
+    odd = [safe_stream_id(s, "0") for s in ("a b", "a_b", "a/b", "x" * 300, "x" * 301, "é")]
+    assert len(set(odd)) == len(odd)
+    assert all(len(i) <= 128 and all(c.isascii() and (c.isalnum() or c in "._:-") for c in i)
+               for i in odd)
+
+
+# -- one-shot ------------------------------------------------------------------------------
+
+
+async def test_translate_real_server(sidecar: Server) -> None:
+    text = "Hmm, the user said hello. 我们来看看。\n```python\nx = 1\n```\n"
+    async with ThinktransClient(sidecar.url) as client:
+        [result] = await client.translate([text], target="ZH-cn")
+    assert result.text == text
+    assert "".join(s.original for s in result.segments) == text
+    assert [s.status for s in result.segments] == ["translated", "same_language", "skipped"]
+    assert {s.target for s in result.segments} == {"zh-CN"}
+    assert result.segments[0].backend == "passthrough"
+
+
+async def test_translate_falls_back_when_down() -> None:
+    async with ThinktransClient(closed_port_url()) as client:
+        started = time.monotonic()
+        [a, b] = await client.translate(["One.", "Two."], target="de")
+        assert time.monotonic() - started < 1.0
+        assert (a.text, b.text) == ("One.", "Two.")
+        assert a.segments[0].status == "error"
+        assert a.segments[0].error is not None and "unreachable" in a.segments[0].error
+        with pytest.raises(SidecarError):
+            await client.translate(["One."], target="de", fallback=False)
+
+
+async def test_translate_error_is_not_an_outage(sidecar: Server) -> None:
+    """A 422 (bad target) falls back for that call, but the sidecar is not skipped after."""
+    async with ThinktransClient(sidecar.url) as client:
+        [bad] = await client.translate(["Hello there."], target="zh_CN")
+        assert bad.segments[0].status == "error" and "invalid-locale" in str(bad.segments[0].error)
+        assert client.available
+        [good] = await client.translate(["Hello there."], target="zh-CN")
+        assert good.segments[0].status == "translated"
+
+
+# -- streams against real sidecars ---------------------------------------------------------
+
+
+async def test_stream_translates_in_order(llm_sidecar: Server, fake_chat: FakeChat) -> None:
+    async with ThinktransClient(llm_sidecar.url) as client:
+        stream = client.stream("t:order", target="zh-CN")
+        items = await run_stream(stream, deltas(THINKING), pause_s=0.001)
+        await stream.aclose()
+    segs = assert_complete(items, THINKING)
+    assert stream.failure is None
+    assert (stream.target, stream.target_source) == ("zh-CN", "request")
+    by_status = {s.status for s in segs}
+    assert {"translated", "skipped", "same_language"} <= by_status
+    for seg in segs:
+        if seg.status == "translated":
+            assert seg.text.strip() == f"Simplified Chinese: {seg.original.strip()}"
+            assert seg.backend == "llm" and seg.source_lang == "en"
+        else:
+            assert seg.text == seg.original
+    assert [r for r in fake_chat.requests if r.path.endswith("/chat/completions")]
+
+
+async def test_chunks_are_batched_with_fixed_seqs(sidecar: Server) -> None:
+    transport = Scripted()
+    pieces = deltas(THINKING)
+    async with ThinktransClient(sidecar.url, transport=transport) as client:
+        stream = client.stream("t:batch", target="de", flush_interval_s=0.05)
+        items = await run_stream(stream, pieces, pause_s=0.002)
+        await stream.aclose()
+    assert_complete(items, THINKING)
+    posts = [transport.bodies[i] for i in transport.paths("POST", "/chunks")]
+    seqs = [c["seq"] for body in posts for c in body["chunks"]]
+    assert seqs == list(range(len(seqs)))
+    assert len(seqs) < len(pieces) / 3
+    assert "".join(c["text"] for body in posts for c in body["chunks"]) == THINKING
+    assert transport.paths("POST", "/close") and transport.paths("DELETE", "/t:batch")
+
+
+async def test_a_huge_delta_is_posted_in_bounded_requests(sidecar: Server) -> None:
+    transport = Scripted()
+    text = "这段思考很长没有句号" * 38_000  # 1.1 MB as UTF-8: over the 1 MiB request limit
+    async with ThinktransClient(sidecar.url, transport=transport) as client:
+        stream = client.stream("t:huge", target="de")
+        items = await run_stream(stream, [text[:10], text[10:], "并且结束。"])
+        await stream.aclose()
+    assert stream.failure is None
+    assert_complete(items, text + "并且结束。")
+    posts = [transport.bodies[i] for i in transport.paths("POST", "/chunks")]
+    assert len(posts) >= 3
+    assert all(sum(len(c["text"]) for c in body["chunks"]) <= 65536 for body in posts)
+    assert all(len(c["text"]) <= 8192 for body in posts for c in body["chunks"])
+
+
+async def test_target_from_user_text_and_none(sidecar: Server) -> None:
+    async with ThinktransClient(sidecar.url) as client:
+        guessed = client.stream("t:user", user_text="Pourquoi le test échoue-t-il sur la CI ?")
+        items = await run_stream(guessed, ["Let me check ", "the logs."])
+        none = client.stream("t:none")
+        bare = await run_stream(none, ["Let me check the logs."])
+    assert guessed.target == "fr" and guessed.target_source == "user_text"
+    assert {s.target for s in segments(items)} == {"fr"}
+    assert none.target is None and [s.status for s in segments(bare)] == ["no_target"]
+
+
+async def test_late_update_follows_deadline(llm_sidecar: Server, fake_chat: FakeChat) -> None:
+    fake_chat.slow_s = 1.2
+    fake_chat.script.append("timeout")  # one answer past the server's 700 ms deadline
+    async with ThinktransClient(llm_sidecar.url) as client:
+        stream = client.stream("t:late", target="zh-CN")
+        items = await run_stream(stream, ["Let me look at ", "the failing test."])
+    segs = assert_complete(items, "Let me look at the failing test.")
+    assert [s.status for s in segs] == ["deadline"] and segs[0].text == segs[0].original
+    [update] = [item for item in items if isinstance(item, SegmentUpdate)]
+    assert (update.index, update.status) == (0, "translated")
+    assert update.text == "Simplified Chinese: Let me look at the failing test."
+
+
+async def test_empty_stream_needs_no_server() -> None:
+    transport = Scripted()
+    async with ThinktransClient(closed_port_url(), transport=transport) as client:
+        stream = client.stream("t:empty")
+        await stream.push("")
+        await stream.close()
+        assert [item async for item in stream.results()] == []
+    assert transport.requests == []
+
+
+# -- falling back --------------------------------------------------------------------------
+
+
+async def test_down_sidecar_passes_originals_through() -> None:
+    async with ThinktransClient(closed_port_url()) as client:
+        stream = client.stream("t:down", target="zh-CN")
+        started = time.monotonic()
+        items = await run_stream(stream, deltas(THINKING), pause_s=0.001)
+        elapsed = time.monotonic() - started
+    segs = assert_complete(items, THINKING)
+    assert {s.status for s in segs} == {"error"}
+    assert all(s.text == s.original for s in segs)
+    assert stream.failure is not None and "unreachable" in stream.failure
+    assert elapsed < 1.5
+
+
+async def test_hung_sidecar_passes_through_within_budget() -> None:
+    async with RawServer(never_answer) as url, ThinktransClient(url, timeout_s=0.4) as client:
+        stream = client.stream("t:hung", target="zh-CN")
+        started = time.monotonic()
+        pieces = deltas(THINKING)
+        items = await run_stream(stream, pieces[:10])
+        first_out = time.monotonic() - started
+        assert 0.3 < first_out < 1.5
+        # Once fallen back, each push comes straight out.
+        more = client.stream("t:hung2", target="zh-CN")
+        rest = await run_stream(more, pieces[10:])
+    assert_complete(items, "".join(pieces[:10]))
+    assert stream.failure is not None and "no answer within" in stream.failure
+    assert_complete(rest, "".join(pieces[10:]))
+    assert more.failure is not None and "skipped" in more.failure
+
+
+async def test_500_sidecar_passes_originals_through() -> None:
+    raw = RawServer(answer_500)
+    async with raw as url, ThinktransClient(url) as client:
+        stream = client.stream("t:500", target="zh-CN")
+        items = await run_stream(stream, deltas(THINKING))
+    segs = assert_complete(items, THINKING)
+    assert {s.status for s in segs} == {"error"}
+    assert stream.failure == "HTTP 500 internal"
+    assert raw.connections >= 1
+
+
+@pytest.mark.parametrize("how", ["kill", "terminate"])
+async def test_sidecar_killed_mid_stream(how: str) -> None:
+    """SIGKILL (a crash) or SIGTERM (a deploy: the sidecar closes its streams and exits)."""
+    with served() as server:
+        async with ThinktransClient(server.url, timeout_s=0.5) as client:
+            stream = client.stream("t:killed", target="de")
+            pieces = deltas(THINKING)
+            half = len(pieces) // 2
+            got: list[StreamItem] = []
+            reader_done = asyncio.Event()
+
+            async def read() -> None:
+                async for item in stream.results():
+                    got.append(item)
+                reader_done.set()
+
+            reader = asyncio.create_task(read())
+            for piece in pieces[:half]:
+                await stream.push(piece)
+            while not got:  # the first sentences are back: the stream is well under way
+                await asyncio.sleep(0.01)
+            if how == "kill":
+                server.proc.kill()
+            else:
+                server.proc.terminate()
+            for piece in pieces[half:]:
+                await stream.push(piece)
+                await asyncio.sleep(0.002)
+            await stream.close()
+            await asyncio.wait_for(reader_done.wait(), 5)
+            await reader
+    segs = assert_complete(got, THINKING)
+    statuses = [s.status for s in segs]
+    assert statuses[0] == "translated" and statuses[-1] == "error"
+    first_error = statuses.index("error")
+    assert set(statuses[first_error:]) == {"error"}  # never a server segment after fallback
+
+
+async def test_stream_ended_by_the_sidecar(sidecar: Server) -> None:
+    """A draining sidecar closes open streams itself: the rest passes through, no busy loop."""
+    transport = Scripted()
+    async with ThinktransClient(sidecar.url, transport=transport) as client:
+        stream = client.stream("t:ended", target="de")
+        got: list[StreamItem] = []
+
+        async def read() -> None:
+            async for item in stream.results():
+                got.append(item)
+
+        reader = asyncio.create_task(read())
+        await stream.push("First sentence. Second")
+        while not got:
+            await asyncio.sleep(0.01)
+        async with httpx.AsyncClient() as other:
+            await other.post(f"{sidecar.url}/v1/streams/t:ended/close")
+        await asyncio.sleep(0.3)  # idle: the reader must not spin on the ended stream
+        assert len(transport.requests) < 10
+        await stream.push(" sentence. Third one.")
+        await stream.close()
+        await asyncio.wait_for(reader, 5)
+    assert_complete(got, "First sentence. Second sentence. Third one.")
+    assert stream.failure == "the sidecar ended the stream early"
+    assert [s.status for s in segments(got)] == ["translated", "translated", "error"]
+
+
+async def test_lost_answer_is_retried_with_the_same_seq(sidecar: Server) -> None:
+    """The server took the chunks but the answer was lost: re-posting them is harmless."""
+    lost: list[int] = []
+
+    class LoseFirstAnswer(Scripted):
+        async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+            response = await super().handle_async_request(request)
+            if request.url.path.endswith("/chunks") and not lost:
+                await response.aread()
+                lost.append(len(self.requests) - 1)
+                raise httpx.RemoteProtocolError("connection closed before the answer")
+            return response
+
+    transport = LoseFirstAnswer()
+    async with ThinktransClient(sidecar.url, transport=transport) as client:
+        stream = client.stream("t:retry", target="de")
+        items = await run_stream(stream, deltas(THINKING), pause_s=0.001)
+    assert stream.failure is None
+    assert_complete(items, THINKING)
+    posts = transport.paths("POST", "/chunks")
+    assert transport.bodies[posts[0]] == transport.bodies[posts[1]]  # same seqs, same text
+
+
+async def test_full_queue_503_is_retried(sidecar: Server) -> None:
+    def hook(request: httpx.Request, n: int) -> httpx.Response | None:
+        if request.url.path.endswith("/chunks") and n < 4:
+            return httpx.Response(503, headers={"Retry-After": "0"},
+                                  json={"type": "urn:thinktrans:problem:overloaded"})
+        return None
+
+    transport = Scripted(hook)
+    async with ThinktransClient(sidecar.url, transport=transport) as client:
+        stream = client.stream("t:503", target="de")
+        items = await run_stream(stream, deltas(THINKING))
+    assert stream.failure is None
+    assert_complete(items, THINKING)
+    assert len(transport.paths("POST", "/chunks")) >= 2
+
+
+async def test_shutting_down_503_falls_back_at_once(sidecar: Server) -> None:
+    """A draining sidecar asks for 5 s; the thoughts do not wait that long."""
+
+    def hook(request: httpx.Request, n: int) -> httpx.Response | None:
+        if request.url.path == "/v1/streams":
+            return httpx.Response(503, headers={"Retry-After": "5"},
+                                  json={"type": "urn:thinktrans:problem:overloaded"})
+        return None
+
+    async with ThinktransClient(sidecar.url, transport=Scripted(hook)) as client:
+        stream = client.stream("t:draining", target="de")
+        started = time.monotonic()
+        items = await run_stream(stream, ["Let me see."])
+        assert time.monotonic() - started < 1.0
+        assert not client.available  # and the next streams skip it for a while
+    assert [s.status for s in segments(items)] == ["error"]
+    assert stream.failure is not None and "503" in stream.failure
+
+
+async def test_stall_budget(sidecar: Server) -> None:
+    """The sidecar answers every poll, but never with a result: the budget ends the wait."""
+
+    def hook(request: httpx.Request, n: int) -> httpx.Response | None:
+        if request.url.path.endswith("/events"):
+            return httpx.Response(200, json={"events": []})
+        return None
+
+    async with ThinktransClient(sidecar.url, transport=Scripted(hook), stall_s=0.6,
+                                poll_wait_s=0.1) as client:
+        stream = client.stream("t:stall", target="de")
+        started = time.monotonic()
+        items = await run_stream(stream, ["All done here. ", "Next step"])
+        elapsed = time.monotonic() - started
+    assert_complete(items, "All done here. Next step")
+    assert stream.failure is not None and "no result within" in stream.failure
+    assert 0.5 < elapsed < 2.0
+
+
+async def test_outage_is_skipped_then_retried() -> None:
+    transport = Scripted()
+    async with ThinktransClient(closed_port_url(), transport=transport, cooloff_s=0.3) as client:
+        first = client.stream("t:a", target="de")
+        await run_stream(first, ["Hello."])
+        tried = len(transport.requests)
+        second = client.stream("t:b", target="de")
+        items = await run_stream(second, ["Hello again."])
+        assert len(transport.requests) == tried  # skipped: no request at all
+        assert [s.status for s in segments(items)] == ["error"]
+        await asyncio.sleep(0.35)
+        assert client.available
+        third = client.stream("t:c", target="de")
+        await run_stream(third, ["Hello once more."])
+        assert len(transport.requests) > tried
+
+
+async def test_token_is_sent() -> None:
+    seen: list[str | None] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        seen.append(request.headers.get("authorization"))
+        return httpx.Response(200, json={"results": [{"text": "x", "segments": []}]})
+
+    async with ThinktransClient("http://sidecar", token="s3cret",
+                                transport=httpx.MockTransport(handler)) as client:
+        await client.translate(["x"], target="de")
+    assert seen == ["Bearer s3cret"]
+
+
+async def test_logs_hold_no_thinking_text(sidecar: Server, caplog: pytest.LogCaptureFixture
+                                          ) -> None:
+    caplog.set_level(logging.DEBUG)
+    async with ThinktransClient(sidecar.url) as client:
+        ok = client.stream("t:logs", target="de")
+        await run_stream(ok, deltas(THINKING))
+        await ok.aclose()
+    async with RawServer(answer_500) as url, ThinktransClient(url) as client:
+        await run_stream(client.stream("t:logs2", target="de"), deltas(THINKING))
+        await client.translate([THINKING], target="de")
+    async with ThinktransClient(closed_port_url()) as client:
+        await run_stream(client.stream("t:logs3", target="de"), deltas(THINKING))
+    messages = [r.getMessage() for r in caplog.records]
+    assert any("falls back" in m for m in messages)
+    assert not [m for m in messages if "Zanzibar" in m or "cache key" in m]
+
+
+# -- the invariant, under faults -----------------------------------------------------------
+
+FAULTS = ["none", "refuse", "500", "hang", "lose_answer", "garbage"]
+
+
+def faulty(fault: str, after: int) -> Scripted:
+    """A transport that breaks in the way named, from its ``after``-th request on."""
+
+    def hook(request: httpx.Request, n: int) -> httpx.Response | None:
+        if fault == "none" or n < after:
+            return None
+        if fault == "refuse":
+            raise httpx.ConnectError("connection refused")
+        if fault == "500":
+            return httpx.Response(500, json={"type": "urn:thinktrans:problem:internal"})
+        if fault == "hang":
+            raise httpx.ReadTimeout("timed out")
+        if fault == "garbage":
+            return httpx.Response(200, content=b"<html>proxy error</html>")
+        return None
+
+    class Faulty(Scripted):
+        async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+            response = await super().handle_async_request(request)
+            if fault == "lose_answer" and len(self.requests) > after:
+                await response.aread()
+                raise httpx.RemoteProtocolError("connection dropped")
+            return response
+
+    return Faulty(hook)
+
+
+@settings(max_examples=30, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    text=st.sampled_from([THINKING, "Short one.", "第一句。 Then English. x = 1 + 2\n\nEnd"]),
+    sizes=st.lists(st.integers(1, 9), min_size=1, max_size=6),
+    fault=st.sampled_from(FAULTS),
+    after=st.integers(0, 8),
+    pause=st.sampled_from([0.0, 0.003]),
+)
+def test_originals_join_back_whatever_fails(sidecar: Server, text: str, sizes: list[int],
+                                            fault: str, after: int, pause: float) -> None:
+    async def scenario() -> tuple[list[StreamItem], str | None]:
+        async with ThinktransClient(sidecar.url, transport=faulty(fault, after),
+                                    timeout_s=0.5) as client:
+            stream = client.stream(f"p:{time.monotonic_ns()}", target="de",
+                                   flush_interval_s=0.01)
+            items = await run_stream(stream, deltas(text, sizes), pause_s=pause)
+            return items, stream.failure
+
+    items, failure = asyncio.run(scenario())
+    segs = assert_complete(items, text)
+    fallback = [i for i, s in enumerate(segs) if (s.error or "").startswith("sidecar:")]
+    if fallback:
+        assert failure is not None
+        assert fallback == list(range(fallback[0], len(segs)))  # the tail, and only the tail
+    if fault == "none":
+        assert failure is None and not fallback

@@ -1,0 +1,1036 @@
+"""Streams over HTTP: seqs, segments in order, deadlines and updates, SSE and long-poll.
+
+The invariant behind everything (API.md): for a stream, the ``original`` fields of its
+``segment`` events in index order, joined, equal its chunks in seq order, joined, byte
+for byte, whatever the chunking, the interleaving with other streams, the retries and
+the out-of-order delivery. A property test drives that through the in-process client;
+the rest pin the contract's timing, limits and error shapes one case at a time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import threading
+import time
+from collections import deque
+from collections.abc import AsyncIterator, Iterator, Sequence
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+import httpx
+import pytest
+import uvicorn
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from models.passthrough import PassthroughTranslator
+from service.app import create_app
+from service.errors import BackendUnavailable
+from tests.conftest import Running, make_settings, start_app
+from tests.conftest import served as serve_cli
+from tests.fakes import Call, FakeTranslator
+
+PROBLEM = "application/problem+json"
+ROOT = Path(__file__).resolve().parent.parent
+
+# -- helpers -------------------------------------------------------------------------------
+
+
+@asynccontextmanager
+async def app_with(fake: FakeTranslator | None = None, **overrides: Any) -> AsyncIterator[Running]:
+    """An app, its lifespan running; with ``fake`` its chain is that fake backend.
+
+    A fake's gate is opened before shutdown, which otherwise waits for running batches.
+    """
+    backends: dict[str, Any] = {"passthrough": PassthroughTranslator()}
+    if fake is not None:
+        overrides.setdefault("backend", fake.name)
+        backends[fake.name] = fake
+    gen = start_app(make_settings(**overrides), backends)
+    running = await anext(gen)
+    try:
+        yield running
+    finally:
+        if fake is not None and fake.gate is not None:
+            fake.gate.set()
+        await gen.aclose()
+
+
+async def post_chunks(client: httpx.AsyncClient, sid: str, chunks: list[tuple[int, str]]
+                      ) -> httpx.Response:
+    body = {"chunks": [{"seq": seq, "text": text} for seq, text in chunks]}
+    return await client.post(f"/v1/streams/{sid}/chunks", json=body)
+
+
+async def poll(client: httpx.AsyncClient, sid: str, after: int = -1, wait_ms: int = 0
+               ) -> list[dict[str, Any]]:
+    r = await client.get(f"/v1/streams/{sid}/events", params={"after": after, "wait_ms": wait_ms})
+    assert r.status_code == 200, r.text
+    events: list[dict[str, Any]] = r.json()["events"]
+    return events
+
+
+async def read_until(client: httpx.AsyncClient, sid: str, stop: str = "end", *,
+                     after: int = -1, count: int = 1, timeout_s: float = 10.0
+                     ) -> list[dict[str, Any]]:
+    """Long-poll from ``after`` until ``count`` events of type ``stop`` are in."""
+    events: list[dict[str, Any]] = []
+    give_up = time.monotonic() + timeout_s
+    while time.monotonic() < give_up:
+        got = await poll(client, sid, after, wait_ms=500)
+        events += got
+        if got:
+            after = got[-1]["id"]
+        if sum(e["type"] == stop for e in events) >= count:
+            return events
+    raise AssertionError(f"no {count} {stop!r} event(s) within {timeout_s} s: {events}")
+
+
+def segments(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [e["data"] for e in events if e["type"] == "segment"]
+
+
+def check_stream(events: list[dict[str, Any]], text: str) -> None:
+    """The stream invariant, over every event of one ended stream."""
+    assert [e["id"] for e in events] == list(range(len(events))), "event ids rise from 0"
+    types = [e["type"] for e in events]
+    assert types.count("end") == 1 and types[-1] == "end", types
+    segs = segments(events)
+    assert [s["index"] for s in segs] == list(range(len(segs))), "segments out in index order"
+    assert all(s["original"] for s in segs), "no empty segment"
+    assert "".join(s["original"] for s in segs) == text
+    assert events[-1]["data"] == {"segments": len(segs)}
+    # Each `deadline` segment gets exactly one update, after it; nothing else gets one.
+    seen: set[int] = set()
+    late: set[int] = set()
+    for event in events:
+        if event["type"] == "segment":
+            seen.add(event["data"]["index"])
+            if event["data"]["status"] == "deadline":
+                late.add(event["data"]["index"])
+        elif event["type"] == "update":
+            index = event["data"]["index"]
+            assert index in late, f"update for {index}, which was not late: {events}"
+            late.discard(index)
+    assert not late, f"late segments {late} got no update"
+
+
+def parse_sse(body: str) -> list[dict[str, Any]]:
+    """Events of a whole SSE body (fields split on LF, as the service writes them)."""
+    out = []
+    for block in body.split("\n\n"):
+        fields: dict[str, str] = {}
+        for line in block.split("\n"):
+            if not line or line.startswith(":"):
+                continue
+            name, _, value = line.partition(":")
+            value = value.removeprefix(" ")
+            fields[name] = fields[name] + "\n" + value if name in fields else value
+        if "data" in fields:
+            out.append({"id": int(fields["id"]), "type": fields.get("event", "message"),
+                        "data": json.loads(fields["data"])})
+    return out
+
+
+async def sse_events(response: httpx.Response) -> AsyncIterator[dict[str, Any]]:
+    """Events of a live SSE response, one at a time."""
+    block: list[str] = []
+    async for line in response.aiter_lines():
+        if line:
+            block.append(line)
+            continue
+        events = parse_sse("\n".join(block))
+        block = []
+        for event in events:
+            yield event
+
+
+def problem_of(r: httpx.Response, status: int) -> dict[str, Any]:
+    assert r.status_code == status, r.text
+    assert r.headers["content-type"].startswith(PROBLEM)
+    body: dict[str, Any] = r.json()
+    assert body["status"] == status and body["detail"]
+    return body
+
+
+# -- the invariant, as a property ----------------------------------------------------------
+
+FRAGMENTS = [
+    "Let me think about this. ", "The user wants 3 apples. ", "Hmm, ", "OK. ", "OK.",
+    "First, check the file.\n", "Version 1.2.3 is out! ", "e.g. this one. ", "Is it 42? ",
+    "我们来看看。", "这是一个问题！", "首先，确定整个 hiking旅程所用的总时间。",
+    "用户想要3个苹果。 ",
+    "これは日本語です。", "ちょっと待って。", "テストを書きます！",
+    "```python\n", "x = compute(1)\n", "print(x)\n", "```\n", "~~~\n", "    indented()\n",
+    "```js\nlet a = 1;\n```\n", "Here is code:\n```\nfoo()\n\nbar()\n```\nThen prose follows. ",
+    "\n", "\n\n", "  ", "\t", "42 + 17 = 59", "3.14", "https://example.com/a.b ", "…",
+    "Das ist ein Satz. ", "¿Qué pasa? ", "$x^2$ ", "`code span` here. ",
+]
+_ANY_TEXT = st.text(st.characters(codec="utf-8"), max_size=6)
+TEXTS = st.lists(st.one_of(st.sampled_from(FRAGMENTS), st.sampled_from(FRAGMENTS), _ANY_TEXT),
+                 max_size=16).map("".join)
+STREAM_IDS = ["s0", "sess-1:msg.2", "A_b.c:D-e", "x" * 128]
+
+
+@dataclass
+class StreamPlan:
+    sid: str
+    text: str
+    chunks: list[str]  # by seq
+    requests: list[list[int]]  # the seqs of each POST, in the order they go out
+    target: str | None  # None: opened by its first chunk, with the default target
+
+
+@st.composite
+def stream_plans(draw: st.DrawFn, sid: str) -> StreamPlan:
+    text = draw(TEXTS)
+    sizes = draw(st.lists(st.one_of(st.integers(1, 6), st.integers(1, 6), st.integers(7, 80),
+                                    st.just(0)), min_size=1, max_size=30))
+    if not any(sizes):
+        sizes = [1]
+    chunks: list[str] = []
+    pos = 0
+    while pos < len(text):
+        n = sizes[len(chunks) % len(sizes)]
+        chunks.append(text[pos:pos + n])
+        pos += n
+    if not chunks:
+        chunks = [""]
+    # Out of order within windows (each shuffled block stays under max_gap held chunks).
+    window = draw(st.integers(1, 4))
+    order: list[int] = []
+    for start in range(0, len(chunks), window):
+        order += draw(st.permutations(range(start, min(start + window, len(chunks)))))
+    # Retries: re-post a seq that already went out, with the same text.
+    for at, pick in draw(st.lists(st.tuples(st.integers(0, 999), st.integers(0, 999)),
+                                  max_size=4)):
+        p = 1 + at % len(order)
+        order.insert(p, order[pick % p])
+    sizes_per_post = draw(st.lists(st.integers(1, 4), min_size=1, max_size=8))
+    requests = []
+    i = 0
+    while i < len(order):
+        n = sizes_per_post[len(requests) % len(sizes_per_post)]
+        requests.append(order[i:i + n])
+        i += n
+    target = draw(st.sampled_from([None, "en", "zh-CN", "ja", "de"]))
+    return StreamPlan(sid, text, chunks, requests, target)
+
+
+@dataclass
+class Scenario:
+    plans: list[StreamPlan]
+    order: list[int]  # which stream posts next (sequential mode)
+    concurrent: bool  # each stream posts from its own task, all at once
+    pauses: set[int]  # turns before which the client goes quiet past flush_idle_ms
+    slow: bool  # the backend misses most deadlines: `deadline` segments, then updates
+
+
+@st.composite
+def scenarios(draw: st.DrawFn) -> Scenario:
+    n = draw(st.integers(2, 4))
+    plans = [draw(stream_plans(STREAM_IDS[i])) for i in range(n)]
+    turns = [i for i, plan in enumerate(plans) for _ in plan.requests]
+    return Scenario(plans, list(draw(st.permutations(turns))), draw(st.booleans()),
+                    set(draw(st.lists(st.integers(0, len(turns)), max_size=2))),
+                    draw(st.booleans()))
+
+
+class SeqModel:
+    """What accepted_through must be: the end of the contiguous prefix seen so far."""
+
+    def __init__(self) -> None:
+        self.seen: set[int] = set()
+        self.next = 0
+
+    def post(self, seqs: list[int]) -> int:
+        self.seen.update(seqs)
+        while self.next in self.seen:
+            self.next += 1
+        return self.next - 1
+
+
+async def _run_scenario(sc: Scenario) -> None:
+    plans = sc.plans
+    # A small size bound and idle flush, so that size cuts and idle flushes happen too.
+    knobs: dict[str, Any] = {"flush_idle_ms": 20, "max_gap": 8, "max_segment_chars": 48}
+    if sc.slow:
+        knobs["deadline_ms"] = 20
+    fake = FakeTranslator(delay_s=0.05) if sc.slow else None
+    async with app_with(fake, default_locale="en", **knobs) as run:
+        client = run.client
+        for plan in plans:
+            if plan.target is not None:
+                r = await client.post("/v1/streams",
+                                      json={"stream_id": plan.sid, "target": plan.target})
+                assert r.status_code == 201, r.text
+        models = [SeqModel() for _ in plans]
+
+        async def send(i: int, seqs: list[int]) -> None:
+            plan = plans[i]
+            r = await post_chunks(client, plan.sid, [(s, plan.chunks[s]) for s in seqs])
+            assert r.status_code == 200, r.text
+            assert r.json() == {"accepted_through": models[i].post(seqs)}
+
+        if sc.concurrent:
+            async def worker(i: int) -> None:
+                for seqs in plans[i].requests:
+                    await send(i, seqs)
+
+            await asyncio.gather(*(worker(i) for i in range(len(plans))))
+        else:
+            pending = [iter(plan.requests) for plan in plans]
+            for turn, i in enumerate(sc.order):
+                if turn in sc.pauses:
+                    await asyncio.sleep(0.05)  # past flush_idle_ms: idle flushes mid-text
+                await send(i, next(pending[i]))
+        closed = {}
+        for plan in plans:
+            r = await client.post(f"/v1/streams/{plan.sid}/close")
+            assert r.status_code == 200, r.text
+            closed[plan.sid] = r.json()["segments"]
+        for plan in plans:
+            events = await read_until(client, plan.sid)
+            check_stream(events, plan.text)
+            assert closed[plan.sid] == len(segments(events))
+            assert {s["target"] for s in segments(events)} <= {plan.target or "en"}
+
+
+@settings(max_examples=60, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow,
+                                 HealthCheck.data_too_large])
+@given(scenarios())
+def test_any_text_any_chunking_any_interleaving_joins_back_exactly(scenario: Scenario) -> None:
+    asyncio.run(_run_scenario(scenario))
+
+
+# -- deadlines and updates -----------------------------------------------------------------
+
+SLOW = "Let me check the weather first. "
+CHINESE = "这是一个中文句子。"
+CODE = "```python\nx = 1\n```\n"
+
+
+async def test_a_missed_deadline_sends_the_original_then_an_update_and_holds_nothing_back(
+) -> None:
+    gate = asyncio.Event()
+    fake = FakeTranslator(gate=gate)
+    async with app_with(fake, default_locale="zh-CN", deadline_ms=300, flush_idle_ms=50) as run:
+        c = run.client
+        t0 = time.monotonic()
+        assert (await post_chunks(c, "d1", [(0, SLOW + CHINESE + CODE)])).status_code == 200
+        assert (await c.post("/v1/streams/d1/close")).json() == {"segments": 3}
+        first = await read_until(c, "d1", "segment", count=3, timeout_s=3)
+        out_s = time.monotonic() - t0
+        assert fake.calls and fake.calls[0].texts == [SLOW.strip()]  # still waiting
+        assert out_s < 1.3, "the deadline segment and those after it are out on time"
+        seg0, seg1, seg2 = segments(first)
+        assert seg0 == {**seg0, "index": 0, "original": SLOW, "text": SLOW, "status": "deadline",
+                        "backend": None, "target": "zh-CN", "source_lang": "en"}
+        assert 295 <= seg0["latency_ms"] < 1300
+        # The segments after it were ready at once; they wait no longer than its deadline.
+        assert (seg1["original"], seg1["status"]) == (CHINESE, "same_language")
+        assert (seg2["original"], seg2["status"]) == (CODE, "skipped")
+        assert seg1["latency_ms"] < 1300 and seg2["latency_ms"] < 1300
+        assert [e["type"] for e in first] == ["segment"] * 3, "no end while an update is owed"
+        assert await poll(c, "d1", first[-1]["id"], wait_ms=200) == []
+
+        gate.set()
+        rest = await read_until(c, "d1", after=first[-1]["id"], timeout_s=5)
+        assert [e["type"] for e in rest] == ["update", "end"]
+        assert rest[0]["data"] == {"index": 0, "text": f"<zh-CN>{SLOW.strip()} ",
+                                   "status": "translated", "backend": "fake"}
+        check_stream(first + rest, SLOW + CHINESE + CODE)
+
+
+async def test_a_late_translation_that_fails_is_an_error_update_then_end() -> None:
+    gate = asyncio.Event()
+    fake = FakeTranslator(gate=gate, answers=deque([BackendUnavailable("quota exceeded")]))
+    async with app_with(fake, default_locale="zh-CN", deadline_ms=200) as run:
+        c = run.client
+        await post_chunks(c, "d3", [(0, SLOW)])
+        assert (await c.post("/v1/streams/d3/close")).json() == {"segments": 1}
+        first = await read_until(c, "d3", "segment", timeout_s=3)
+        assert segments(first)[0]["status"] == "deadline"
+        assert await poll(c, "d3", first[-1]["id"], wait_ms=200) == []  # no end yet
+        gate.set()
+        rest = await read_until(c, "d3", after=first[-1]["id"], timeout_s=5)
+        assert [e["type"] for e in rest] == ["update", "end"]
+        update = rest[0]["data"]
+        assert (update["index"], update["status"], update["text"]) == (0, "error", SLOW)
+        assert "quota exceeded" in update["error"]
+
+
+@dataclass
+class _HoldsSome(FakeTranslator):
+    """Holds only the batches holding ``word`` until its gate opens; answers others at once."""
+
+    word: str = "slow"
+
+    async def translate(self, texts: Sequence[str], *, source: str | None, target: str
+                        ) -> list[str]:
+        self.calls.append(Call(list(texts), source, target))
+        if self.gate is not None and any(self.word in t for t in texts):
+            await self.gate.wait()
+        return [f"<{target}>{t}" for t in texts]
+
+
+async def test_a_slow_segment_holds_later_translated_ones_only_until_its_deadline() -> None:
+    gate = asyncio.Event()
+    fake = _HoldsSome(gate=gate, concurrency=2)
+    async with app_with(fake, default_locale="de", deadline_ms=400, max_batch_size=1) as run:
+        c = run.client
+        text = "This one is slow to translate. The next one is quick to do. "
+        await post_chunks(c, "d2", [(0, text)])
+        await c.post("/v1/streams/d2/close")
+        out = await read_until(c, "d2", "segment", count=2, timeout_s=3)
+        a, b = segments(out)
+        assert a["status"] == "deadline" and b["status"] == "translated"
+        assert b["text"] == "<de>The next one is quick to do. "
+        assert 395 <= a["latency_ms"] < 1400
+        assert 350 <= b["latency_ms"] < 1400, "in order: after the slow one, at its deadline"
+        gate.set()
+        rest = await read_until(c, "d2", after=out[-1]["id"], timeout_s=5)
+        assert [e["type"] for e in rest] == ["update", "end"]
+        check_stream(out + rest, text)
+
+
+class _EarlyTimerLoop(asyncio.SelectorEventLoop):
+    """Fires timers 3 ms early, as uvloop's millisecond, coarse-clock timers do.
+
+    asyncio promises no timer precision; a loop may run a callback a little before its
+    time, and uvloop (which `thinktrans serve` uses when installed) regularly does.
+    """
+
+    def call_at(self, when: float, callback: Any, *args: Any, context: Any = None
+                ) -> asyncio.TimerHandle:
+        return super().call_at(when - 0.003, callback, *args, context=context)
+
+
+async def _deadline_holds(streams: int, spacing_s: float) -> list[str]:
+    """Open ``streams`` streams, one gated sentence each; return those not out in time."""
+    gate = asyncio.Event()
+    fake = FakeTranslator(gate=gate)
+    async with app_with(fake, default_locale="de", deadline_ms=150) as run:
+        c = run.client
+
+        async def one(i: int) -> str | None:
+            await asyncio.sleep(i * spacing_s)
+            await post_chunks(c, f"t{i}", [(0, "One sentence is here in English. And")])
+            events = await poll(c, f"t{i}", wait_ms=1150)  # deadline + 1 s
+            return None if events else f"t{i}"
+
+        found = await asyncio.gather(*(one(i) for i in range(streams)))
+    return [sid for sid in found if sid is not None]
+
+
+def test_a_deadline_timer_that_fires_early_still_sends_the_segment_by_its_deadline() -> None:
+    with asyncio.Runner(loop_factory=_EarlyTimerLoop) as runner:
+        stuck = runner.run(_deadline_holds(1, 0.0))
+    assert stuck == [], "the segment waited for its translation, past ready + deadline_ms"
+
+
+def test_under_uvloop_every_segment_is_out_by_its_deadline() -> None:
+    uvloop = pytest.importorskip("uvloop")
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+        stuck = runner.run(_deadline_holds(100, 0.003))
+    assert stuck == [], f"{len(stuck)} of 100 streams held their segment past the deadline"
+
+
+# -- SSE and long-poll ---------------------------------------------------------------------
+
+async def test_sse_gives_the_same_events_as_long_poll_and_resumes_after_last_event_id(
+) -> None:
+    gate = asyncio.Event()
+    fake = FakeTranslator(gate=gate)
+    async with app_with(fake, default_locale="zh-CN", deadline_ms=200) as run:
+        c = run.client
+        text = SLOW + CHINESE + "Another English sentence. " + CODE
+        deltas = [text[i:i + 5] for i in range(0, len(text), 5)]
+        await post_chunks(c, "e1", list(enumerate(deltas)))
+        assert (await c.post("/v1/streams/e1/close")).json() == {"segments": 4}
+        await read_until(c, "e1", "segment", count=3, timeout_s=3)
+        gate.set()
+        polled = await read_until(c, "e1")
+        assert {"update", "segment", "end"} <= {e["type"] for e in polled}
+        check_stream(polled, text)
+
+        sse = "text/event-stream"
+        r = await c.get("/v1/streams/e1/events", headers={"Accept": sse})
+        assert r.status_code == 200 and r.headers["content-type"].startswith(sse)
+        assert parse_sse(r.text) == polled
+        for k in (0, 2, len(polled) - 2):
+            r = await c.get("/v1/streams/e1/events",
+                            headers={"Accept": sse, "Last-Event-ID": str(polled[k]["id"])})
+            assert parse_sse(r.text) == polled[k + 1:]
+            assert await poll(c, "e1", after=polled[k]["id"]) == polled[k + 1:]
+        r = await c.get("/v1/streams/e1/events",
+                        headers={"Accept": sse, "Last-Event-ID": str(polled[-1]["id"])})
+        assert r.status_code == 200 and parse_sse(r.text) == []
+
+
+@pytest.mark.parametrize("value", [b"abc", b"1.5", b"\xb2", b"1\xb9"])
+async def test_a_last_event_id_that_is_not_an_integer_is_422(value: bytes) -> None:
+    """"\xb2" is "²" in latin-1: str.isdigit() says yes, int() says no."""
+    async with app_with(default_locale="de") as run:
+        transport = httpx.ASGITransport(app=run.app, raise_app_exceptions=False)
+        async with httpx.AsyncClient(transport=transport, base_url="http://test") as c:
+            await post_chunks(c, "h", [(0, "Hello.")])
+            r = await c.get("/v1/streams/h/events", headers={"Last-Event-ID": value})
+            assert "Last-Event-ID" in problem_of(r, 422)["detail"]
+
+
+class _Served:
+    """The app under uvicorn on a free port of 127.0.0.1, in a thread (its own loop)."""
+
+    def __init__(self, **overrides: Any) -> None:
+        app = create_app(make_settings(**overrides),
+                         backends={"passthrough": PassthroughTranslator()})
+        self._sock = socket.socket()
+        self._sock.bind(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self._sock.getsockname()[1]}"
+        config = uvicorn.Config(app, loop="asyncio", lifespan="on", log_level="warning",
+                                timeout_graceful_shutdown=1)
+        self._server = uvicorn.Server(config)
+        self._thread = threading.Thread(target=self._server.run,
+                                        kwargs={"sockets": [self._sock]}, daemon=True)
+
+    def __enter__(self) -> str:
+        self._thread.start()
+        give_up = time.monotonic() + 10
+        while not self._server.started:
+            assert time.monotonic() < give_up and self._thread.is_alive(), "did not start"
+            time.sleep(0.01)
+        return self.url
+
+    def __exit__(self, *exc: object) -> None:
+        self._server.should_exit = True
+        self._thread.join(timeout=10)
+        self._sock.close()
+
+
+@pytest.fixture
+def served() -> Iterator[str]:
+    with _Served(default_locale="zh-CN", flush_idle_ms=5000) as url:
+        yield url
+
+
+async def test_sse_dropped_and_resumed_with_last_event_id_loses_and_repeats_nothing(
+    served: str,
+) -> None:
+    parts = ["First sentence is here. ", "第二句话在这里。", "Third one follows now. ",
+             CODE, "Fifth sentence comes here. ", "我们完成了。", "Last words"]
+    text = "".join(parts)
+    sse = {"Accept": "text/event-stream"}
+    async with httpx.AsyncClient(base_url=served, timeout=10) as c:
+        r = await c.post("/v1/streams", json={"stream_id": "live:1", "target": "zh-CN"})
+        assert r.status_code == 201
+        seq = 0
+
+        async def deltas(part: str) -> None:
+            nonlocal seq
+            for i in range(0, len(part), 4):
+                r = await post_chunks(c, "live:1", [(seq, part[i:i + 4])])
+                assert r.json() == {"accepted_through": seq}
+                seq += 1
+
+        for part in parts[:3]:
+            await deltas(part)
+        got: list[dict[str, Any]] = []
+        async with c.stream("GET", "/v1/streams/live:1/events", headers=sse) as r:
+            assert r.headers["content-type"].startswith("text/event-stream")
+            async for event in sse_events(r):
+                got.append(event)
+                if len(got) == 2:
+                    break  # the reader goes away mid-stream
+        assert [e["id"] for e in got] == [0, 1]
+        for part in parts[3:]:
+            await deltas(part)  # events pile up while nobody reads
+        assert (await c.post("/v1/streams/live:1/close")).json() == {"segments": 7}
+        headers = {**sse, "Last-Event-ID": str(got[-1]["id"])}
+        async with c.stream("GET", "/v1/streams/live:1/events", headers=headers) as r:
+            async for event in sse_events(r):
+                got.append(event)
+        check_stream(got, text)
+        assert got == await read_until(c, "live:1")
+
+
+async def test_sse_delivers_segments_live_before_close(served: str) -> None:
+    sse = {"Accept": "text/event-stream"}
+    async with httpx.AsyncClient(base_url=served, timeout=10) as c:
+        got: list[dict[str, Any]] = []
+        first_two = asyncio.Event()
+
+        async def reader() -> None:
+            async with c.stream("GET", "/v1/streams/live:2/events", headers=sse) as r:
+                async for event in sse_events(r):
+                    got.append(event)
+                    if len(got) == 2:
+                        first_two.set()
+
+        await post_chunks(c, "live:2", [(0, "Hello there. ")])  # opens it
+        task = asyncio.create_task(reader())
+        await post_chunks(c, "live:2", [(1, "How are you? Fine")])
+        await asyncio.wait_for(first_two.wait(), 5)  # out without close or idle flush
+        assert [s["original"] for s in segments(got)] == ["Hello there. ", "How are you? "]
+        await post_chunks(c, "live:2", [(2, " thanks.")])
+        await c.post("/v1/streams/live:2/close")
+        await asyncio.wait_for(task, 5)
+        check_stream(got, "Hello there. How are you? Fine thanks.")
+
+
+# -- seqs ----------------------------------------------------------------------------------
+
+async def test_a_retried_seq_with_the_same_text_is_ignored() -> None:
+    async with app_with(default_locale="de") as run:
+        c = run.client
+        assert (await post_chunks(c, "r", [(0, "Hello there. "), (1, "How")])).json() == {
+            "accepted_through": 1}
+        for retry in ([(0, "Hello there. ")], [(1, "How"), (0, "Hello there. ")]):
+            r = await post_chunks(c, "r", retry)
+            assert r.json() == {"accepted_through": 1}
+        await post_chunks(c, "r", [(2, " are you?")])
+        assert (await c.post("/v1/streams/r/close")).json() == {"segments": 2}
+        check_stream(await read_until(c, "r"), "Hello there. How are you?")
+
+
+async def test_the_same_seq_with_other_text_is_409() -> None:
+    async with app_with(default_locale="de") as run:
+        c = run.client
+        await post_chunks(c, "r", [(0, "Hello "), (2, "held")])
+        body = problem_of(await post_chunks(c, "r", [(0, "Hallo ")]), 409)
+        assert body["seq"] == 0
+        problem_of(await post_chunks(c, "r", [(2, "other")]), 409)
+        r = await post_chunks(c, "r", [(1, "there, ")])
+        assert r.json() == {"accepted_through": 2}
+        await c.post("/v1/streams/r/close")
+        check_stream(await read_until(c, "r"), "Hello there, held")
+
+
+async def test_a_gap_is_held_until_filled() -> None:
+    async with app_with(default_locale="de", max_gap=4) as run:
+        c = run.client
+        assert (await post_chunks(c, "g", [(0, "One. ")])).json() == {"accepted_through": 0}
+        assert (await post_chunks(c, "g", [(3, "Four. "), (2, "Three. ")])).json() == {
+            "accepted_through": 0}
+        assert (await post_chunks(c, "g", [(5, "Six.")])).json() == {"accepted_through": 0}
+        assert (await post_chunks(c, "g", [(1, "Two. ")])).json() == {"accepted_through": 3}
+        assert (await post_chunks(c, "g", [(4, "Five. ")])).json() == {"accepted_through": 5}
+        await c.post("/v1/streams/g/close")
+        events = await read_until(c, "g")
+        check_stream(events, "One. Two. Three. Four. Five. Six.")
+        assert [s["original"] for s in segments(events)] == [
+            "One. ", "Two. ", "Three. ", "Four. ", "Five. ", "Six."]
+
+
+async def test_more_than_max_gap_held_is_409_naming_the_missing_seq() -> None:
+    async with app_with(default_locale="de", max_gap=2) as run:
+        c = run.client
+        await post_chunks(c, "g", [(0, "a"), (1, "b")])
+        assert (await post_chunks(c, "g", [(3, "d"), (4, "e")])).json() == {
+            "accepted_through": 1}
+        body = problem_of(await post_chunks(c, "g", [(5, "f")]), 409)
+        assert body["missing_seq"] == 2 and "seq 2" in body["detail"]
+        # What was held stays held: the gap fills and the rest follows.
+        assert (await post_chunks(c, "g", [(2, "c")])).json() == {"accepted_through": 4}
+        assert (await post_chunks(c, "g", [(5, "f")])).json() == {"accepted_through": 5}
+        await c.post("/v1/streams/g/close")
+        check_stream(await read_until(c, "g"), "abcdef")
+
+
+async def test_close_with_a_gap_is_409_and_chunks_after_close_are_409() -> None:
+    async with app_with(default_locale="de") as run:
+        c = run.client
+        await post_chunks(c, "g", [(0, "Start. "), (2, "end.")])
+        body = problem_of(await c.post("/v1/streams/g/close"), 409)
+        assert body["missing_seq"] == 1
+        await post_chunks(c, "g", [(1, "Middle ")])
+        assert (await c.post("/v1/streams/g/close")).json() == {"segments": 2}
+        assert (await c.post("/v1/streams/g/close")).json() == {"segments": 2}
+        problem_of(await post_chunks(c, "g", [(3, " More.")]), 409)
+        check_stream(await read_until(c, "g"), "Start. Middle end.")
+
+
+async def test_a_chunk_opens_an_unopened_stream_with_the_default_target() -> None:
+    async with app_with(default_locale="fr") as run:
+        c = run.client
+        assert (await post_chunks(c, "new", [(0, "Hello world, nice day. Yes")])).status_code == 200
+        r = await c.post("/v1/streams", json={"stream_id": "new", "target": "fr"})
+        assert r.status_code == 200
+        assert r.json() == {"stream_id": "new", "target": "fr", "target_source": "default"}
+        problem_of(await c.post("/v1/streams", json={"stream_id": "new", "target": "de"}), 409)
+        await c.post("/v1/streams/new/close")
+        segs = segments(await read_until(c, "new"))
+        assert [s["target"] for s in segs] == ["fr", "fr"]
+
+
+async def test_opening_twice_is_200_with_the_same_target_and_409_with_another() -> None:
+    async with app_with() as run:
+        c = run.client
+        r = await c.post("/v1/streams", json={"stream_id": "o", "target": "zh-CN"})
+        assert r.status_code == 201
+        assert r.json() == {"stream_id": "o", "target": "zh-CN", "target_source": "request"}
+        r = await c.post("/v1/streams", json={"stream_id": "o", "target": "ZH-cn"})
+        assert r.status_code == 200 and r.json()["target"] == "zh-CN"
+        body = problem_of(await c.post("/v1/streams", json={"stream_id": "o", "target": "ja"}),
+                          409)
+        assert "zh-CN" in body["detail"]
+
+
+@pytest.mark.parametrize("sid", ["a b", "a/b", "ä", "x" * 129, "a;b"])
+async def test_a_bad_stream_id_is_422(sid: str) -> None:
+    async with app_with(default_locale="de") as run:
+        c = run.client
+        problem_of(await c.post("/v1/streams", json={"stream_id": sid}), 422)
+        if "/" not in sid:
+            r = await c.post(f"/v1/streams/{quote(sid, safe='')}/chunks",
+                             json={"chunks": [{"seq": 0, "text": "x"}]})
+            problem_of(r, 422)
+        assert run.app.state.streams.streams == {}
+
+
+async def test_the_longest_stream_id_is_fine_and_a_negative_seq_is_422() -> None:
+    async with app_with(default_locale="de") as run:
+        c = run.client
+        sid = "A-z0_9.:" * 16
+        assert (await c.post("/v1/streams", json={"stream_id": sid})).status_code == 201
+        body = problem_of(await post_chunks(c, sid, [(-1, "x")]), 422)
+        assert "seq" in body["detail"]
+        assert (await post_chunks(c, sid, [(0, "x")])).json() == {"accepted_through": 0}
+
+
+# -- limits --------------------------------------------------------------------------------
+
+async def test_chunk_and_request_size_limits_are_413_and_accept_nothing() -> None:
+    async with app_with(default_locale="de", max_chunk_chars=10,
+                        max_chunks_per_request=3) as run:
+        c = run.client
+        await post_chunks(c, "l", [(0, "Hi. ")])
+        body = problem_of(await post_chunks(c, "l", [(1, "x" * 5), (2, "y" * 11)]), 413)
+        assert "THINKTRANS_MAX_CHUNK_CHARS" in body["detail"]
+        body = problem_of(await post_chunks(c, "l", [(i, "z") for i in range(1, 5)]), 413)
+        assert "THINKTRANS_MAX_CHUNKS_PER_REQUEST" in body["detail"]
+        assert (await post_chunks(c, "l", [(1, "x" * 10)])).json() == {"accepted_through": 1}
+
+
+async def test_max_stream_buffer_chars_is_413() -> None:
+    async with app_with(default_locale="de", max_stream_buffer_chars=64) as run:
+        c = run.client
+        await post_chunks(c, "b", [(0, "a" * 30)])  # no sentence end: it stays buffered
+        assert (await post_chunks(c, "b", [(2, "c" * 30)])).json() == {"accepted_through": 0}
+        body = problem_of(await post_chunks(c, "b", [(1, "b" * 10)]), 413)
+        assert body["missing_seq"] == 1
+        assert (await post_chunks(c, "b", [(1, "b" * 4)])).json() == {"accepted_through": 2}
+
+
+async def test_max_streams_is_429_with_retry_after() -> None:
+    async with app_with(default_locale="de", max_streams=2) as run:
+        c = run.client
+        await c.post("/v1/streams", json={"stream_id": "m1"})
+        await post_chunks(c, "m2", [(0, "x")])
+        r = await c.post("/v1/streams", json={"stream_id": "m3"})
+        problem_of(r, 429)
+        assert int(r.headers["Retry-After"]) >= 1
+        r = await post_chunks(c, "m4", [(0, "x")])
+        problem_of(r, 429)
+        assert "Retry-After" in r.headers
+        assert (await c.delete("/v1/streams/m1")).status_code == 204
+        assert (await c.post("/v1/streams", json={"stream_id": "m3"})).status_code == 201
+
+
+async def test_unknown_and_deleted_streams_are_404() -> None:
+    async with app_with(default_locale="de") as run:
+        c = run.client
+        problem_of(await c.get("/v1/streams/nope/events"), 404)
+        problem_of(await c.post("/v1/streams/nope/close"), 404)
+        problem_of(await c.delete("/v1/streams/nope"), 404)
+        await post_chunks(c, "d", [(0, "Hello there. Bye")])
+        assert len(await poll(c, "d", wait_ms=2000)) == 1
+        r = await c.delete("/v1/streams/d")
+        assert r.status_code == 204 and r.content == b""
+        problem_of(await c.get("/v1/streams/d/events"), 404)
+        problem_of(await c.post("/v1/streams/d/close"), 404)
+        problem_of(await c.delete("/v1/streams/d"), 404)
+
+
+async def test_an_idle_stream_expires() -> None:
+    async with app_with(default_locale="de", stream_idle_expire_s=0.3) as run:
+        c = run.client
+        await post_chunks(c, "idle", [(0, "Hello there. Bye")])
+        await c.post("/v1/streams", json={"stream_id": "busy"})
+        assert await run.metric("thinktrans_open_streams") == 2
+        give_up = time.monotonic() + 5
+        while (await c.get("/v1/streams/idle/events")).status_code == 200:
+            assert time.monotonic() < give_up, "the idle stream did not expire"
+            await post_chunks(c, "busy", [(0, "")])  # retries keep "busy" alive
+            await asyncio.sleep(0.05)
+        problem_of(await c.get("/v1/streams/idle/events"), 404)
+        assert (await c.get("/v1/streams/busy/events")).status_code == 200
+        assert await run.metric("thinktrans_open_streams") == 1
+
+
+async def test_a_full_backend_queue_is_503_with_retry_after_and_accepts_nothing() -> None:
+    gate = asyncio.Event()
+    fake = FakeTranslator(gate=gate)
+    async with app_with(fake, default_locale="de", max_queue_size=1, deadline_ms=5000) as run:
+        c = run.client
+        parts = ["First sentence is here. S", "econd sentence is here. T", "hird sentence."]
+        assert (await post_chunks(c, "q", [(0, parts[0])])).json() == {"accepted_through": 0}
+        await asyncio.wait_for(fake.started.wait(), 2)  # first batch in flight, queue empty
+        assert (await post_chunks(c, "q", [(1, parts[1])])).json() == {"accepted_through": 1}
+        r = await post_chunks(c, "q", [(2, parts[2])])
+        problem_of(r, 503)
+        assert int(r.headers["Retry-After"]) >= 1
+        gate.set()
+        await read_until(c, "q", "segment", count=2, timeout_s=3)
+        assert (await post_chunks(c, "q", [])).json() == {"accepted_through": 1}
+        assert (await post_chunks(c, "q", [(2, parts[2])])).json() == {"accepted_through": 2}
+        await c.post("/v1/streams/q/close")
+        events = await read_until(c, "q")
+        check_stream(events, "".join(parts))
+        assert [s["status"] for s in segments(events)] == ["translated"] * 3
+        sent = [t for call in fake.calls for t in call.texts]
+        assert sorted(sent) == sorted(["First sentence is here.", "Second sentence is here.",
+                                       "Third sentence."])
+
+
+async def test_one_request_cutting_more_segments_than_the_queue_holds_drops_none() -> None:
+    """Accepted text is never dropped: each of its segments gets translated."""
+    gate = asyncio.Event()
+    fake = FakeTranslator(gate=gate)
+    async with app_with(fake, default_locale="de", max_queue_size=2, deadline_ms=300) as run:
+        c = run.client
+        text = "One sentence here. Two sentence here. Three sentence here. Four sentence here."
+        r = await post_chunks(c, "q2", [(0, text)])
+        if r.status_code == 503:  # refusing the whole request is fine too, if it took nothing
+            r = await post_chunks(c, "q2", [])
+            assert r.status_code == 404 or r.json() == {"accepted_through": -1}
+            return
+        await read_until(c, "q2", "segment", count=1, timeout_s=3)
+        gate.set()
+        await c.post("/v1/streams/q2/close")
+        events = await read_until(c, "q2")
+        check_stream(events, text)
+        final = {s["index"]: s["status"] for s in segments(events)}
+        final.update({e["data"]["index"]: e["data"]["status"]
+                      for e in events if e["type"] == "update"})
+        assert set(final.values()) == {"translated"}, segments(events)
+
+
+async def test_a_409_mid_request_still_flushes_what_it_accepted_when_idle() -> None:
+    """seq 0 was accepted (the 409 asks for seq 1 next); idle must still flush it."""
+    async with app_with(default_locale="de", max_gap=0, flush_idle_ms=100) as run:
+        c = run.client
+        body = problem_of(await post_chunks(c, "p", [(0, "Thinking about it"), (2, "x")]), 409)
+        assert body["missing_seq"] == 1
+        events = await poll(c, "p", wait_ms=1500)
+        assert [s["original"] for s in segments(events)] == ["Thinking about it"]
+
+
+# -- flush_idle_ms and the POST that never waits -------------------------------------------
+
+async def test_text_without_a_sentence_end_goes_out_after_flush_idle_ms() -> None:
+    async with app_with(default_locale="de", flush_idle_ms=500) as run:
+        c = run.client
+        t0 = time.monotonic()
+        await post_chunks(c, "i", [(0, "Thinking about the ans")])
+        await post_chunks(c, "i", [(1, "wer now")])
+        assert await poll(c, "i", wait_ms=100) == []
+        events = await poll(c, "i", wait_ms=3000)
+        assert time.monotonic() - t0 >= 0.45
+        assert [s["original"] for s in segments(events)] == ["Thinking about the answer now"]
+        await post_chunks(c, "i", [(2, ". Done.")])
+        await c.post("/v1/streams/i/close")
+        check_stream(await read_until(c, "i"), "Thinking about the answer now. Done.")
+
+
+async def test_a_sentence_end_goes_out_at_once_and_the_post_never_waits() -> None:
+    gate = asyncio.Event()
+    fake = FakeTranslator(gate=gate)
+    async with app_with(fake, default_locale="de", flush_idle_ms=10_000,
+                        deadline_ms=10_000) as run:
+        c = run.client
+        t0 = time.monotonic()
+        r = await post_chunks(c, "n", [(0, "First sentence is in English. Sec")])
+        assert r.json() == {"accepted_through": 0}
+        assert time.monotonic() - t0 < 2, "the POST waited for the translation"
+        await asyncio.wait_for(fake.started.wait(), 2)  # sent before close or idle flush
+        assert fake.calls[0].texts == ["First sentence is in English."]
+        gate.set()
+        events = await poll(c, "n", wait_ms=3000)
+        assert time.monotonic() - t0 < 5, "out long before flush_idle_ms or the deadline"
+        assert segments(events)[0]["original"] == "First sentence is in English. "
+        assert segments(events)[0]["status"] == "translated"
+
+
+async def test_an_idle_flush_inside_a_code_block_keeps_the_code_block() -> None:
+    """A pause mid-fence must not end the fence: prose after it is still prose."""
+    async with app_with(default_locale="de", flush_idle_ms=100) as run:
+        c = run.client
+        await post_chunks(c, "f", [(0, "Here is the code:\n```python\nx = compute(1)\n")])
+        await asyncio.sleep(0.4)  # the agent pauses mid-block: an idle flush
+        prose = "Now the explanation follows in English. "
+        await post_chunks(c, "f", [(1, "print(x)\n```\n" + prose + "Done.")])
+        await c.post("/v1/streams/f/close")
+        events = await read_until(c, "f")
+        check_stream(events, "Here is the code:\n```python\nx = compute(1)\nprint(x)\n```\n"
+                     + prose + "Done.")
+        by_text = {s["original"]: s["status"] for s in segments(events)}
+        assert by_text.get(prose) == "translated", segments(events)
+
+
+# -- language per stream, and where the target comes from ----------------------------------
+
+async def test_short_segments_take_the_streams_language() -> None:
+    fake = FakeTranslator()
+    async with app_with(fake) as run:
+        c = run.client
+        r = await c.post("/v1/streams", json={"stream_id": "de", "target": "en"})
+        assert r.json()["target_source"] == "request"
+        text = ("Der Benutzer möchte wissen, wie das Wetter morgen in Berlin wird. OK. Hmm,\n"
+                "ich prüfe das noch einmal genau. ")
+        await post_chunks(c, "de", list(enumerate(text[i:i + 3] for i in range(0, len(text), 3))))
+        await c.post("/v1/streams/de/close")
+        events = await read_until(c, "de")
+        check_stream(events, text)
+        by_text = {s["original"]: s for s in segments(events)}
+        for short in ("OK. ", "Hmm,\n"):
+            assert by_text[short]["source_lang"] == "de", by_text[short]
+            assert by_text[short]["status"] == "translated"  # not kept as English
+        sent = {t: call.source for call in fake.calls for t in call.texts}
+        assert sent["OK."] == "de" and sent["Hmm,"] == "de"
+
+
+async def test_the_target_comes_from_user_text_else_the_default_else_none() -> None:
+    async with app_with(default_locale="fr") as run:
+        c = run.client
+        r = await c.post("/v1/streams", json={
+            "stream_id": "u", "user_text": "これは日本語のメッセージです。天気を教えてください。"})
+        assert r.status_code == 201
+        assert r.json() == {"stream_id": "u", "target": "ja", "target_source": "user_text"}
+        await post_chunks(c, "u", [(0, "The user asked about the weather.")])
+        await c.post("/v1/streams/u/close")
+        assert [s["target"] for s in segments(await read_until(c, "u"))] == ["ja"]
+        r = await c.post("/v1/streams", json={"stream_id": "d"})
+        assert r.json() == {"stream_id": "d", "target": "fr", "target_source": "default"}
+    async with app_with() as run:
+        c = run.client
+        r = await c.post("/v1/streams", json={"stream_id": "n"})
+        assert r.json() == {"stream_id": "n", "target": None, "target_source": "none"}
+        await post_chunks(c, "n", [(0, "Hello there, this is English.\n" + CODE)])
+        await c.post("/v1/streams/n/close")
+        segs = segments(await read_until(c, "n"))
+        assert [(s["status"], s["target"]) for s in segs] == [("no_target", None),
+                                                               ("skipped", None)]
+
+
+# -- metrics -------------------------------------------------------------------------------
+
+async def test_stream_metrics() -> None:
+    gate = asyncio.Event()
+    fake = FakeTranslator(gate=gate)
+    async with app_with(fake, default_locale="zh-CN", deadline_ms=200) as run:
+        c = run.client
+        assert await run.metric("thinktrans_open_streams") == 0
+        await post_chunks(c, "m", [(0, SLOW + CHINESE + CODE + "A quick one. ")])
+        assert await run.metric("thinktrans_open_streams") == 1
+        await read_until(c, "m", "segment", count=3, timeout_s=3)
+        gate.set()
+        await c.post("/v1/streams/m/close")
+        events = await read_until(c, "m")
+        assert [s["status"] for s in segments(events)] == [
+            "deadline", "same_language", "skipped", "translated"]
+        assert await run.metric("thinktrans_deadline_misses_total") == 1
+        for status, backend in [("deadline", ""), ("same_language", ""), ("skipped", ""),
+                                ("translated", "fake")]:
+            assert await run.metric("thinktrans_segments_total", status=status,
+                                    backend=backend) == 1
+            assert await run.metric("thinktrans_segment_latency_seconds_count",
+                                    status=status) == 1
+        assert await run.metric("thinktrans_segment_latency_seconds_sum",
+                                status="deadline") >= 0.19
+        text = (await c.get("/metrics")).text
+        # Ended: kept for late readers, but no longer open (nor counted in max_streams).
+        assert "thinktrans_open_streams 0.0" in text
+        assert 'thinktrans_segments_total{backend="",status="deadline"} 1.0' in text
+        await c.delete("/v1/streams/m")
+        assert await run.metric("thinktrans_open_streams") == 0
+
+
+async def test_deleting_a_stream_with_translations_in_flight_counts_no_deadline_miss() -> None:
+    gate = asyncio.Event()
+    fake = FakeTranslator(gate=gate)
+    async with app_with(fake, default_locale="de", deadline_ms=10_000) as run:
+        c = run.client
+        await post_chunks(c, "x", [(0, "One sentence here. Two sentence here. Three")])
+        await asyncio.wait_for(fake.started.wait(), 2)
+        assert (await c.delete("/v1/streams/x")).status_code == 204
+        await asyncio.sleep(0.1)  # let the cancelled translations settle
+        assert await run.metric("thinktrans_deadline_misses_total") == 0
+        assert await run.metric("thinktrans_segments_total", status="deadline", backend="") == 0
+
+
+# -- over real HTTP, as curl would see it --------------------------------------------------
+
+@pytest.fixture
+def serve_process() -> Iterator[str]:
+    """`python -m service.cli serve` in its own process (uvicorn, default loop)."""
+    with serve_cli(THINKTRANS_DEFAULT_LOCALE="zh-CN") as srv:
+        yield srv.url
+
+
+def test_a_stream_over_real_http(serve_process: str) -> None:
+    url = serve_process
+    text = "Hmm, the user said hello. 我们来看看。\n```python\nx = 1\n```\nLet me answer"
+    with httpx.Client(base_url=url, timeout=10) as c:
+        r = c.post("/v1/streams", json={"stream_id": "curl:1", "user_text": None})
+        assert r.status_code == 201 and r.json()["target"] == "zh-CN"
+        for seq, i in enumerate(range(0, len(text), 3)):
+            r = c.post("/v1/streams/curl:1/chunks",
+                       json={"chunks": [{"seq": seq, "text": text[i:i + 3]}]})
+            assert r.json() == {"accepted_through": seq}
+        got: list[dict[str, Any]] = []
+        with c.stream("GET", "/v1/streams/curl:1/events",
+                      headers={"Accept": "text/event-stream"}) as r:
+            assert r.headers["content-type"].startswith("text/event-stream")
+            block: list[str] = []
+            for line in r.iter_lines():
+                if line:
+                    block.append(line)
+                    continue
+                got += parse_sse("\n".join(block))
+                block = []
+                if len(got) == 3:  # every complete segment is out before close
+                    assert c.post("/v1/streams/curl:1/close").json() == {"segments": 4}
+        check_stream(got, text)
+        assert [(s["status"], s["target"]) for s in segments(got)] == [
+            ("translated", "zh-CN"), ("same_language", "zh-CN"), ("skipped", "zh-CN"),
+            ("translated", "zh-CN")]
+        assert got[-1] == {"id": 4, "type": "end", "data": {"segments": 4}}
+
+
+async def test_an_ended_stream_does_not_hold_a_max_streams_slot() -> None:
+    async with app_with(None, max_streams=1) as run:
+        c = run.client
+        await post_chunks(c, "first", [(0, "Done already. ")])
+        await c.post("/v1/streams/first/close")
+        await read_until(c, "first")
+        r = await c.post("/v1/streams", json={"stream_id": "second"})
+        assert r.status_code == 201
+        r = await c.post("/v1/streams", json={"stream_id": "third"})
+        assert r.status_code == 429
+
+
+async def test_a_refused_chunk_says_how_far_the_request_was_accepted() -> None:
+    async with app_with(None) as run:
+        c = run.client
+        await post_chunks(c, "r", [(0, "Hello there. ")])
+        r = await c.post("/v1/streams/r/chunks", json={"chunks": [
+            {"seq": 1, "text": "More. "}, {"seq": 0, "text": "Other text. "}]})
+        assert r.status_code == 409
+        assert r.json()["accepted_through"] == 1
