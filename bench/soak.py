@@ -13,7 +13,8 @@ for --minutes. Each stream is, in turn:
   few events, or none at all), so the stream expires with text still pending.
 
 Every --sample-s seconds it samples the server's RSS (/proc/<pid>/status) and the
-thinktrans_open_streams gauge. After the load it waits for expiry, then reports whether
+thinktrans_open_streams gauge. After the load it waits for expiry (and checks that the
+last 300 streams left behind answer 404), then reports whether
 memory grows: the mean RSS of the first and the last minute, and the slope of a
 least-squares line through the samples after the first minute (MiB per minute). It stops
 by itself: the writers stop at the deadline, every read and wait has a timeout.
@@ -28,6 +29,7 @@ import random
 import sys
 import tempfile
 import time
+from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -66,7 +68,9 @@ class Soak:
         self.args = args
         self.texts = texts
         self.counts = Counts()
+        self.left: deque[str] = deque(maxlen=300)  # streams left to expire (most recent)
         self.samples: list[Sample] = []
+        self.not_expired = -1
         self.started = time.monotonic()
         self.stop_at = self.started + args.minutes * 60.0
         self.timeout = aiohttp.ClientTimeout(total=None, sock_read=30)
@@ -153,6 +157,7 @@ class Soak:
             await asyncio.sleep(interval)
         if kind == "abandoned":
             self.counts.abandoned += 1
+            self.left.append(sid)
             if reader is not None:
                 try:
                     await asyncio.wait_for(reader, 2.0)  # drops after a few events
@@ -179,6 +184,7 @@ class Soak:
             self.counts.closed_deleted += 1
         else:
             self.counts.closed_left += 1
+            self.left.append(sid)
 
     async def worker(self, i: int) -> None:
         rng = random.Random(self.args.seed * 100_003 + i)
@@ -229,7 +235,21 @@ class Soak:
             while final.open_streams > 0 and time.monotonic() < give_up:
                 await asyncio.sleep(1.0)
                 final = await self.sample(session)
+            # The gauge counts streams not yet ended; closed ones are kept for late
+            # readers until they expire too: ask for the last ones left, until all are gone.
+            remaining = list(self.left)
+            while remaining and time.monotonic() < give_up:
+                await asyncio.sleep(1.0)
+                remaining = [sid for sid in remaining if await self.exists(session, sid)]
+            self.not_expired = len(remaining)
         return self.report(load_end)
+
+    async def exists(self, session: aiohttp.ClientSession, sid: str) -> bool:
+        try:
+            async with session.get(f"{self.url}/v1/streams/{sid}/events") as r:
+                return r.status != 404
+        except (aiohttp.ClientError, TimeoutError):
+            return True
 
     def report(self, load_end: float) -> dict[str, Any]:
         load_s = load_end - self.started
@@ -262,6 +282,8 @@ class Soak:
             "memory_grows": grows,
             "open_streams": {"max": max(s.open_streams for s in during),
                              "after_expiry": final.open_streams,
+                             "left_streams_checked": len(self.left),
+                             "left_streams_not_expired": self.not_expired,
                              "expired_within_s": round(time.monotonic() - load_end, 1)},
             "server_cpu_s": round(cpu[-1] - cpu[0], 1) if len(cpu) == 2 else None,
             "samples": [[s.t_s, round(s.rss / MIB, 1), s.open_streams] for s in self.samples],
