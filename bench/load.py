@@ -42,8 +42,9 @@ from typing import Any
 import aiohttp
 import httpx
 
-from service.bench import BenchConfig, BenchReport, percentile, run_bench
+from service.bench import BenchConfig, BenchReport, run_bench
 from service.corpus import load_corpus
+from service.metrics import percentile
 
 ROOT = Path(__file__).resolve().parent.parent
 CHUNKS_ROUTE = "/v1/streams/{stream_id}/chunks"
