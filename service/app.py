@@ -53,6 +53,13 @@ Send = Callable[[Message], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 
+def problem_responses(*statuses: int) -> dict[int | str, dict[str, Any]]:
+    """OpenAPI entries for problem responses, with the media type they are sent as."""
+    schema = Problem.model_json_schema()
+    return {status: {"description": "Problem", "content": {PROBLEM_JSON: {"schema": schema}}}
+            for status in statuses}
+
+
 def problem(
     status: int, title: str, detail: str, slug: str, *,
     headers: dict[str, str] | None = None, **extra: Any,
@@ -261,9 +268,7 @@ def create_app(
     app.add_middleware(Guard, max_bytes=settings.max_request_bytes, token=token,
                        metrics=metrics)
 
-    v1 = APIRouter(prefix="/v1",
-                   responses={422: {"model": Problem}, 413: {"model": Problem},
-                              401: {"model": Problem}})
+    v1 = APIRouter(prefix="/v1", responses=problem_responses(401, 413, 422))
 
     def pipeline_of(request: Request) -> Pipeline:
         pipeline: Pipeline = request.app.state.pipeline
@@ -291,7 +296,8 @@ def create_app(
         manager: StreamManager = request.app.state.streams
         return manager
 
-    @v1.post("/streams", response_model=OpenStreamResponse, status_code=201)
+    @v1.post("/streams", response_model=OpenStreamResponse, status_code=201,
+             responses=problem_responses(409, 429, 503))
     async def open_stream(body: OpenStreamRequest, request: Request) -> JSONResponse:
         """Open a stream; opening it again with the same target is a no-op (200)."""
         pipeline = pipeline_of(request)
@@ -308,7 +314,8 @@ def create_app(
             status_code=201 if created else 200,
         )
 
-    @v1.post("/streams/{stream_id}/chunks", response_model=ChunksResponse)
+    @v1.post("/streams/{stream_id}/chunks", response_model=ChunksResponse,
+             responses=problem_responses(409, 429, 503))
     async def post_chunks(stream_id: StreamId, body: ChunksRequest, request: Request
                           ) -> Response:
         """Accept chunks by seq; returns at once, never waiting for translation."""
@@ -337,19 +344,21 @@ def create_app(
         # Built by hand: this is the hot path, and the shape is one integer.
         return Response(b'{"accepted_through":%d}' % accepted, media_type="application/json")
 
-    @v1.post("/streams/{stream_id}/close", response_model=CloseResponse)
+    @v1.post("/streams/{stream_id}/close", response_model=CloseResponse,
+             responses=problem_responses(404, 409))
     async def close_stream(stream_id: StreamId, request: Request) -> dict[str, int]:
         """Flush the last segment; `end` follows once every result is out."""
         return {"segments": streams_of(request).get(stream_id).close()}
 
-    @v1.delete("/streams/{stream_id}", status_code=204)
+    @v1.delete("/streams/{stream_id}", status_code=204, responses=problem_responses(404))
     async def delete_stream(stream_id: StreamId, request: Request) -> Response:
         """Drop a stream and its pending work."""
         streams_of(request).delete(stream_id)
         return Response(status_code=204)
 
     @v1.get("/streams/{stream_id}/events", response_model=EventsResponse,
-            responses={200: {"content": {"text/event-stream": {}}}})
+            responses={200: {"content": {"text/event-stream": {}}},
+                       **problem_responses(404, 410)})
     async def stream_events(
         stream_id: StreamId,
         request: Request,
@@ -377,7 +386,7 @@ def create_app(
 
     # -- one-shot ----------------------------------------------------------------------------
 
-    @v1.post("/translate", response_model=TranslateResponse)
+    @v1.post("/translate", response_model=TranslateResponse, responses=problem_responses(503))
     async def translate(body: TranslateRequest, request: Request) -> dict[str, Any]:
         """Translate whole texts; segments not in the target language go to the backend."""
         check_texts(body.texts)

@@ -241,6 +241,7 @@ class Pipeline:
         for text in texts:
             seg = Segmenter(max_chars)
             split.append([*seg.feed(text), *seg.flush()])
+            await asyncio.sleep(0)  # streams' deadline timers must not wait for this request
         detections: dict[tuple[int, int], Detection] = {}
         langs: Counter[str] = Counter()
         if src is None:
@@ -249,6 +250,8 @@ class Pipeline:
                     if piece.kind == "text" and is_translatable(piece.text):
                         det = self.detector.detect(piece.text)
                         detections[(t, i)] = det
+                        if len(detections) % 16 == 0:
+                            await asyncio.sleep(0)
                         if det.reliable and det.lang:
                             langs[det.lang] += 1
         majority = langs.most_common(1)[0][0] if langs else None

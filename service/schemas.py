@@ -91,7 +91,7 @@ class OpenStreamResponse(BaseModel):
 
 
 class Chunk(_Strict):
-    seq: int = Field(..., ge=0, le=2**53, description="0, 1, 2, ... without gaps.")
+    seq: int = Field(..., ge=0, le=2**53, strict=True, description="0, 1, 2, ... without gaps.")
     text: str
 
 

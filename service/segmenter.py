@@ -134,6 +134,8 @@ class Segmenter:
                 continue  # leading whitespace belongs to the segment it leads
             if self._is_false_end(buf, m):
                 continue
+            if m.end() >= self.max_chars:
+                break  # at or past the size bound: cut there, as deltas would have
             return self._take(m.end(), "text")
         # No boundary yet: a later one needs its terminator and whitespace, so the
         # next scan restarts shortly before the end instead of at the start.
@@ -153,7 +155,10 @@ class Segmenter:
                 return None
             self._body_start = self._scan_from = newline + 1
         close = _fence_close(fence)
+        bound = self.max_chars * _CODE_BOUND_FACTOR
         m = close.search(buf, max(self._scan_from, self._body_start))
+        if m is not None and m.end() > bound:
+            m = None  # past the code bound: cut there, as deltas would have
         if m is not None and m.group(0).endswith("\n"):
             stripped = buf[m.end() :].lstrip()
             if not stripped:
@@ -161,7 +166,6 @@ class Segmenter:
                 return None  # whitespace may go on; it joins the code segment
             self._fence = None
             return self._take(len(buf) - len(stripped), "code")
-        bound = self.max_chars * _CODE_BOUND_FACTOR
         if len(buf) >= bound:
             cut = buf.rfind("\n", 0, bound)
             piece = self._take(cut + 1 if cut > 0 else bound, "code")
@@ -173,8 +177,8 @@ class Segmenter:
     @staticmethod
     def _is_false_end(buf: str, m: re.Match[str]) -> bool:
         text = m.group(0)
-        if text[0] != ".":
-            return False
+        if text[0] != "." or "\n" in text:
+            return False  # a newline before more text ends a segment whatever precedes it
         if text.startswith("..."):
             return False
         nxt = buf[m.end()] if m.end() < len(buf) else ""

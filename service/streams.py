@@ -370,6 +370,30 @@ class Stream:
         self.touch()
         return len(self.segments)
 
+    def abort(self, reason: str) -> None:
+        """Shutdown past its grace: every segment not out goes out now with its original
+        (status error), every owed update as an error, then `end`; then drop the work."""
+        if self.ended:
+            return
+        pipeline = self.manager.pipeline
+        for seg in self.segments[self.head:]:
+            result = pipeline.result(seg.index, seg.piece.text, self.target, seg.decision,
+                                     seg.task, seg.ready_at)
+            if result["status"] == "deadline":
+                result = {**result, "status": "error", "error": reason}
+            seg.emitted = True
+            self._publish("segment", result)
+        self.head = len(self.segments)
+        for seg in self.segments:
+            if seg.late:
+                seg.late = False
+                self.owed_updates -= 1
+                self._publish("update", {"index": seg.index, "text": seg.piece.text,
+                                         "status": "error", "backend": None, "error": reason})
+        self.ended = True
+        self._publish("end", {"segments": len(self.segments)})
+        self.drop()
+
     def drop(self) -> None:
         """Cancel timers and work; wake readers. Nothing is emitted after this."""
         self.dropped = True
@@ -447,6 +471,11 @@ class StreamManager:
         until = time.monotonic() + grace_s
         while time.monotonic() < until and not all(s.ended for s in self.streams.values()):
             await asyncio.sleep(0.05)
+        stuck = [s for s in self.streams.values() if not s.ended]
+        for stream in stuck:
+            stream.abort("the service shut down before the translation came")
+        if stuck:
+            await asyncio.sleep(0.2)  # let SSE readers write out the last events
         for stream in self.streams.values():
             stream.drop()
         log.info("streams drained", extra={"streams": len(self.streams)})
