@@ -19,6 +19,7 @@ from fastapi import FastAPI
 from models.base import Translator
 from service.app import create_app
 from service.settings import Settings, load_settings
+from tests.fakes_remote import FakeChat, FakeDeepL
 
 
 @pytest.fixture(autouse=True)
@@ -59,6 +60,24 @@ async def start_app(
         transport = httpx.ASGITransport(app=app)
         async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
             yield Running(app, client)
+
+
+@pytest.fixture(scope="module")
+def deepl_server() -> Iterator[FakeDeepL]:
+    """A DeepL v2 API double on 127.0.0.1, one per test module; tests set its mode."""
+    server = FakeDeepL()
+    server.start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def chat_server() -> Iterator[FakeChat]:
+    """An OpenAI-compatible chat double on 127.0.0.1, one per test module."""
+    server = FakeChat()
+    server.start()
+    yield server
+    server.stop()
 
 
 @pytest.fixture

@@ -37,11 +37,8 @@ def sidecar() -> Iterator[Server]:
 
 
 @pytest.fixture(scope="module")
-def chat() -> Iterator[FakeChat]:
-    server = FakeChat()
-    server.start()
-    yield server
-    server.stop()
+def chat(chat_server: FakeChat) -> FakeChat:
+    return chat_server
 
 
 @pytest.fixture(scope="module")

@@ -4,9 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import socket
-from collections.abc import Iterator
-
-import pytest
 
 from models.passthrough import PassthroughTranslator
 from service.errors import BackendUnavailable
@@ -21,22 +18,6 @@ def closed_port_url() -> str:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return f"http://127.0.0.1:{s.getsockname()[1]}"
-
-
-@pytest.fixture(scope="module")
-def deepl_server() -> Iterator[FakeDeepL]:
-    server = FakeDeepL()
-    server.start()
-    yield server
-    server.stop()
-
-
-@pytest.fixture(scope="module")
-def chat_server() -> Iterator[FakeChat]:
-    server = FakeChat()
-    server.start()
-    yield server
-    server.stop()
 
 
 async def test_unreachable_deepl_falls_through_to_passthrough() -> None:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import shutil
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -213,22 +212,6 @@ def test_local_checkpoint_against_passthrough(
 
 
 # -- billed backends and cost -----------------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def deepl_server() -> Iterator[FakeDeepL]:
-    server = FakeDeepL()
-    server.start()
-    yield server
-    server.stop()
-
-
-@pytest.fixture(scope="module")
-def chat_server() -> Iterator[FakeChat]:
-    server = FakeChat()
-    server.start()
-    yield server
-    server.stop()
 
 
 def test_deepl_cost_from_billed_characters(

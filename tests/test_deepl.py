@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import deepl
@@ -23,14 +23,6 @@ from service.settings import load_settings
 from tests.fakes_remote import FakeDeepL, closed_port_url
 
 Make = Callable[..., DeepLTranslator]
-
-
-@pytest.fixture(scope="module")
-def deepl_server() -> Iterator[FakeDeepL]:
-    server = FakeDeepL()
-    server.start()
-    yield server
-    server.stop()
 
 
 @pytest.fixture

@@ -20,7 +20,7 @@ import tempfile
 import threading
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -207,22 +207,6 @@ async def test_slow_answers_go_out_at_the_deadline_and_follow_as_updates() -> No
 
 
 # -- vendor doubles -----------------------------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def deepl_server() -> Iterator[FakeDeepL]:
-    server = FakeDeepL()
-    server.start()
-    yield server
-    server.stop()
-
-
-@pytest.fixture(scope="module")
-def chat_server() -> Iterator[FakeChat]:
-    server = FakeChat()
-    server.start()
-    yield server
-    server.stop()
 
 
 def deepl_settings(server: FakeDeepL, **overrides: Any) -> dict[str, Any]:
