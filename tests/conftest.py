@@ -141,3 +141,40 @@ def served(**env: str) -> Iterator[Server]:
                 except subprocess.TimeoutExpired:
                     proc.kill()
                     proc.wait()
+
+
+class InThread:
+    """The app under uvicorn on a free port of 127.0.0.1, in a thread with its own loop:
+    real connections (SSE that a reader can drop), tests keep their own loop."""
+
+    def __init__(self, backends: dict[str, Translator] | None = None, **overrides: Any) -> None:
+        import threading
+
+        import uvicorn
+
+        from models.passthrough import PassthroughTranslator
+
+        if backends is None:
+            backends = {"passthrough": PassthroughTranslator()}
+        app = create_app(make_settings(**overrides), backends=backends)
+        self._sock = socket.socket()
+        self._sock.bind(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self._sock.getsockname()[1]}"
+        config = uvicorn.Config(app, loop="asyncio", lifespan="on", log_level="warning",
+                                timeout_graceful_shutdown=1)
+        self._server = uvicorn.Server(config)
+        self._thread = threading.Thread(target=self._server.run,
+                                        kwargs={"sockets": [self._sock]}, daemon=True)
+
+    def __enter__(self) -> str:
+        self._thread.start()
+        give_up = time.monotonic() + 10
+        while not self._server.started:
+            assert time.monotonic() < give_up and self._thread.is_alive(), "did not start"
+            time.sleep(0.01)
+        return self.url
+
+    def __exit__(self, *exc: object) -> None:
+        self._server.should_exit = True
+        self._thread.join(timeout=10)
+        self._sock.close()

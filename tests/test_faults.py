@@ -27,12 +27,10 @@ from typing import Any
 
 import httpx
 import pytest
-import uvicorn
 
 from models.base import Translator
 from models.passthrough import PassthroughTranslator
-from service.app import create_app
-from tests.conftest import Running, make_settings, start_app
+from tests.conftest import InThread, Running, make_settings, start_app
 from tests.fakes import FakeTranslator
 from tests.fakes_remote import FakeChat, FakeDeepL
 
@@ -387,32 +385,7 @@ async def test_a_large_one_shot_request_does_not_hold_streams_past_their_deadlin
         await assert_healthy(c)
 
 
-class _Served:
-    """The app under uvicorn on 127.0.0.1 in a thread (its own loop): real SSE connections."""
 
-    def __init__(self, backends: dict[str, Translator], **overrides: Any) -> None:
-        app = create_app(make_settings(**overrides), backends=backends)
-        self._sock = socket.socket()
-        self._sock.bind(("127.0.0.1", 0))
-        self.url = f"http://127.0.0.1:{self._sock.getsockname()[1]}"
-        config = uvicorn.Config(app, loop="asyncio", lifespan="on", log_level="warning",
-                                timeout_graceful_shutdown=1)
-        self._server = uvicorn.Server(config)
-        self._thread = threading.Thread(target=self._server.run,
-                                        kwargs={"sockets": [self._sock]}, daemon=True)
-
-    def __enter__(self) -> str:
-        self._thread.start()
-        give_up = time.monotonic() + 10
-        while not self._server.started:
-            assert time.monotonic() < give_up and self._thread.is_alive(), "did not start"
-            time.sleep(0.01)
-        return self.url
-
-    def __exit__(self, *exc: object) -> None:
-        self._server.should_exit = True
-        self._thread.join(timeout=10)
-        self._sock.close()
 
 
 async def _sse_read(client: httpx.AsyncClient, sid: str, last_id: int | None, limit: int
@@ -445,7 +418,7 @@ async def test_an_sse_reader_that_drops_and_resumes_loses_and_repeats_nothing() 
     slow = FakeTranslator(delay_s=0.25)  # some segments go out late, with updates after
     parts = [f"Part {i} of the plan is written down here. " for i in range(12)]
     text = "".join(parts) + "Last words"
-    with _Served({"fake": slow, "passthrough": PassthroughTranslator()}, backend="fake",
+    with InThread({"fake": slow, "passthrough": PassthroughTranslator()}, backend="fake",
                  default_locale="de", deadline_ms=150, max_batch_size=3) as url:
         async with httpx.AsyncClient(base_url=url, timeout=10) as c:
             assert (await c.post("/v1/streams", json={"stream_id": "drop:1"})).status_code == 201

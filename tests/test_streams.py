@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import socket
-import threading
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Iterator, Sequence
@@ -24,14 +22,12 @@ from urllib.parse import quote
 
 import httpx
 import pytest
-import uvicorn
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from models.passthrough import PassthroughTranslator
-from service.app import create_app
 from service.errors import BackendUnavailable
-from tests.conftest import Running, make_settings, start_app
+from tests.conftest import InThread, Running, make_settings, start_app
 from tests.conftest import served as serve_cli
 from tests.fakes import Call, FakeTranslator
 
@@ -485,38 +481,12 @@ async def test_a_last_event_id_that_is_not_an_integer_is_422(value: bytes) -> No
             assert "Last-Event-ID" in problem_of(r, 422)["detail"]
 
 
-class _Served:
-    """The app under uvicorn on a free port of 127.0.0.1, in a thread (its own loop)."""
 
-    def __init__(self, **overrides: Any) -> None:
-        app = create_app(make_settings(**overrides),
-                         backends={"passthrough": PassthroughTranslator()})
-        self._sock = socket.socket()
-        self._sock.bind(("127.0.0.1", 0))
-        self.url = f"http://127.0.0.1:{self._sock.getsockname()[1]}"
-        config = uvicorn.Config(app, loop="asyncio", lifespan="on", log_level="warning",
-                                timeout_graceful_shutdown=1)
-        self._server = uvicorn.Server(config)
-        self._thread = threading.Thread(target=self._server.run,
-                                        kwargs={"sockets": [self._sock]}, daemon=True)
-
-    def __enter__(self) -> str:
-        self._thread.start()
-        give_up = time.monotonic() + 10
-        while not self._server.started:
-            assert time.monotonic() < give_up and self._thread.is_alive(), "did not start"
-            time.sleep(0.01)
-        return self.url
-
-    def __exit__(self, *exc: object) -> None:
-        self._server.should_exit = True
-        self._thread.join(timeout=10)
-        self._sock.close()
 
 
 @pytest.fixture
 def served() -> Iterator[str]:
-    with _Served(default_locale="zh-CN", flush_idle_ms=5000) as url:
+    with InThread(default_locale="zh-CN", flush_idle_ms=5000) as url:
         yield url
 
 
