@@ -17,7 +17,7 @@ from typing import Any, Literal
 from models.base import Translator
 from service.batcher import Batcher, Translation
 from service.detect import Detection, Detector
-from service.errors import BackendError, BadOutput, Overloaded, UnknownBackend
+from service.errors import BackendError, BadOutput, Overloaded, PayloadTooLarge, UnknownBackend
 from service.locale import canonicalize, full_script, same_language
 from service.metrics import Metrics
 from service.segmenter import Kind, Piece, Segmenter, is_translatable
@@ -265,6 +265,13 @@ class Pipeline:
                 decisions[(t, i)] = d
                 wanted += d.status is None
         first = self.batchers.get(chain[0])
+        if first is not None and wanted > first.limits.max_queue_size:
+            # No wait would help: say what to change instead of inviting a retry.
+            raise PayloadTooLarge(
+                f"this request needs {wanted} segments translated; a backend queue holds at "
+                f"most THINKTRANS_MAX_QUEUE_SIZE={first.limits.max_queue_size}: send fewer "
+                "or shorter texts per request"
+            )
         if first is not None and wanted > first.free() and len(chain) == 1:
             raise Overloaded(
                 f"the {chain[0]!r} queue has room for {first.free()} segments, this request "
@@ -314,6 +321,8 @@ class Pipeline:
         task: asyncio.Task[Translation] | None,
         ready_at: float,
         done_at: float | None = None,
+        unfinished: Status = "deadline",
+        reason: str | None = None,
     ) -> dict[str, Any]:
         """Build a segment's result from its decision and (finished or not) translation.
 
@@ -326,8 +335,10 @@ class Pipeline:
         if decision.status is not None:
             status = decision.status
         elif task is None or not task.done() or task.cancelled():
-            self.metrics.deadline_misses.inc()
-            status = "deadline"
+            # Not back yet: normally its deadline (an update follows); at shutdown, an error.
+            status, error = unfinished, reason
+            if status == "deadline":
+                self.metrics.deadline_misses.inc()
         elif (exc := task.exception()) is not None:
             status = "error"
             error = exc.detail if isinstance(exc, BackendError) else type(exc).__name__

@@ -378,9 +378,7 @@ class Stream:
         pipeline = self.manager.pipeline
         for seg in self.segments[self.head:]:
             result = pipeline.result(seg.index, seg.piece.text, self.target, seg.decision,
-                                     seg.task, seg.ready_at)
-            if result["status"] == "deadline":
-                result = {**result, "status": "error", "error": reason}
+                                     seg.task, seg.ready_at, unfinished="error", reason=reason)
             seg.emitted = True
             self._publish("segment", result)
         self.head = len(self.segments)

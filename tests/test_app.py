@@ -537,12 +537,18 @@ async def test_the_chain_serves_what_its_first_backend_cannot() -> None:
 
 async def test_a_full_queue_answers_503_with_retry_after() -> None:
     fake = FakeTranslator(gate=asyncio.Event())
-    async with fake_app(fake, max_queue_size=4, deadline_ms=300) as app:
-        resp = await app.client.post("/v1/translate", json={"texts": SENTENCES})
-        small = await app.client.post("/v1/translate", json={"texts": SENTENCES[:4]})
+    async with fake_app(fake, max_queue_size=4, deadline_ms=300, max_batch_size=1) as app:
+        first = asyncio.create_task(
+            app.client.post("/v1/translate", json={"texts": SENTENCES[:4]}))
+        await asyncio.wait_for(fake.started.wait(), 2)  # one runs, three wait in the queue
+        resp = await app.client.post("/v1/translate", json={"texts": SENTENCES[4:6]})
+        too_many = await app.client.post("/v1/translate", json={"texts": SENTENCES})
+        small = await first
     body = assert_problem(resp, 503, "queue")
     assert body["type"].endswith("overloaded")
     assert int(resp.headers["retry-after"]) >= 1
+    # More than the whole queue can ever hold: not a retry, a 413 naming the setting.
+    assert_problem(too_many, 413, "THINKTRANS_MAX_QUEUE_SIZE")
     assert small.status_code == 200  # what fits is accepted
     assert fake.calls and len(fake.calls[0].texts) <= 4
 
