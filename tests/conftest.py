@@ -103,6 +103,20 @@ class Server:
     def log(self) -> str:
         return self.log_path.read_text(encoding="utf-8", errors="replace")
 
+    def terminate(self, timeout_s: float) -> float:
+        """SIGTERM; the seconds until the process is gone."""
+        import signal
+
+        started = time.monotonic()
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            self.proc.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(5)
+            raise AssertionError(f"no exit within {timeout_s} s of SIGTERM") from None
+        return time.monotonic() - started
+
 
 @contextmanager
 def served(**env: str) -> Iterator[Server]:

@@ -11,12 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
-import signal
-import socket
-import subprocess
-import sys
-import tempfile
 import threading
 import time
 from collections import deque
@@ -30,7 +24,7 @@ import pytest
 
 from models.base import Translator
 from models.passthrough import PassthroughTranslator
-from tests.conftest import InThread, Running, make_settings, start_app
+from tests.conftest import InThread, Running, make_settings, served, start_app
 from tests.fakes import FakeTranslator
 from tests.fakes_remote import FakeChat, FakeDeepL
 
@@ -456,55 +450,6 @@ async def test_an_sse_reader_that_drops_and_resumes_loses_and_repeats_nothing() 
 # -- shutdown with open streams (a real process, SIGTERM) ---------------------------------------
 
 
-class _Process:
-    """`thinktrans serve` in its own process; its log goes to a file (a pipe could fill)."""
-
-    def __init__(self, **env: str) -> None:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        self.url = f"http://127.0.0.1:{port}"
-        self.log = tempfile.TemporaryFile(mode="w+")
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "service.cli", "serve", "--port", str(port)],
-            env={**os.environ, "THINKTRANS_BACKEND": "passthrough", **env}, cwd=ROOT,
-            stdout=self.log, stderr=subprocess.STDOUT,
-        )
-        give_up = time.monotonic() + 30
-        while True:
-            try:
-                if httpx.get(f"{self.url}/readyz", timeout=1).status_code == 200:
-                    return
-            except httpx.TransportError:
-                pass
-            if self.proc.poll() is not None or time.monotonic() > give_up:
-                self.proc.kill()
-                raise AssertionError(f"serve did not get ready:\n{self.read_log()}")
-            time.sleep(0.1)
-
-    def read_log(self) -> str:
-        self.log.seek(0)
-        return self.log.read()
-
-    def terminate(self, timeout_s: float) -> float:
-        """SIGTERM; the seconds until the process is gone."""
-        started = time.monotonic()
-        self.proc.send_signal(signal.SIGTERM)
-        try:
-            self.proc.wait(timeout_s)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait(5)
-            raise AssertionError(f"no exit within {timeout_s} s of SIGTERM") from None
-        return time.monotonic() - started
-
-    def close(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait(5)
-        self.log.close()
-
-
 class _SSEReader(threading.Thread):
     """Reads one stream's SSE until the server ends it; keeps every event."""
 
@@ -538,9 +483,8 @@ class _SSEReader(threading.Thread):
 
 
 def test_sigterm_flushes_every_open_stream_to_its_readers_and_exits() -> None:
-    server = _Process(THINKTRANS_DEFAULT_LOCALE="de", THINKTRANS_FLUSH_IDLE_MS="60000",
-                      THINKTRANS_SHUTDOWN_GRACE_S="3")
-    try:
+    with served(THINKTRANS_DEFAULT_LOCALE="de", THINKTRANS_FLUSH_IDLE_MS="60000",
+                THINKTRANS_SHUTDOWN_GRACE_S="3") as server:
         url = server.url
         texts = {"t:1": TEXT, "t:2": "Only half a sentence so", "t:3": TEXT + " and more"}
         for sid, text in texts.items():
@@ -565,9 +509,7 @@ def test_sigterm_flushes_every_open_stream_to_its_readers_and_exits() -> None:
         check_stream(readers["t:2"].events, texts["t:2"])
         check_stream(readers["t:4"].events, "Before the gap. ")
         assert took < 3 + 5, f"exit took {took:.1f} s"
-        assert '"streams drained"' in server.read_log()
-    finally:
-        server.close()
+        assert '"streams drained"' in server.log()
 
 
 def test_sigterm_with_a_hung_backend_still_gives_readers_every_original_and_an_end(
@@ -580,23 +522,22 @@ def test_sigterm_with_a_hung_backend_still_gives_readers_every_original_and_an_e
     originals (status error or deadline, an update for each deadline one), then `end`.
     """
     deepl_server.reset()
-    server = _Process(THINKTRANS_BACKEND="deepl", THINKTRANS_DEEPL_API_KEY="k",
-                      THINKTRANS_DEEPL_SERVER_URL=deepl_server.origin,
-                      THINKTRANS_CHECK_OUTPUT_LANGUAGE="false", THINKTRANS_DEFAULT_LOCALE="de",
-                      THINKTRANS_DEADLINE_MS="5000", THINKTRANS_SHUTDOWN_GRACE_S="1")
     try:
-        deepl_server.mode, deepl_server.slow_s = "slow", 30.0
-        r = httpx.post(f"{server.url}/v1/streams/h:1/chunks",
-                       json={"chunks": [{"seq": s, "text": t} for s, t in deltas(TEXT)]})
-        assert r.status_code == 200
-        reader = _SSEReader(server.url, "h:1")
-        reader.start()
-        assert reader.connected.wait(5)
-        time.sleep(0.5)
-        took = server.terminate(timeout_s=30)
-        reader.join(10)
+        with served(THINKTRANS_BACKEND="deepl", THINKTRANS_DEEPL_API_KEY="k",
+                    THINKTRANS_DEEPL_SERVER_URL=deepl_server.origin,
+                    THINKTRANS_CHECK_OUTPUT_LANGUAGE="false", THINKTRANS_DEFAULT_LOCALE="de",
+                    THINKTRANS_DEADLINE_MS="5000", THINKTRANS_SHUTDOWN_GRACE_S="1") as server:
+            deepl_server.mode, deepl_server.slow_s = "slow", 30.0
+            r = httpx.post(f"{server.url}/v1/streams/h:1/chunks",
+                           json={"chunks": [{"seq": s, "text": t} for s, t in deltas(TEXT)]})
+            assert r.status_code == 200
+            reader = _SSEReader(server.url, "h:1")
+            reader.start()
+            assert reader.connected.wait(5)
+            time.sleep(0.5)
+            took = server.terminate(timeout_s=30)
+            reader.join(10)
         assert took < 1 + 5 + 3, f"exit took {took:.1f} s"
         check_stream(reader.events, TEXT)
     finally:
         deepl_server.reset()
-        server.close()
