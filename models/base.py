@@ -7,8 +7,6 @@ The batcher, not each backend, checks that the output has as many texts as the i
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from typing import ClassVar
@@ -30,17 +28,7 @@ __all__ = [
     "RateLimited",
     "Translator",
     "UnsupportedLanguage",
-    "settle",
 ]
-
-
-async def settle(translators: Sequence[Translator], timeout_s: float) -> None:
-    """Wait, ``timeout_s`` at most in all, for every backend's start-up work to finish."""
-    loop = asyncio.get_running_loop()
-    until = loop.time() + timeout_s
-    for translator in translators:
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(translator.settled(), max(0.0, until - loop.time()))
 
 
 class Translator(ABC):
@@ -53,6 +41,8 @@ class Translator(ABC):
     billed: ClassVar[bool] = False
     # Whether outputs are checked to be in the target language (passthrough's are not).
     check_output_language: bool = True
+    # Whether translate() wants ``contexts``; the batcher passes them only where it does.
+    uses_context: bool = False
 
     def __init__(self) -> None:
         self.ready = True
@@ -65,15 +55,29 @@ class Translator(ABC):
         the service answers ``/healthz`` at once.
         """
 
-    async def settled(self) -> None:  # noqa: B027 - an optional hook
-        """Return once start-up work (a model load, a credentials check) has finished,
-        ready or not; the CLI and ``compare`` wait on it, the service never does."""
+    async def wait_ready(self, timeout_s: float | None = None) -> bool:
+        """Return once start-up work (model load, credentials check, probe) has finished,
+        ready or not, or ``timeout_s`` has passed; return ``self.ready``.
+
+        The CLI and ``compare`` wait on it; the service never does. The default: no
+        start-up work, so ``ready`` at once.
+        """
+        return self.ready
 
     @abstractmethod
     async def translate(
-        self, texts: Sequence[str], *, source: str | None, target: str
+        self,
+        texts: Sequence[str],
+        *,
+        source: str | None,
+        target: str,
+        contexts: Sequence[str | None] | None = None,
     ) -> list[str]:
-        """Translate ``texts`` from ``source`` (None: unknown) into ``target`` (a BCP 47 tag)."""
+        """Translate ``texts`` from ``source`` (None: unknown) into ``target`` (a BCP 47 tag).
+
+        ``contexts``, one per text (the text before it in its stream, or None), comes only
+        to a backend whose ``uses_context`` is true; the output never includes it.
+        """
 
     def supports(self, source: str | None, target: str) -> bool:
         """Whether this backend can serve the pair; the default: every pair."""

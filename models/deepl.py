@@ -4,19 +4,23 @@ The client is blocking (requests), so every call runs in this backend's own
 ThreadPoolExecutor, one client (one HTTP session) per worker thread. Vendor errors are
 mapped to the service's errors in one place, ``_map_error``; auth and quota failures also
 mark the backend not ready, and a background probe (GET /v2/usage, not billed) brings it
-back once the key or the quota is good again.
+back once the key or the quota is good again (``models.remote``).
+
+With ``context`` on, each text goes with the text before it in its stream as DeepL's
+``context`` parameter (not billed). DeepL takes one context per request, so a batch is sent
+in one request group per distinct context, the groups concurrently.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 from importlib import metadata
 from typing import Any, TypeVar
 
@@ -29,7 +33,8 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
         name="deepl",
     ) from exc
 
-from models.base import Translator
+from models.languages import base_language, canonical, region, table_key
+from models.remote import RemoteTranslator
 from service.errors import (
     BackendError,
     BackendTimeout,
@@ -38,8 +43,6 @@ from service.errors import (
     RateLimited,
     UnsupportedLanguage,
 )
-from service.locale import LANGUAGES, base_language, deepl_target_code, lang_info
-from service.settings import Settings
 
 log = logging.getLogger(__name__)
 
@@ -51,9 +54,56 @@ MAX_REQUEST_BYTES = 128 * 1024
 # Room for target_lang, model_type, formality and the JSON frame around the texts.
 _BODY_HEADROOM_BYTES = 1024
 
+# The nearest text matters most, and a context shares the request's 128 KiB with the texts.
+MAX_CONTEXT_CHARS = 2000
+
 NO_KEY_REASON = "set THINKTRANS_DEEPL_API_KEY or choose another backend"
+
+# DeepL's codes by table key (see models.languages). Targets newer than this table are taken
+# from the server's own list at start; English, Portuguese and Chinese targets have variants.
+SOURCE_CODES: dict[str, str] = {
+    "ar": "AR", "bg": "BG", "cs": "CS", "da": "DA", "de": "DE", "el": "EL", "en": "EN",
+    "es": "ES", "et": "ET", "fi": "FI", "fr": "FR", "hu": "HU", "id": "ID", "it": "IT",
+    "ja": "JA", "ko": "KO", "lt": "LT", "lv": "LV", "nb": "NB", "nl": "NL", "pl": "PL",
+    "pt": "PT", "ro": "RO", "ru": "RU", "sk": "SK", "sl": "SL", "sv": "SV", "tr": "TR",
+    "uk": "UK", "zh-Hans": "ZH", "zh-Hant": "ZH",
+}  # fmt: skip
+TARGET_CODES: dict[str, str] = {
+    **SOURCE_CODES,
+    "en": "EN-US",
+    "pt": "PT-BR",
+    "zh-Hans": "ZH-HANS",
+    "zh-Hant": "ZH-HANT",
+}
+# Regions whose English is British; other regions get the english_variant setting.
+_BRITISH_ENGLISH = frozenset({"GB", "IE", "AU", "NZ", "IN", "ZA"})
 # Tags whose DeepL target code differs from their bare language's (see deepl_target_code).
 _VARIANT_TAGS = ("en-GB", "en-US", "pt-BR", "pt-PT")
+
+
+def deepl_target_code(tag: str, *, english_variant: str = "EN-US") -> str | None:
+    """DeepL's target code: region picks EN-GB/EN-US and PT-PT/PT-BR; script picks ZH-HANS/HANT."""
+    standard = canonical(tag)
+    if standard is None:
+        return None
+    key = table_key(standard)
+    code = TARGET_CODES.get(key)
+    if code is None:
+        return None
+    if key == "en":
+        territory = region(standard)
+        if territory in _BRITISH_ENGLISH:
+            return "EN-GB"
+        return "EN-US" if territory == "US" else english_variant
+    if key == "pt":
+        return "PT-PT" if region(standard) not in (None, "BR") else "PT-BR"
+    return code
+
+
+def deepl_source_code(tag: str | None) -> str | None:
+    """DeepL's source code for a tag, or None (then not sent: DeepL detects the source)."""
+    standard = canonical(tag) if tag else None
+    return SOURCE_CODES.get(table_key(standard)) if standard else None
 
 
 def _drop_debug_records(record: logging.LogRecord) -> bool:
@@ -94,49 +144,48 @@ def _app_version() -> str:
         return "dev"
 
 
-class DeepLTranslator(Translator):
+@dataclass(frozen=True)
+class DeepLConfig:
+    """How the DeepL backend talks to DeepL; the registry fills it from ``deepl_*`` settings."""
+
+    api_key: str | None = field(default=None, repr=False)  # None: the backend is not ready
+    server_url: str | None = None  # None: by the key (":fx" keys go to the free API)
+    threads: int = 4  # worker threads, and batches the batcher runs at once
+    model_type: str | None = "latency_optimized"
+    formality: str | None = None
+    context: bool = False  # send the text before each one as DeepL's (unbilled) context
+    english_variant: str = "EN-US"  # the target for a bare ``en``
+    max_retries: int = 2
+    request_timeout_s: float = 10.0
+
+
+class DeepLTranslator(RemoteTranslator):
     """DeepL through the official client; bills the characters sent."""
 
     name = "deepl"
     billed = True
-    # The pipeline skips a backend that is not ready, so a background probe brings it
-    # back: slowly after an auth or quota failure (a person must act), quickly after an outage.
-    recheck_after_s: float = 60.0
-    outage_recheck_s: float = 5.0
     # Seconds between usage refreshes (GET /v2/usage) triggered by translations.
     usage_refresh_s: float = 300.0
 
-    def __init__(
-        self,
-        api_key: str | None,
-        *,
-        server_url: str | None = None,
-        threads: int = 4,
-        model_type: str | None = "latency_optimized",
-        formality: str | None = None,
-        context: bool = False,
-        english_variant: str = "EN-US",
-        max_retries: int = 2,
-        request_timeout_s: float = 10.0,
-    ) -> None:
+    def __init__(self, config: DeepLConfig) -> None:
         super().__init__()
-        self._api_key = api_key or None
+        self.config = config
+        self._api_key = config.api_key or None
         # urljoin drops the last path segment unless the base ends in "/": keep proxy paths.
+        server_url = config.server_url
         self._server_url = server_url.rstrip("/") + "/" if server_url else None
-        self._model_type = model_type or None
-        self._formality = formality or None
-        self._context = context
-        self._english_variant = english_variant
-        self._request_timeout_s = request_timeout_s
-        self.max_concurrency = threads
+        self._model_type = config.model_type or None
+        self._formality = config.formality or None
+        self.uses_context = config.context
+        self.max_concurrency = config.threads
         # The client's retry knobs are module globals: one DeepL backend per process.
         # Retries back off 1 s, 1.6 s, 2.6 s...; the batcher's backend_timeout_s cuts a
         # batch off whatever the client is still doing.
-        deepl.http_client.max_network_retries = max_retries
-        deepl.http_client.min_connection_timeout = request_timeout_s
+        deepl.http_client.max_network_retries = config.max_retries
+        deepl.http_client.min_connection_timeout = config.request_timeout_s
         logging.getLogger("deepl").addFilter(_drop_debug_records)
 
-        self._executor = ThreadPoolExecutor(threads, thread_name_prefix="thinktrans-deepl")
+        self._executor = ThreadPoolExecutor(config.threads, thread_name_prefix="thinktrans-deepl")
         self._local = threading.local()
         self._clients: list[deepl.DeepLClient] = []
         self._lock = threading.Lock()  # guards _clients and the counters below
@@ -147,56 +196,15 @@ class DeepLTranslator(Translator):
         self._usage_checked_at: float | None = None  # time.monotonic()
         self._server_targets: set[str] | None = None  # refined at start from the server
         self._formality_targets: set[str] = set()
-        self._fail_fast = False  # auth or quota: refuse at once until the probe succeeds
-        self._closed = False
-        self._tasks: set[asyncio.Task[None]] = set()
-        self._prober: asyncio.Task[None] | None = None
-        self._start_task: asyncio.Task[None] | None = None
 
         if self._api_key is None:
-            self.ready = False
-            self.reason = NO_KEY_REASON
-        if context:
-            log.warning("deepl_context is set, but the contract passes no context yet; ignored")
-
-    @classmethod
-    def from_settings(cls, settings: Settings) -> DeepLTranslator:
-        """Build the backend from ``deepl_*`` settings."""
-        key = settings.deepl_api_key.get_secret_value() if settings.deepl_api_key else None
-        return cls(
-            key,
-            server_url=settings.deepl_server_url,
-            threads=settings.deepl_threads,
-            model_type=settings.deepl_model_type,
-            formality=settings.deepl_formality,
-            context=settings.deepl_context,
-            english_variant=settings.deepl_english_variant,
-            # One attempt may not outlast the batch it serves.
-            request_timeout_s=min(10.0, settings.backend_timeout_s),
-        )
+            self._not_configured(NO_KEY_REASON)
 
     # -- lifecycle ---------------------------------------------------------------------------
 
-    async def start(self) -> None:
-        """Check the key and fetch the target list in the background; startup does not wait."""
-        if self._api_key is None:
-            return
-        self._start_task = self._spawn(self._start_check())
-
-    async def settled(self) -> None:
-        """Wait for the start-time check (tests and the CLI; the service never waits)."""
-        if self._start_task is not None:
-            await asyncio.shield(self._start_task)
-
     async def aclose(self) -> None:
         """Stop background work, the worker threads and the clients' sessions."""
-        self._closed = True
-        tasks = [t for t in (*self._tasks, self._prober) if t is not None]
-        for task in tasks:
-            task.cancel()
-        for task in tasks:
-            with contextlib.suppress(asyncio.CancelledError, BackendError):
-                await task
+        await super().aclose()
         # A request still in flight cannot be interrupted; do not wait for it.
         self._executor.shutdown(wait=False, cancel_futures=True)
         with self._lock:
@@ -207,25 +215,15 @@ class DeepLTranslator(Translator):
     # -- languages ---------------------------------------------------------------------------
 
     def _target_code(self, target: str) -> str | None:
-        try:
-            code = deepl_target_code(target, english_variant=self._english_variant)
-        except ValueError:  # not a tag at all (langcodes.LanguageTagError)
-            return None
+        code = deepl_target_code(target, english_variant=self.config.english_variant)
         if self._server_targets is None:
             return code
         if code is None:
-            # A language DeepL added after the service's table (e.g. HE): its plain code.
-            plain = base_language(target).upper()
+            # A language DeepL added after this table (e.g. HE): its plain code.
+            standard = canonical(target)
+            plain = base_language(standard).upper() if standard else None
             return plain if plain in self._server_targets else None
         return code if code in self._server_targets else None
-
-    def _source_code(self, source: str | None) -> str | None:
-        try:
-            info = lang_info(source) if source else None
-        except ValueError:
-            info = None
-        # A source DeepL does not know goes unsent: DeepL detects it.
-        return info.deepl_source if info else None
 
     def supports(self, source: str | None, target: str) -> bool:
         """Whether DeepL has a code for ``target``; any source works (DeepL detects it)."""
@@ -233,9 +231,9 @@ class DeepLTranslator(Translator):
 
     def languages(self) -> list[str]:
         """Targets with a DeepL code, refined by the server's own list once fetched."""
-        candidates = {key for key, info in LANGUAGES.items() if info.deepl_target}
+        candidates = set(TARGET_CODES)
         candidates.update(_VARIANT_TAGS)
-        table_codes = {info.deepl_target for info in LANGUAGES.values() if info.deepl_target}
+        table_codes = set(TARGET_CODES.values())
         for code in self._server_targets or ():
             if "-" not in code and code not in table_codes:
                 candidates.add(code.lower())
@@ -244,30 +242,62 @@ class DeepLTranslator(Translator):
     # -- translation -------------------------------------------------------------------------
 
     async def translate(
-        self, texts: Sequence[str], *, source: str | None, target: str
+        self,
+        texts: Sequence[str],
+        *,
+        source: str | None,
+        target: str,
+        contexts: Sequence[str | None] | None = None,
     ) -> list[str]:
-        """Translate in requests of at most 50 texts and 128 KiB, one after another."""
-        if self._api_key is None:
-            raise BackendUnavailable(NO_KEY_REASON)
-        if self._closed:
-            raise BackendUnavailable("the DeepL backend is closed")
-        if not self.ready and self._fail_fast:
-            raise BackendUnavailable(self.reason or "DeepL is not available")
+        """Translate in requests of at most 50 texts and 128 KiB, one context per request."""
+        self._refuse_if_unusable()
         code = self._target_code(target)
         if code is None:
             raise UnsupportedLanguage(f"DeepL cannot translate into {target!r}")
-        source_code = self._source_code(source)
+        source_code = deepl_source_code(source)
+        if contexts is not None and len(contexts) != len(texts):
+            raise ValueError(f"{len(contexts)} contexts for {len(texts)} texts")
 
-        out = list(texts)
         # Blank texts are not sent: DeepL would bill nothing useful for them.
-        todo = [i for i, text in enumerate(texts) if text.strip()]
-        for group in split_requests([texts[i] for i in todo]):
-            batch = [texts[todo[j]] for j in group]
-            translated = await self._call(self._translate_blocking, batch, code, source_code)
-            for j, text in zip(group, translated, strict=True):
-                out[todo[j]] = text
+        groups: dict[str | None, list[int]] = {}
+        for i, text in enumerate(texts):
+            if text.strip():
+                context = self._context(contexts[i]) if contexts is not None else None
+                groups.setdefault(context, []).append(i)
+        tasks = [
+            asyncio.ensure_future(
+                self._translate_group([texts[i] for i in indexes], context, code, source_code)
+            )
+            for context, indexes in groups.items()
+        ]
+        try:
+            results = await asyncio.gather(*tasks)
+        finally:
+            for task in tasks:  # one group failed: the batch fails, stop the others
+                task.cancel()
+        out = list(texts)
+        for indexes, translated in zip(groups.values(), results, strict=True):
+            for i, text in zip(indexes, translated, strict=True):
+                out[i] = text
         self._mark_up()
         self._maybe_refresh_usage()
+        return out
+
+    def _context(self, context: str | None) -> str | None:
+        """What goes as DeepL's ``context`` with a text: its tail, or None for none."""
+        if not self.uses_context or context is None or not context.strip():
+            return None
+        return context[-MAX_CONTEXT_CHARS:]
+
+    async def _translate_group(
+        self, texts: list[str], context: str | None, code: str, source_code: str | None
+    ) -> list[str]:
+        """Texts that share one context, in as many requests as DeepL's limits need, in order."""
+        budget = MAX_REQUEST_BYTES - (_encoded_size(context) if context else 0)
+        out: list[str] = []
+        for group in split_requests(texts, max_bytes=budget):
+            batch = [texts[j] for j in group]
+            out += await self._call(self._translate_blocking, batch, code, source_code, context)
         return out
 
     def _client(self) -> deepl.DeepLClient:
@@ -284,7 +314,7 @@ class DeepLTranslator(Translator):
         return client
 
     def _translate_blocking(
-        self, texts: list[str], target_code: str, source_code: str | None
+        self, texts: list[str], target_code: str, source_code: str | None, context: str | None
     ) -> list[str]:
         """One POST /v2/translate, in a worker thread."""
         formality = self._formality
@@ -299,6 +329,7 @@ class DeepLTranslator(Translator):
             texts,
             source_lang=source_code,
             target_lang=target_code,
+            context=context,
             formality=formality,
             model_type=self._model_type,
         )
@@ -315,8 +346,9 @@ class DeepLTranslator(Translator):
         with self._lock:
             self._billed_characters += billed
         log.debug(
-            "deepl translated %d texts (%d chars billed) into %s in %.0f ms",
-            len(texts), billed, target_code, (time.monotonic() - started) * 1000,
+            "deepl translated %d texts (%d chars billed, %d context chars) into %s in %.0f ms",
+            len(texts), billed, len(context or ""), target_code,
+            (time.monotonic() - started) * 1000,
         )  # fmt: skip
         return [r.text for r in results]
 
@@ -346,7 +378,8 @@ class DeepLTranslator(Translator):
             return RateLimited("DeepL is rate limiting requests (HTTP 429) after retries")
         if isinstance(exc, deepl.ConnectionException):
             if _is_read_timeout(exc):
-                return BackendTimeout(f"DeepL did not answer within {self._request_timeout_s:g} s")
+                timeout_s = self.config.request_timeout_s
+                return BackendTimeout(f"DeepL did not answer within {timeout_s:g} s")
             reason = f"cannot reach DeepL at {self._server_label()}"
             self._mark_down(reason, fail_fast=False)
             return BackendUnavailable(reason)
@@ -376,38 +409,6 @@ class DeepLTranslator(Translator):
         assert self._api_key is not None
         free = deepl.auth_key_is_free_account(self._api_key)
         return "https://api-free.deepl.com" if free else "https://api.deepl.com"
-
-    def _mark_down(self, reason: str, *, fail_fast: bool) -> None:
-        if self.ready or self.reason != reason:
-            log.warning("deepl backend not ready: %s", reason)
-        self.ready = False
-        self.reason = reason
-        self._fail_fast = fail_fast
-        if self._closed or (self._prober is not None and not self._prober.done()):
-            return
-        try:
-            self._prober = asyncio.get_running_loop().create_task(self._probe_until_up())
-        except RuntimeError:  # no loop (a sync caller): the next translate probes instead
-            pass
-
-    def _mark_up(self) -> None:
-        if not self.ready and self._api_key is not None:
-            log.info("deepl backend ready again")
-            self.ready = True
-            self.reason = None
-            self._fail_fast = False
-
-    async def _probe_until_up(self) -> None:
-        while not self.ready and not self._closed:
-            await asyncio.sleep(self.recheck_after_s if self._fail_fast else self.outage_recheck_s)
-            with contextlib.suppress(BackendError):  # _call marked it down again
-                await self._check()
-
-    async def _start_check(self) -> None:
-        try:
-            await self._check()
-        except BackendError as exc:
-            log.warning("deepl start check failed: %s", exc.detail)
 
     async def _check(self) -> None:
         """Check the key and quota (GET /v2/usage); fetch the target list once."""
@@ -445,19 +446,6 @@ class DeepLTranslator(Translator):
         self._usage_checked_at = time.monotonic()  # one refresh at a time, even if it fails
         self._spawn(self._refresh_usage())
 
-    def _spawn(self, coro: Any) -> asyncio.Task[None]:
-        task: asyncio.Task[None] = asyncio.get_running_loop().create_task(coro)
-        self._tasks.add(task)
-        task.add_done_callback(self._task_done)
-        return task
-
-    def _task_done(self, task: asyncio.Task[None]) -> None:
-        self._tasks.discard(task)
-        if not task.cancelled() and task.exception() is not None:
-            exc = task.exception()
-            detail = exc.detail if isinstance(exc, BackendError) else type(exc).__name__
-            log.warning("deepl background check failed: %s", detail)
-
     # -- facts -------------------------------------------------------------------------------
 
     def info(self) -> dict[str, object]:
@@ -471,8 +459,7 @@ class DeepLTranslator(Translator):
             "server_url": self._server_label() if self._api_key else self._server_url,
             "model_type": self._model_type,
             "formality": self._formality,
-            # deepl_context is future work: the contract passes no context to backends yet.
-            "context_passed": False,
+            "context": self.uses_context,
         }
 
 

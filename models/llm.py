@@ -3,7 +3,7 @@
 Several segments go in one request, as a numbered JSON list in the user message; the
 model answers a JSON object with the same ids. The system prompt is the service's own
 fixed text: the thinking text travels only in the user message, framed as data, and the
-target is named from the service's language table, never by the client's raw tag.
+target is named from this module's own table of language names, never by the client's raw tag.
 
 An answer is checked before it is used: same count, same ids, non-empty texts, and a
 length plausible for a translation of its source. A malformed answer is retried once
@@ -23,24 +23,53 @@ import re
 import time
 import unicodedata
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
+import langcodes
 
-from models.base import Translator
+from models.languages import canonical, table_key
+from models.remote import RemoteTranslator
 from service.errors import (
     BackendError,
     BackendTimeout,
     BackendUnavailable,
     BadOutput,
-    InvalidLocale,
     RateLimited,
     UnsupportedLanguage,
 )
-from service.locale import canonicalize, display_name
-from service.settings import Settings
 
 log = logging.getLogger(__name__)
+
+# English names by table key (see models.languages): what the prompt calls a language.
+LANGUAGE_NAMES: dict[str, str] = {
+    "af": "Afrikaans", "ar": "Arabic", "bg": "Bulgarian", "bn": "Bengali", "ca": "Catalan",
+    "cs": "Czech", "cy": "Welsh", "da": "Danish", "de": "German", "el": "Greek",
+    "en": "English", "es": "Spanish", "et": "Estonian", "fa": "Persian", "fi": "Finnish",
+    "fr": "French", "gu": "Gujarati", "he": "Hebrew", "hi": "Hindi", "hr": "Croatian",
+    "hu": "Hungarian", "id": "Indonesian", "it": "Italian", "ja": "Japanese", "kn": "Kannada",
+    "ko": "Korean", "lt": "Lithuanian", "lv": "Latvian", "mk": "Macedonian", "ml": "Malayalam",
+    "mr": "Marathi", "nb": "Norwegian Bokmål", "ne": "Nepali", "nl": "Dutch", "pa": "Punjabi",
+    "pl": "Polish", "pt": "Portuguese", "ro": "Romanian", "ru": "Russian", "sk": "Slovak",
+    "sl": "Slovenian", "sq": "Albanian", "sv": "Swedish", "sw": "Swahili", "ta": "Tamil",
+    "te": "Telugu", "th": "Thai", "fil": "Filipino", "tr": "Turkish", "uk": "Ukrainian",
+    "ur": "Urdu", "vi": "Vietnamese", "zh-Hans": "Simplified Chinese",
+    "zh-Hant": "Traditional Chinese",
+}  # fmt: skip
+UNNAMED = "the target language"
+
+
+def language_name(tag: str) -> str:
+    """An English name for a canonical tag, safe to put in a prompt: letters, spaces, ()-."""
+    name = LANGUAGE_NAMES.get(table_key(tag))
+    if name is not None:
+        return name
+    # langcodes names the rest ("Basque", "Unknown language qaa"); the filter keeps a tag's
+    # private-use words or anything else odd from riding along.
+    shown = re.sub(r"[^A-Za-z ()\-]", "", langcodes.Language.get(tag).display_name())[:64]
+    return shown or UNNAMED
+
 
 SYSTEM_PROMPT = """\
 You are a translation engine. You translate an AI assistant's reasoning notes so that \
@@ -150,52 +179,51 @@ def _safe_url(url: str) -> str:
     return str(parsed.copy_with(username=None, password=None, query=None, fragment=None))
 
 
-class LLMTranslator(Translator):
+@dataclass(frozen=True)
+class LLMConfig:
+    """Where the chat endpoint is and how to call it; the registry fills it from ``llm_*``."""
+
+    base_url: str | None = None  # the part before /chat/completions; None: not ready
+    model: str | None = None  # None: not ready
+    api_key: str | None = field(default=None, repr=False)  # sent as a Bearer token
+    timeout_s: float = 30.0  # one chat request, end to end
+    concurrency: int = 4  # requests in flight, and batches the batcher runs at once
+    # Not every server has response_format; on only where a setting asks for it.
+    json_mode: bool = False
+
+
+class LLMTranslator(RemoteTranslator):
     """An OpenAI-compatible chat endpoint as a translator; bills the characters sent."""
 
     name = "llm"
     billed = True
-    # The pipeline skips a backend that is not ready, so a background probe brings it
-    # back: slowly after an auth failure (a person must act), quickly after an outage.
-    recheck_after_s: float = 60.0
-    outage_recheck_s: float = 5.0
     # Smaller requests keep answers short, so a malformed one costs less to retry.
     max_segments_per_request: int = 16
     max_chars_per_request: int = 6000
 
-    def __init__(
-        self,
-        base_url: str | None,
-        model: str | None,
-        *,
-        api_key: str | None = None,
-        timeout_s: float = 30.0,
-        concurrency: int = 4,
-        json_mode: bool = False,
-    ) -> None:
+    def __init__(self, config: LLMConfig) -> None:
         super().__init__()
-        self._base_url = base_url.rstrip("/") if base_url else None
-        self._model = model or None
-        self._timeout_s = timeout_s
-        self._json_mode = json_mode
-        self.max_concurrency = concurrency
-        self._semaphore = asyncio.Semaphore(concurrency)
-        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self.config = config
+        self._base_url = config.base_url.rstrip("/") if config.base_url else None
+        self._model = config.model or None
+        self._timeout_s = config.timeout_s
+        self._json_mode = config.json_mode
+        self.max_concurrency = config.concurrency
+        self._semaphore = asyncio.Semaphore(config.concurrency)
+        headers = {"Authorization": f"Bearer {config.api_key}"} if config.api_key else {}
         self._client = httpx.AsyncClient(
             base_url=(self._base_url or "http://unconfigured.invalid") + "/",
             headers=headers,
-            timeout=httpx.Timeout(timeout_s),
-            limits=httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency),
+            timeout=httpx.Timeout(config.timeout_s),
+            limits=httpx.Limits(
+                max_connections=config.concurrency, max_keepalive_connections=config.concurrency
+            ),
         )
         self._billed_characters = 0
         self._requests = 0
         self._retries = 0
         self._prompt_tokens = 0
         self._completion_tokens = 0
-        self._fail_fast = False
-        self._closed = False
-        self._prober: asyncio.Task[None] | None = None
-        self._start_task: asyncio.Task[None] | None = None
 
         missing = [
             env
@@ -205,58 +233,26 @@ class LLMTranslator(Translator):
             )
             if not value
         ]
-        self._configured = not missing
         if missing:
-            self.ready = False
-            self.reason = NOT_CONFIGURED.format(names=" and ".join(missing))
-
-    @classmethod
-    def from_settings(cls, settings: Settings) -> LLMTranslator:
-        """Build the backend from ``llm_*`` settings."""
-        key = settings.llm_api_key.get_secret_value() if settings.llm_api_key else None
-        return cls(
-            settings.llm_base_url,
-            settings.llm_model,
-            api_key=key,
-            timeout_s=settings.llm_timeout_s,
-            concurrency=settings.llm_concurrency,
-            # Not every server has response_format; on only where a setting asks for it.
-            json_mode=settings.llm_json_mode,
-        )
+            self._not_configured(NOT_CONFIGURED.format(names=" and ".join(missing)))
 
     # -- lifecycle ---------------------------------------------------------------------------
 
-    async def start(self) -> None:
-        """Probe the endpoint (GET /models) in the background; startup does not wait."""
-        if self._configured:
-            self._start_task = asyncio.get_running_loop().create_task(self._start_check())
-
-    async def settled(self) -> None:
-        """Wait for the start-time probe (tests and the CLI; the service never waits)."""
-        if self._start_task is not None:
-            await asyncio.shield(self._start_task)
-
     async def aclose(self) -> None:
         """Stop background probes and close the HTTP client."""
-        self._closed = True
-        for task in (self._start_task, self._prober):
-            if task is not None:
-                task.cancel()
-                with contextlib.suppress(asyncio.CancelledError, BackendError):
-                    await task
+        await super().aclose()
         await self._client.aclose()
 
     # -- languages ---------------------------------------------------------------------------
 
     def _language_name(self, tag: str) -> str:
         """The table's name for ``tag``: the only form of a locale that reaches the prompt."""
-        try:
-            canonical = canonicalize(tag)
-        except InvalidLocale:
-            raise UnsupportedLanguage("the llm backend needs a valid BCP 47 target") from None
-        name = display_name(canonical)
-        if "Unknown" in name or name == "the target language":
-            raise UnsupportedLanguage(f"no language name is known for {canonical!r}")
+        standard = canonical(tag)
+        if standard is None:
+            raise UnsupportedLanguage("the llm backend needs a valid BCP 47 target")
+        name = language_name(standard)
+        if "Unknown" in name or name == UNNAMED:
+            raise UnsupportedLanguage(f"no language name is known for {standard!r}")
         return name
 
     def supports(self, source: str | None, target: str) -> bool:
@@ -270,15 +266,15 @@ class LLMTranslator(Translator):
     # -- translation -------------------------------------------------------------------------
 
     async def translate(
-        self, texts: Sequence[str], *, source: str | None, target: str
+        self,
+        texts: Sequence[str],
+        *,
+        source: str | None,
+        target: str,
+        contexts: Sequence[str | None] | None = None,
     ) -> list[str]:
-        """Translate in requests of a few segments each, run concurrently."""
-        if not self._configured:
-            raise BackendUnavailable(self.reason or "the llm backend is not configured")
-        if self._closed:
-            raise BackendUnavailable("the llm backend is closed")
-        if not self.ready and self._fail_fast:
-            raise BackendUnavailable(self.reason or "the LLM endpoint is not available")
+        """Translate in requests of a few segments each, run concurrently; no ``contexts``."""
+        self._refuse_if_unusable()
         target_name = self._language_name(target)
         source_name: str | None = None
         if source:
@@ -445,25 +441,7 @@ class LLMTranslator(Translator):
 
     # -- readiness ---------------------------------------------------------------------------
 
-    def _mark_down(self, reason: str, *, fail_fast: bool) -> None:
-        if self.ready or self.reason != reason:
-            log.warning("llm backend not ready: %s", reason)
-        self.ready = False
-        self.reason = reason
-        self._fail_fast = fail_fast
-        if self._closed or (self._prober is not None and not self._prober.done()):
-            return
-        with contextlib.suppress(RuntimeError):  # no running loop: the next call probes
-            self._prober = asyncio.get_running_loop().create_task(self._probe_until_up())
-
-    def _mark_up(self) -> None:
-        if not self.ready and self._configured:
-            log.info("llm backend ready again")
-            self.ready = True
-            self.reason = None
-            self._fail_fast = False
-
-    async def _probe(self) -> None:
+    async def _check(self) -> None:
         """GET /models: auth and reachability. A server without that route is fine."""
         try:
             async with asyncio.timeout(self._timeout_s):
@@ -473,18 +451,6 @@ class LLMTranslator(Translator):
         except (httpx.HTTPError, TimeoutError) as exc:
             raise self._map_error(exc) from exc
         self._mark_up()
-
-    async def _start_check(self) -> None:
-        try:
-            await self._probe()
-        except BackendError as exc:
-            log.warning("llm start check failed: %s", exc.detail)
-
-    async def _probe_until_up(self) -> None:
-        while not self.ready and not self._closed:
-            await asyncio.sleep(self.recheck_after_s if self._fail_fast else self.outage_recheck_s)
-            with contextlib.suppress(BackendError):  # _map_error marked it down again
-                await self._probe()
 
     # -- facts -------------------------------------------------------------------------------
 

@@ -41,17 +41,76 @@ from pathlib import Path
 from typing import Any
 
 from models.base import Translator
+from models.languages import canonical, table_key
 from service.errors import (
     BackendError,
     BackendUnavailable,
     ConfigError,
-    InvalidLocale,
     UnsupportedLanguage,
 )
-from service.locale import LANGUAGES, base_language, canonicalize, lang_info
-from service.settings import Settings
 
 log = logging.getLogger(__name__)
+
+# The languages this backend knows: table key (see models.languages), flores-200 code
+# (NLLB-200), M2M-100 code. A loaded checkpoint serves those its tokenizer has a token for.
+_ROWS: tuple[tuple[str, str, str], ...] = (
+    ("af", "afr_Latn", "af"),
+    ("ar", "arb_Arab", "ar"),
+    ("bg", "bul_Cyrl", "bg"),
+    ("bn", "ben_Beng", "bn"),
+    ("ca", "cat_Latn", "ca"),
+    ("cs", "ces_Latn", "cs"),
+    ("cy", "cym_Latn", "cy"),
+    ("da", "dan_Latn", "da"),
+    ("de", "deu_Latn", "de"),
+    ("el", "ell_Grek", "el"),
+    ("en", "eng_Latn", "en"),
+    ("es", "spa_Latn", "es"),
+    ("et", "est_Latn", "et"),
+    ("fa", "pes_Arab", "fa"),
+    ("fi", "fin_Latn", "fi"),
+    ("fr", "fra_Latn", "fr"),
+    ("gu", "guj_Gujr", "gu"),
+    ("he", "heb_Hebr", "he"),
+    ("hi", "hin_Deva", "hi"),
+    ("hr", "hrv_Latn", "hr"),
+    ("hu", "hun_Latn", "hu"),
+    ("id", "ind_Latn", "id"),
+    ("it", "ita_Latn", "it"),
+    ("ja", "jpn_Jpan", "ja"),
+    ("kn", "kan_Knda", "kn"),
+    ("ko", "kor_Hang", "ko"),
+    ("lt", "lit_Latn", "lt"),
+    ("lv", "lvs_Latn", "lv"),
+    ("mk", "mkd_Cyrl", "mk"),
+    ("ml", "mal_Mlym", "ml"),
+    ("mr", "mar_Deva", "mr"),
+    ("nb", "nob_Latn", "no"),
+    ("ne", "npi_Deva", "ne"),
+    ("nl", "nld_Latn", "nl"),
+    ("pa", "pan_Guru", "pa"),
+    ("pl", "pol_Latn", "pl"),
+    ("pt", "por_Latn", "pt"),
+    ("ro", "ron_Latn", "ro"),
+    ("ru", "rus_Cyrl", "ru"),
+    ("sk", "slk_Latn", "sk"),
+    ("sl", "slv_Latn", "sl"),
+    ("sq", "als_Latn", "sq"),
+    ("sv", "swe_Latn", "sv"),
+    ("sw", "swh_Latn", "sw"),
+    ("ta", "tam_Taml", "ta"),
+    ("te", "tel_Telu", "te"),
+    ("th", "tha_Thai", "th"),
+    ("fil", "tgl_Latn", "tl"),
+    ("tr", "tur_Latn", "tr"),
+    ("uk", "ukr_Cyrl", "uk"),
+    ("ur", "urd_Arab", "ur"),
+    ("vi", "vie_Latn", "vi"),
+    ("zh-Hans", "zho_Hans", "zh"),
+    ("zh-Hant", "zho_Hant", "zh"),
+)
+NLLB_CODES: dict[str, str] = {key: flores for key, flores, _ in _ROWS}
+M2M_CODES: dict[str, str] = {key: m2m for key, _, m2m in _ROWS}
 
 FAMILIES = ("nllb", "m2m100", "marian")
 FALLBACK_SOURCE = "en"  # what an unknown source is read as (see the module docstring)
@@ -78,32 +137,20 @@ def _require_packages() -> None:
             )
 
 
-def lang_key(tag: str) -> str:
-    """The language-table key of a tag (``zh-CN`` -> ``zh-Hans``), or its bare language."""
-    info = lang_info(tag)
-    return info.key if info is not None else base_language(tag)
-
-
-def _canonical_or_none(tag: str | None) -> str | None:
-    if tag is None:
-        return None
-    try:
-        return canonicalize(tag)
-    except InvalidLocale:
-        return None
+def _key_or_none(tag: str | None) -> str | None:
+    """The table key of a tag, or None when it is missing or not a BCP 47 tag."""
+    standard = canonical(tag) if tag is not None else None
+    return table_key(standard) if standard is not None else None
 
 
 def parse_pair_spec(value: str) -> tuple[tuple[str, str] | None, str]:
     """Split ``en-de=ID`` into ``(("en", "de"), "ID")``; a value without a pair gives ``None``."""
     left, sep, right = value.partition("=")
     match = _PAIR.match(left.strip()) if sep and "/" not in left else None
-    if match is None:
+    src, tgt = (_key_or_none(match["src"]), _key_or_none(match["tgt"])) if match else (None, None)
+    if src is None or tgt is None:
         return None, value.strip()
-    try:
-        pair = (lang_key(canonicalize(match["src"])), lang_key(canonicalize(match["tgt"])))
-    except InvalidLocale:
-        return None, value.strip()
-    return pair, right.strip()
+    return (src, tgt), right.strip()
 
 
 @dataclass
@@ -244,6 +291,21 @@ def _not_found_reason(model_id: str, exc: BaseException) -> str:
     )
 
 
+@dataclass(frozen=True)
+class LocalConfig:
+    """What the local backend runs and how; the registry fills it from ``local_*`` settings."""
+
+    # Hub id or directory; a Marian one may name its pair first: ``en-de=DIR``.
+    model: str = "facebook/nllb-200-distilled-600M"
+    # Extra Marian checkpoints, one per pair, each ``src-tgt=ID_OR_DIR``.
+    marian_models: tuple[str, ...] = ()
+    device: str = "auto"  # auto (CUDA when present), cpu, cuda:0
+    dtype: str = "auto"  # auto, float32, float16, bfloat16
+    num_beams: int = 1
+    max_input_tokens: int = 256  # longer segments are split and rejoined
+    threads: int | None = None  # torch CPU threads; None: torch's default
+
+
 class LocalTranslator(Translator):
     """Seq2seq translation checkpoints run in a worker thread this backend owns."""
 
@@ -251,24 +313,16 @@ class LocalTranslator(Translator):
     # One worker thread: more batches in flight would only queue behind it.
     max_concurrency = 1
 
-    def __init__(
-        self,
-        model: str = "facebook/nllb-200-distilled-600M",
-        *,
-        marian_models: Sequence[str] = (),
-        device: str = "auto",
-        dtype: str = "auto",
-        num_beams: int = 1,
-        max_input_tokens: int = 256,
-        threads: int | None = None,
-    ) -> None:
+    def __init__(self, config: LocalConfig | None = None) -> None:
         super().__init__()
         _require_packages()
-        pair, model_id = parse_pair_spec(model)
+        config = config or LocalConfig()
+        self.config = config
+        pair, model_id = parse_pair_spec(config.model)
         if not model_id:
             raise ConfigError("local_model (THINKTRANS_LOCAL_MODEL) is empty; name a checkpoint")
         self._specs = [_Spec(model_id, pair)]
-        for entry in marian_models:
+        for entry in config.marian_models:
             extra_pair, extra_id = parse_pair_spec(entry)
             if extra_pair is None or not extra_id:
                 raise ConfigError(
@@ -277,11 +331,6 @@ class LocalTranslator(Translator):
                 )
             self._specs.append(_Spec(extra_id, extra_pair, marian_only=True))
         self.model_id = model_id
-        self._device_setting = device
-        self._dtype_setting = dtype
-        self._num_beams = num_beams
-        self._max_input_tokens = max_input_tokens
-        self._threads = threads
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="thinktrans-local")
         self._load_future: asyncio.Future[None] | None = None
         self._slots: list[_Slot] = []
@@ -293,19 +342,6 @@ class LocalTranslator(Translator):
         self.ready = False
         self.reason = f"model {model_id!r} not loaded: the backend has not been started"
 
-    @classmethod
-    def from_settings(cls, settings: Settings) -> LocalTranslator:
-        """Build from the ``local_*`` settings; loading starts with ``start()``."""
-        return cls(
-            settings.local_model,
-            marian_models=settings.local_marian_models,
-            device=settings.local_device,
-            dtype=settings.local_dtype,
-            num_beams=settings.local_num_beams,
-            max_input_tokens=settings.local_max_input_tokens,
-            threads=settings.local_threads,
-        )
-
     # -- lifecycle ---------------------------------------------------------------------------
 
     async def start(self) -> None:
@@ -316,11 +352,8 @@ class LocalTranslator(Translator):
         loop = asyncio.get_running_loop()
         self._load_future = loop.run_in_executor(self._executor, self._load)
 
-    async def settled(self) -> None:
-        await self.wait_ready()
-
     async def wait_ready(self, timeout_s: float | None = None) -> bool:
-        """Wait until loading has finished (or failed); return ``ready``."""
+        """Wait until loading has finished (or failed), starting it if need be; return ``ready``."""
         if self._load_future is None:
             await self.start()
         future = self._load_future
@@ -383,19 +416,18 @@ class LocalTranslator(Translator):
                 if slot.family == "marian"
                 for target in slot.codes
             ],
-            "num_beams": self._num_beams,
+            "num_beams": self.config.num_beams,
             "load_s": self.load_s,
             "ready": self.ready,
             "reason": self.reason,
         }
 
     def _route(self, source: str | None, target: str) -> _Route:
-        tag = _canonical_or_none(target)
+        tag = canonical(target)
         if tag is None:
             raise UnsupportedLanguage(f"{target!r} is not a valid BCP 47 target")
-        tgt = lang_key(tag)
-        src_tag = _canonical_or_none(source)
-        src = lang_key(src_tag) if src_tag is not None else FALLBACK_SOURCE
+        tgt = table_key(tag)
+        src = _key_or_none(source) or FALLBACK_SOURCE
         no_space = tgt in _NO_SPACE_TARGETS
         # A Marian checkpoint configured for exactly this pair wins over the main model.
         for slot in self._slots:
@@ -424,9 +456,14 @@ class LocalTranslator(Translator):
     # -- translation -------------------------------------------------------------------------
 
     async def translate(
-        self, texts: Sequence[str], *, source: str | None, target: str
+        self,
+        texts: Sequence[str],
+        *,
+        source: str | None,
+        target: str,
+        contexts: Sequence[str | None] | None = None,
     ) -> list[str]:
-        """Translate in the worker thread; the event loop only waits."""
+        """Translate in the worker thread; the event loop only waits. ``contexts`` is unused."""
         if not self.ready:
             raise BackendUnavailable(self.reason or f"model {self.model_id!r} is not loaded")
         route = self._route(source, target)
@@ -481,7 +518,7 @@ class LocalTranslator(Translator):
             trails.append(text[len(text.rstrip()) :] if core else "")
             if not core:
                 continue
-            pieces = split_text(core, count, self._max_input_tokens)
+            pieces = split_text(core, count, self.config.max_input_tokens)
             if len(pieces) > 1:
                 self.stats.split_segments += 1
             for piece in pieces:
@@ -537,14 +574,14 @@ class LocalTranslator(Translator):
             return_tensors="pt",
             padding=True,
             truncation=True,
-            max_length=self._max_input_tokens + 8,  # a safety net: split_text already bounds
+            max_length=self.config.max_input_tokens + 8,  # a safety net: split_text already bounds
         )
         lengths = batch["attention_mask"].sum(dim=1).tolist()
         # Per segment: 1.5x its input + 10, so a looping segment cannot run to the batch's bound.
         caps = [min(math.ceil(1.5 * n) + 10, slot.max_positions - 2) for n in lengths]
         kwargs: dict[str, Any] = {
             "max_new_tokens": max(caps),
-            "num_beams": self._num_beams,
+            "num_beams": self.config.num_beams,
             "do_sample": False,
             "no_repeat_ngram_size": NO_REPEAT_NGRAM_SIZE,
         }
@@ -602,8 +639,8 @@ class LocalTranslator(Translator):
             raise _LoadError(
                 f"the local backend cannot import {exc.name!r}: pip install 'thinktrans[local]'"
             ) from exc
-        if self._threads:
-            torch.set_num_threads(self._threads)
+        if self.config.threads:
+            torch.set_num_threads(self.config.threads)
         self.device = self._resolve_device(torch)
         dtype = self._resolve_dtype(torch, self.device)
         self.dtype = str(dtype).removeprefix("torch.")
@@ -617,24 +654,24 @@ class LocalTranslator(Translator):
         return slots
 
     def _resolve_device(self, torch: Any) -> str:
-        setting = self._device_setting.strip().lower()
+        setting = self.config.device.strip().lower()
         if setting == "auto":
             return "cuda" if torch.cuda.is_available() else "cpu"
         if setting.startswith("cuda") and not torch.cuda.is_available():
             raise _LoadError(
-                f"local_device {self._device_setting!r} asks for CUDA, which this machine lacks: "
+                f"local_device {self.config.device!r} asks for CUDA, which this machine lacks: "
                 "set THINKTRANS_LOCAL_DEVICE=auto or cpu"
             )
         return setting
 
     def _resolve_dtype(self, torch: Any, device: str) -> Any:
-        if self._dtype_setting == "auto":
+        if self.config.dtype == "auto":
             if device.startswith("cuda"):
                 return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
             return torch.float32
-        if self._dtype_setting == "float16" and device == "cpu":
+        if self.config.dtype == "float16" and device == "cpu":
             log.warning("local: float16 on CPU is slow and lossy; float32 is the CPU default")
-        return getattr(torch, self._dtype_setting)
+        return getattr(torch, self.config.dtype)
 
     def _load_slot(self, spec: _Spec, dtype: Any) -> _Slot:
         from transformers import AutoConfig, AutoModelForSeq2SeqLM, AutoTokenizer
@@ -682,27 +719,19 @@ class LocalTranslator(Translator):
         drop = set(tokenizer.all_special_ids)
         if family == "nllb":
             vocab = tokenizer.get_vocab()
-            slot.codes = {
-                info.key: info.nllb
-                for info in LANGUAGES.values()
-                if info.nllb is not None and info.nllb in vocab
-            }
+            slot.codes = {key: code for key, code in NLLB_CODES.items() if code in vocab}
             drop.update(i for token, i in vocab.items() if _FLORES.match(token))
         elif family == "m2m100":
             known = tokenizer.lang_code_to_id
-            slot.codes = {
-                info.key: info.m2m
-                for info in LANGUAGES.values()
-                if info.m2m is not None and info.m2m in known
-            }
+            slot.codes = {key: code for key, code in M2M_CODES.items() if code in known}
             drop.update(known.values())
         else:
             slot.source, slot.codes = _marian_pair(spec, tokenizer)
         slot.drop_ids = frozenset(drop)
         if not slot.codes:
             raise _LoadError(
-                f"model {spec.model_id!r} ({family}) has none of the languages in the service's "
-                "table; choose another checkpoint (THINKTRANS_LOCAL_MODEL)"
+                f"model {spec.model_id!r} ({family}) has none of the languages in the local "
+                "backend's table; choose another checkpoint (THINKTRANS_LOCAL_MODEL)"
             )
         return slot
 
@@ -759,9 +788,9 @@ def _marian_pair(spec: _Spec, tokenizer: Any) -> tuple[str, dict[str, str]]:
     if multi:  # ">>fra<<" tokens: one checkpoint, several targets
         targets: dict[str, str] = {}
         for token in multi:
-            tag = _canonical_or_none(token[2:-2].replace("_", "-"))
-            if tag is not None and lang_info(tag) is not None:
-                targets.setdefault(lang_key(tag), token)
+            key = _key_or_none(token[2:-2].replace("_", "-"))
+            if key in NLLB_CODES:  # a language of this backend's table
+                targets.setdefault(key, token)
         if pair is not None and pair[1] in targets:
             targets = {pair[1]: targets[pair[1]]}
         source = pair[0] if pair is not None else FALLBACK_SOURCE
@@ -777,7 +806,7 @@ def _marian_pair(spec: _Spec, tokenizer: Any) -> tuple[str, dict[str, str]]:
 def _pair_from(source: object, target: object) -> tuple[str, str] | None:
     if not isinstance(source, str) or not isinstance(target, str):
         return None
-    src, tgt = _canonical_or_none(source), _canonical_or_none(target)
+    src, tgt = _key_or_none(source), _key_or_none(target)
     if src is None or tgt is None:
         return None
-    return lang_key(src), lang_key(tgt)
+    return src, tgt

@@ -13,6 +13,11 @@ class PassthroughTranslator(Translator):
     check_output_language = False
 
     async def translate(
-        self, texts: Sequence[str], *, source: str | None, target: str
+        self,
+        texts: Sequence[str],
+        *,
+        source: str | None,
+        target: str,
+        contexts: Sequence[str | None] | None = None,
     ) -> list[str]:
         return list(texts)

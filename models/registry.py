@@ -1,39 +1,136 @@
-"""Build a backend from its name. Heavy imports happen inside each branch."""
+"""Build a backend from its name: the one place that turns settings into backend configs.
+
+Heavy imports (torch, transformers, deepl) happen inside each branch, so a missing extra
+is a ConfigError that names it, and only for a backend that is asked for.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from typing import Protocol
 
 from models.base import Translator
 from service.errors import ConfigError
-from service.settings import Settings
 
 
-def _passthrough(settings: Settings) -> Translator:
+class Secret(Protocol):
+    """A value kept out of reprs and logs (pydantic's ``SecretStr``)."""
+
+    def get_secret_value(self) -> str: ...
+
+
+class BackendSettings(Protocol):
+    """What the registry reads from the service's settings (``service.settings.Settings``)."""
+
+    def all_backends(self) -> Sequence[str]: ...
+
+    @property
+    def backend_timeout_s(self) -> float: ...
+
+    @property
+    def local_model(self) -> str: ...
+    @property
+    def local_marian_models(self) -> Sequence[str]: ...
+    @property
+    def local_device(self) -> str: ...
+    @property
+    def local_dtype(self) -> str: ...
+    @property
+    def local_num_beams(self) -> int: ...
+    @property
+    def local_max_input_tokens(self) -> int: ...
+    @property
+    def local_threads(self) -> int | None: ...
+
+    @property
+    def deepl_api_key(self) -> Secret | None: ...
+    @property
+    def deepl_server_url(self) -> str | None: ...
+    @property
+    def deepl_threads(self) -> int: ...
+    @property
+    def deepl_model_type(self) -> str: ...
+    @property
+    def deepl_formality(self) -> str | None: ...
+    @property
+    def deepl_context(self) -> bool: ...
+    @property
+    def deepl_english_variant(self) -> str: ...
+
+    @property
+    def llm_base_url(self) -> str | None: ...
+    @property
+    def llm_model(self) -> str | None: ...
+    @property
+    def llm_api_key(self) -> Secret | None: ...
+    @property
+    def llm_timeout_s(self) -> float: ...
+    @property
+    def llm_concurrency(self) -> int: ...
+    @property
+    def llm_json_mode(self) -> bool: ...
+
+
+def _secret(value: Secret | None) -> str | None:
+    return value.get_secret_value() if value is not None else None
+
+
+def _passthrough(settings: BackendSettings) -> Translator:
     from models.passthrough import PassthroughTranslator
 
     return PassthroughTranslator()
 
 
-def _local(settings: Settings) -> Translator:
-    from models.local import LocalTranslator
+def _local(settings: BackendSettings) -> Translator:
+    from models.local import LocalConfig, LocalTranslator
 
-    return LocalTranslator.from_settings(settings)
-
-
-def _deepl(settings: Settings) -> Translator:
-    from models.deepl import DeepLTranslator
-
-    return DeepLTranslator.from_settings(settings)
-
-
-def _llm(settings: Settings) -> Translator:
-    from models.llm import LLMTranslator
-
-    return LLMTranslator.from_settings(settings)
+    return LocalTranslator(
+        LocalConfig(
+            model=settings.local_model,
+            marian_models=tuple(settings.local_marian_models),
+            device=settings.local_device,
+            dtype=settings.local_dtype,
+            num_beams=settings.local_num_beams,
+            max_input_tokens=settings.local_max_input_tokens,
+            threads=settings.local_threads,
+        )
+    )
 
 
-FACTORIES: dict[str, Callable[[Settings], Translator]] = {
+def _deepl(settings: BackendSettings) -> Translator:
+    from models.deepl import DeepLConfig, DeepLTranslator
+
+    return DeepLTranslator(
+        DeepLConfig(
+            api_key=_secret(settings.deepl_api_key),
+            server_url=settings.deepl_server_url,
+            threads=settings.deepl_threads,
+            model_type=settings.deepl_model_type,
+            formality=settings.deepl_formality,
+            context=settings.deepl_context,
+            english_variant=settings.deepl_english_variant,
+            # One attempt may not outlast the batch it serves.
+            request_timeout_s=min(10.0, settings.backend_timeout_s),
+        )
+    )
+
+
+def _llm(settings: BackendSettings) -> Translator:
+    from models.llm import LLMConfig, LLMTranslator
+
+    return LLMTranslator(
+        LLMConfig(
+            base_url=settings.llm_base_url,
+            model=settings.llm_model,
+            api_key=_secret(settings.llm_api_key),
+            timeout_s=settings.llm_timeout_s,
+            concurrency=settings.llm_concurrency,
+            json_mode=settings.llm_json_mode,
+        )
+    )
+
+
+FACTORIES: dict[str, Callable[[BackendSettings], Translator]] = {
     "passthrough": _passthrough,
     "local": _local,
     "deepl": _deepl,
@@ -41,13 +138,11 @@ FACTORIES: dict[str, Callable[[Settings], Translator]] = {
 }
 
 
-def build_backend(name: str, settings: Settings) -> Translator:
+def build_backend(name: str, settings: BackendSettings) -> Translator:
     """Build one backend by name, or raise ConfigError naming what to install or set."""
     factory = FACTORIES.get(name)
     if factory is None:
-        raise ConfigError(
-            f"unknown backend {name!r}; choose from {', '.join(sorted(FACTORIES))}"
-        )
+        raise ConfigError(f"unknown backend {name!r}; choose from {', '.join(sorted(FACTORIES))}")
     try:
         return factory(settings)
     except ModuleNotFoundError as exc:
@@ -56,6 +151,6 @@ def build_backend(name: str, settings: Settings) -> Translator:
         ) from exc
 
 
-def build_backends(settings: Settings) -> dict[str, Translator]:
+def build_backends(settings: BackendSettings) -> dict[str, Translator]:
     """Every backend the settings name (the chain, the extras and passthrough)."""
     return {name: build_backend(name, settings) for name in settings.all_backends()}

@@ -141,19 +141,26 @@ class FakeDeepL(_Fake):
     """DeepL v2: /v2/translate, /v2/languages, /v2/usage.
 
     Modes: ``ok`` (answers "[<TARGET>] <text>"), ``429``, ``456``, ``403``, ``500``, ``slow``
-    (sleeps ``slow_s`` before answering ok).
+    (sleeps ``slow_s`` before answering ok). ``received`` holds, per translate request in
+    arrival order, the ``context`` field (None when absent) and the texts;
+    ``max_in_flight`` the most translate requests it was serving at once.
     """
 
     def __init__(self) -> None:
         self.character_count = 1234
         self.character_limit = 500_000
         self.targets = list(DEEPL_TARGETS)
+        self.received: list[tuple[str | None, list[str]]] = []
+        self.in_flight = 0
+        self.max_in_flight = 0
         super().__init__()
 
     def reset(self) -> None:
         super().reset()
         self.character_count = 1234
         self.targets = list(DEEPL_TARGETS)
+        self.received.clear()
+        self.in_flight = self.max_in_flight = 0
 
     @property
     def translate_requests(self) -> list[Recorded]:
@@ -169,14 +176,20 @@ class FakeDeepL(_Fake):
 
     async def _translate(self, request: Request) -> Response:
         rec = await _record(request, self.requests)
-        failed = await self._fail(self.next_mode())
-        if failed is not None:
-            return failed
         data: dict[str, Any]
         if rec.json is not None:
             data = rec.json
         else:
             data = {k: v if k == "text" else v[0] for k, v in rec.form.items()}
+        self.received.append((data.get("context"), list(data.get("text") or [])))
+        self.in_flight += 1  # one event loop: no lock needed
+        self.max_in_flight = max(self.max_in_flight, self.in_flight)
+        try:
+            failed = await self._fail(self.next_mode())
+        finally:
+            self.in_flight -= 1
+        if failed is not None:
+            return failed
         target = str(data["target_lang"]).upper()
         source = data.get("source_lang")
         texts = data["text"]

@@ -11,7 +11,16 @@ from typing import Any
 
 import pytest
 
-from models.llm import SYSTEM_PROMPT, LLMTranslator, item_problem, parse_answer
+from models.languages import table_key
+from models.llm import (
+    LANGUAGE_NAMES,
+    SYSTEM_PROMPT,
+    LLMConfig,
+    LLMTranslator,
+    item_problem,
+    language_name,
+    parse_answer,
+)
 from models.registry import build_backend
 from service.errors import (
     BackendTimeout,
@@ -20,6 +29,7 @@ from service.errors import (
     RateLimited,
     UnsupportedLanguage,
 )
+from service.locale import canonicalize
 from service.settings import load_settings
 from tests.fakes_remote import FakeChat, Recorded, closed_port_url
 
@@ -51,7 +61,8 @@ async def make(fake: FakeChat) -> AsyncIterator[Make]:
             "llm_timeout_s": 2.0,
             **overrides,
         }
-        backend = LLMTranslator.from_settings(load_settings(**fields))
+        backend = build_backend("llm", load_settings(**fields))
+        assert isinstance(backend, LLMTranslator)
         backend.recheck_after_s = backend.outage_recheck_s = 0.1
         made.append(backend)
         return backend
@@ -68,13 +79,35 @@ def _messages(rec: Recorded) -> tuple[str, dict[str, Any]]:
 
 
 async def test_registry_builds_it() -> None:
-    backend = build_backend("llm", load_settings(backend="llm"))
+    backend = build_backend("llm", load_settings(backend="llm", llm_api_key="s3cret"))
     try:
         assert isinstance(backend, LLMTranslator)
         assert backend.name == "llm" and backend.billed
         assert backend.max_concurrency == 4  # llm_concurrency
+        assert backend.config.api_key == "s3cret" and "s3cret" not in repr(backend.config)
+        assert not backend.uses_context
     finally:
         await backend.aclose()
+
+
+# -- the language names ----------------------------------------------------------------------
+
+
+def test_language_names_are_safe() -> None:
+    assert language_name("zh-CN") == "Simplified Chinese"
+    assert language_name("zh-Hant-TW") == "Traditional Chinese"
+    assert language_name("de-CH") == "German"
+    assert language_name("no") == "Norwegian Bokmål"
+    # A language outside the table still gets a plain name, never the raw tag.
+    assert language_name("eu") == "Basque"
+    assert language_name("zh-Hant-TW-x-obeyme") == "Traditional Chinese"
+
+
+def test_table_is_consistent() -> None:
+    assert len(LANGUAGE_NAMES) == 54
+    for key, name in LANGUAGE_NAMES.items():
+        assert canonicalize(key) == key and table_key(key) == key
+        assert name.replace(" ", "").replace("å", "a").isalpha()
 
 
 async def test_good_path(fake: FakeChat, make: Make) -> None:
@@ -297,7 +330,7 @@ async def test_start_probe(fake: FakeChat, make: Make, mode: str, ready: bool) -
     backend.recheck_after_s = backend.outage_recheck_s = 30
     fake.mode = mode
     await backend.start()
-    await backend.settled()
+    await backend.wait_ready()
     assert backend.ready is ready
     assert [r.path for r in fake.requests] == ["/v1/models"]
 
@@ -310,7 +343,7 @@ async def test_info_hides_credentials(fake: FakeChat, make: Make) -> None:
 
 
 async def test_json_mode_is_optional(fake: FakeChat) -> None:
-    backend = LLMTranslator(f"{fake.origin}/v1", "fake-model", json_mode=True)
+    backend = LLMTranslator(LLMConfig(f"{fake.origin}/v1", "fake-model", json_mode=True))
     try:
         await backend.translate(THOUGHTS[:1], source="en", target="de")
     finally:

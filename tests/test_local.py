@@ -1,6 +1,6 @@
 """The local backend on tiny real checkpoints: real from_pretrained loading, real generate.
 
-The checkpoints come from ``service.testmodel`` (random weights, so outputs are garbage but
+The checkpoints come from ``service.tools.testmodel`` (random weights, so outputs are garbage but
 deterministic); no test touches the network: the hub is switched off for all of them.
 """
 
@@ -24,16 +24,26 @@ import huggingface_hub.constants
 from transformers import AutoConfig, AutoTokenizer
 
 from models import local as local_module
-from models.local import LocalTranslator, detect_family, split_text
-from service import testmodel
+from models.languages import table_key
+from models.local import (
+    M2M_CODES,
+    NLLB_CODES,
+    LocalConfig,
+    LocalTranslator,
+    detect_family,
+    parse_pair_spec,
+    split_text,
+)
+from models.registry import build_backend
 from service.errors import (
     BackendUnavailable,
     ConfigError,
     UnsupportedLanguage,
 )
-from service.locale import LANGUAGES
+from service.locale import canonicalize
 from service.settings import load_settings
-from service.testmodel import make_test_model
+from service.tools import testmodel
+from service.tools.testmodel import make_test_model
 
 # MarianTokenizer asks for sacremoses, an optional punctuation normaliser these tests do not need.
 pytestmark = pytest.mark.filterwarnings("ignore:Recommended. pip install sacremoses")
@@ -75,8 +85,11 @@ def _offline(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
 
 
 def make_backend(model: str | Path, **overrides: Any) -> LocalTranslator:
+    """Through the registry, from ``local_*`` settings, as the service builds it."""
     settings = load_settings(local_model=str(model), backend="local", **overrides)
-    return LocalTranslator.from_settings(settings)
+    backend = build_backend("local", settings)
+    assert isinstance(backend, LocalTranslator)
+    return backend
 
 
 async def started(model: str | Path, **overrides: Any) -> LocalTranslator:
@@ -133,6 +146,36 @@ def test_test_models_are_deterministic(models: dict[str, Path], tmp_path: Path) 
     again = make_test_model("nllb", tmp_path / "again")
     for name in ("model.safetensors", "tokenizer.json"):
         assert (again / name).read_bytes() == (models["nllb"] / name).read_bytes()
+
+
+# -- the language table --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("tag", "nllb", "m2m"),
+    [("zh-CN", "zho_Hans", "zh"), ("zh-Hant-TW", "zho_Hant", "zh"), ("zh-TW", "zho_Hant", "zh"),
+     ("zh", "zho_Hans", "zh"), ("ja-JP", "jpn_Jpan", "ja"), ("en", "eng_Latn", "en"),
+     ("pt-BR", "por_Latn", "pt"), ("de", "deu_Latn", "de"), ("ko", "kor_Hang", "ko"),
+     ("no", "nob_Latn", "no")],
+)
+def test_backend_codes(tag: str, nllb: str, m2m: str) -> None:
+    key = table_key(canonicalize(tag))
+    assert (NLLB_CODES[key], M2M_CODES[key]) == (nllb, m2m)
+
+
+def test_table_is_consistent() -> None:
+    assert len(NLLB_CODES) == 54 and set(M2M_CODES) == set(NLLB_CODES)
+    for key, flores in NLLB_CODES.items():
+        assert canonicalize(key) == key and table_key(key) == key
+        assert len(flores.split("_")) == 2
+
+
+def test_pair_specs() -> None:
+    assert parse_pair_spec("en-de=/models/x") == (("en", "de"), "/models/x")
+    assert parse_pair_spec("en-zh-TW=hub/id") == (("en", "zh-Hant"), "hub/id")
+    assert parse_pair_spec("no-en=d") == (("nb", "en"), "d")
+    assert parse_pair_spec("/models/en-de=x") == (None, "/models/en-de=x")
+    assert parse_pair_spec("Helsinki-NLP/opus-mt-en-de") == (None, "Helsinki-NLP/opus-mt-en-de")
 
 
 # -- family detection and language codes ---------------------------------------------------------
@@ -269,18 +312,18 @@ async def test_marian_models_setting_rejects_other_families(models: dict[str, Pa
 
 
 async def test_languages_and_supports(nllb: LocalTranslator, m2m: LocalTranslator) -> None:
-    assert nllb.languages() == sorted(LANGUAGES)
+    assert nllb.languages() == sorted(NLLB_CODES)
     m2m_langs = m2m.languages()
     assert m2m_langs is not None
     assert "te" not in m2m_langs  # M2M-100 has no Telugu
-    assert set(m2m_langs) == set(LANGUAGES) - {"te"}
+    assert set(m2m_langs) == set(M2M_CODES) - {"te"}
     assert nllb.supports(None, "te") and not m2m.supports(None, "te")
     assert nllb.supports("en", "zh-Hant-TW") and nllb.supports(None, "pt-BR")
     assert not nllb.supports("en", "tlh")  # valid BCP 47, not in the table
     assert not nllb.supports("en", "not a tag")
     with pytest.raises(UnsupportedLanguage, match="cannot translate en -> te"):
         await m2m.translate(["hello"], source="en", target="te")
-    assert nllb.info()["languages"] == len(LANGUAGES)
+    assert nllb.info()["languages"] == len(NLLB_CODES)
 
 
 # -- batching --------------------------------------------------------------------------------
@@ -465,8 +508,11 @@ def test_missing_packages_name_the_extra(monkeypatch: pytest.MonkeyPatch) -> Non
         local_module, "find_spec", lambda name: None if name == "torch" else real(name)
     )
     with pytest.raises(ModuleNotFoundError, match=r"pip install 'thinktrans\[local\]'") as err:
-        make_backend("x")
+        LocalTranslator(LocalConfig(model="x"))
     assert err.value.name == "torch"
+    # The registry turns it into a configuration error that names the extra.
+    with pytest.raises(ConfigError, match=r"needs 'torch': pip install 'thinktrans\[local\]'"):
+        make_backend("x")
 
 
 # -- the worker thread -------------------------------------------------------------------------
@@ -590,7 +636,7 @@ async def test_the_service_on_a_test_checkpoint(models: dict[str, Path]) -> None
     settings = make_settings(backend="local", local_model=str(models["nllb"]), max_wait_ms=20,
                              local_num_beams=4, deadline_ms=120_000)
     async for app in start_app(settings):
-        assert await app.pipeline.backends["local"].wait_ready(120)
+        assert await app.runtime.backends["local"].wait_ready(120)
         assert (await app.client.get("/readyz")).status_code == 200
         long_text = " ".join(TEXTS)
 
