@@ -9,6 +9,8 @@ down, slow or failing, the thoughts pass through unchanged (status ``error``).
     python examples/acp_bridge.py --url http://127.0.0.1:8088 < examples/acp_trace.jsonl
 
 Between a real agent and its client: ``agent | acp_bridge.py --url ... | client``.
+
+It needs only ``thinktrans-client`` (``pip install ./client``), not the sidecar's package.
 """
 
 from __future__ import annotations
@@ -22,13 +24,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
-# Run from a checkout without installing: the repository root holds `service`.
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+# Run from a checkout without installing: client/ holds `thinktrans_client`.
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "client"))
 
-from service.acp import ThoughtTranslator
-from service.client import ThinktransClient
-from service.errors import InvalidLocale
-from service.locale import canonicalize
+from thinktrans_client import ThinktransClient, ThoughtTranslator
+from thinktrans_client.locale import InvalidLocale, canonicalize
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,7 +80,7 @@ def main(argv: list[str] | None = None) -> int:
         try:
             target = canonicalize(args.target)
         except InvalidLocale as exc:
-            print(f"acp_bridge: --target: {exc.detail}", file=sys.stderr)
+            print(f"acp_bridge: --target: {exc}", file=sys.stderr)
             return 2
     try:
         asyncio.run(bridge(args.url, target, args.token, args.timeout, sys.stdin, sys.stdout))

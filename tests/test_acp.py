@@ -1,4 +1,4 @@
-"""service.acp and examples/acp_bridge.py against real sidecars, healthy and not."""
+"""thinktrans_client.acp and examples/acp_bridge.py against real sidecars, healthy and not."""
 
 from __future__ import annotations
 
@@ -15,10 +15,15 @@ from typing import Any
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from thinktrans_client.acp import (
+    ThoughtTranslator,
+    default_lane,
+    locale_from_initialize,
+    translate_messages,
+)
+from thinktrans_client.client import STREAM_ID, ThinktransClient, safe_stream_id
+from thinktrans_client.locale import canonicalize
 
-from service.acp import ThoughtTranslator, default_lane, locale_from_initialize, translate_messages
-from service.client import STREAM_ID, ThinktransClient, safe_stream_id
-from service.locale import canonicalize
 from tests.conftest import Server, served
 from tests.fakes_remote import FakeChat, closed_port_url
 from tests.test_client import RawServer, answer_500, llm_server, never_answer
@@ -130,6 +135,10 @@ def assert_order_kept(inp: Sequence[Any], out: Sequence[Any]) -> None:
     ({"locale": ["xx_YY", "pt-br"]}, (), None, "pt-BR"),  # a preference list
     ({"locale": 42}, (), None, None),
     ({"locale": "en\u202e"}, (), None, None),  # bidi control characters
+    ({"locale": "zh-CN"}, ("ZH-cn",), None, "zh-CN"),  # allowed entries are canonicalised
+    ({"locale": "zh-CN"}, ("zh-TW",), None, None),  # a region admits only itself
+    ({"locale": "zh-CN"}, ("zh_CN", "en"), None, None),  # a malformed entry admits nothing
+    ({"locale": "iw-IL"}, ("he",), None, "he-IL"),  # a withdrawn code, as the registry maps it
     ({}, (), "de", "de"),
     (None, (), None, None),
 ])
@@ -156,6 +165,23 @@ def test_locale_never_raises(locale: Any, default: str | None, params: Any) -> N
     got = locale_from_initialize({"_meta": {"locale": locale}}, default=default)
     assert got is None or canonicalize(got) == got
     assert locale_from_initialize(params) is None or isinstance(params, dict)
+
+
+async def test_translator_refuses_a_bad_target_without_echoing_it(
+        caplog: pytest.LogCaptureFixture) -> None:
+    async with ThinktransClient(closed_port_url()) as client:
+
+        async def send(message: Any) -> None:
+            pass
+
+        for target, allowed in (("zh_CN\u202e", ()), ("ja-JP", ("zh",))):
+            with pytest.raises(ValueError) as caught:
+                ThoughtTranslator(client, send, target=target, allowed=allowed)
+            assert target not in str(caught.value) and "BCP 47" in str(caught.value)
+        translator = ThoughtTranslator(client, send, target="zh-tw", allowed=("zh", "bad_one"))
+        assert translator.target == "zh-TW"
+        assert "1 of 2 allowed locales" in caplog.text and "bad_one" not in caplog.text
+        await translator.aclose()
 
 
 def test_default_lane() -> None:

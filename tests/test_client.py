@@ -1,25 +1,20 @@
-"""service.client against real sidecars (`thinktrans serve` processes) and broken ones."""
+"""thinktrans_client.client against real sidecars (`thinktrans serve` processes) and broken ones."""
 
 from __future__ import annotations
 
 import asyncio
 import json
 import logging
-import os
-import subprocess
-import sys
 import time
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
-from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-
-from service.client import (
+from thinktrans_client.client import (
     SegmentUpdate,
     SidecarError,
     StreamItem,
@@ -28,10 +23,10 @@ from service.client import (
     TranslatedSegment,
     safe_stream_id,
 )
+from thinktrans_client.locale import InvalidLocale, canonicalize
+
 from tests.conftest import Server, served
 from tests.fakes_remote import FakeChat, closed_port_url
-
-ROOT = Path(__file__).resolve().parent.parent
 
 THINKING = (
     "The user asks why the build fails on CI. Let me check `setup.cfg` first, "
@@ -212,20 +207,7 @@ def assert_complete(items: list[StreamItem], text: str) -> list[TranslatedSegmen
     return segs
 
 
-# -- import --------------------------------------------------------------------------------
-
-
-def test_import_is_light() -> None:
-    code = ("import sys, service.client, service.acp\n"
-            "heavy = {'torch', 'transformers', 'fastapi', 'starlette', 'pydantic', 'models',\n"
-            "         'numpy', 'uvicorn', 'deepl'}\n"
-            "bad = sorted(m for m in sys.modules if m.split('.')[0] in heavy\n"
-            "             or m.startswith('service.') and m not in {'service.client',\n"
-            "             'service.acp', 'service.locale', 'service.errors'})\n"
-            "print(','.join(bad))")
-    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
-                         env={**os.environ, "PYTHONPATH": str(ROOT)}, check=True)
-    assert out.stdout.strip() == ""
+# -- stream ids ----------------------------------------------------------------------------
 
 
 def test_safe_stream_id() -> None:
@@ -248,6 +230,25 @@ async def test_translate_real_server(sidecar: Server) -> None:
     assert [s.status for s in result.segments] == ["translated", "same_language", "skipped"]
     assert {s.target for s in result.segments} == {"zh-CN"}
     assert result.segments[0].backend == "passthrough"
+
+
+async def test_locale_canonical_form_is_the_sidecars(sidecar: Server) -> None:
+    """The client's own canonical case is the sidecar's, and what it refuses, the sidecar
+    refuses too (422): checking locally never drops a target the sidecar would take."""
+    accepted = ["ZH-cn", "zh-hant-tw", "EN", "pt-br", "ja-JP", "sr-latn-rs", "es-419",
+                "de-DE-1996", "iw", "zh-Hans-CN-u-co-pinyin", "en-US-x-Foo"]
+    refused = ["zh_CN", "und", "en-", "en-US-US", "de-1996-1996", "abcde", "en-a-b", "en-u",
+               "en-abcd-efgh", "x-private"]
+    async with ThinktransClient(sidecar.url) as client:
+        for tag in accepted:
+            [result] = await client.translate(["Hello."], target=tag, fallback=False)
+            assert result.segments[0].target == canonicalize(tag), tag
+        for tag in refused:
+            with pytest.raises(InvalidLocale):
+                canonicalize(tag)
+            with pytest.raises(SidecarError) as caught:
+                await client.translate(["Hello."], target=tag, fallback=False)
+            assert caught.value.status == 422, tag
 
 
 async def test_translate_falls_back_when_down() -> None:

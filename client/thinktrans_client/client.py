@@ -1,7 +1,8 @@
 """The client that agent servers use: one-shot translation and streamed thinking.
 
 Light to import: httpx and the standard library only (no torch, transformers, fastapi
-or server modules), so an agent server can import it on its hot path.
+or server modules), so an agent server can import it on its hot path. It knows the
+sidecar only through the HTTP contract (API.md).
 
 ::
 
@@ -45,6 +46,10 @@ one segment with status ``error`` (``error`` says why, ``backend`` is None), the
 later push the same way. So, whatever happens, the ``original`` fields of everything
 ``results`` yields, joined, equal the pushed deltas, joined. After a failure of the
 sidecar itself (not a 4xx), new streams and translations skip it for ``cooloff_s``.
+
+What streams use of the client, all public: ``request`` (one call within the budget),
+``note_failure`` (starts the skip), ``release_stream`` (a background DELETE that
+``aclose`` waits for) and the budgets ``timeout_s``, ``stall_s`` and ``poll_wait_s``.
 
 Logs hold stream ids, lengths and reasons, never thinking text.
 """
@@ -238,7 +243,7 @@ class ThinktransClient:
         self.cooloff_s = cooloff_s
         self.poll_wait_s = poll_wait_s
         headers = {"Authorization": f"Bearer {token}"} if token else {}
-        # httpx's own timeouts are per phase; the total budget is enforced in _request.
+        # httpx's own timeouts are per phase; the total budget is enforced in request().
         self._http = httpx.AsyncClient(base_url=self.base_url, headers=headers,
                                        timeout=httpx.Timeout(timeout_s + poll_wait_s + 1.0),
                                        transport=transport)
@@ -270,21 +275,37 @@ class ThinktransClient:
         """False while a recent failure of the sidecar has it skipped (``cooloff_s``)."""
         return not self._closing and time.monotonic() >= self._down_until
 
-    def _noted(self, exc: SidecarError) -> None:
+    def note_failure(self, exc: SidecarError) -> None:
+        """Record a failed call: a failure of the sidecar itself starts ``cooloff_s``."""
         if not isinstance(exc, _Skipped) and exc.sidecar_failed:
             self._down_until = time.monotonic() + self.cooloff_s
 
-    def _spawn(self, coro: Awaitable[None]) -> None:
-        async def run() -> None:
-            await coro
+    def release_stream(self, stream_id: str) -> None:
+        """Delete the sidecar's stream in the background (``aclose`` waits for it).
 
-        task = asyncio.create_task(run())
+        Ended streams hold their events on the sidecar until they expire; this frees them
+        sooner. Best effort: a failure is only logged, and nothing is sent once the client
+        is closing.
+        """
+        if self._closing:
+            return
+        task = asyncio.create_task(self._delete_stream(stream_id))
         self._background.add(task)
         task.add_done_callback(self._background.discard)
 
-    async def _request(self, method: str, path: str, *, json: Any = None,
-                       params: Mapping[str, Any] | None = None, wait_s: float = 0.0) -> Any:
-        """One call within ``timeout_s`` (+ ``wait_s``); the JSON answer, or SidecarError."""
+    async def _delete_stream(self, stream_id: str) -> None:
+        try:
+            await self.request("DELETE", f"/v1/streams/{stream_id}")
+        except SidecarError as exc:
+            log.debug("stream %s delete failed: %s", stream_id, exc.reason)
+
+    async def request(self, method: str, path: str, *, json: Any = None,
+                      params: Mapping[str, Any] | None = None, wait_s: float = 0.0) -> Any:
+        """One call within ``timeout_s`` (+ ``wait_s``); the JSON answer, or SidecarError.
+
+        A dropped kept-alive connection is retried once; nothing else is retried here,
+        and the cool-off is neither checked nor started (see ``available``, ``note_failure``).
+        """
         if self._closed:
             raise SidecarError("client is closed")
         budget = self.timeout_s + wait_s
@@ -329,7 +350,7 @@ class ThinktransClient:
         try:
             if not self.available:
                 raise _Skipped()
-            body = await self._request("POST", "/v1/translate", json={
+            body = await self.request("POST", "/v1/translate", json={
                 "target": target, "source": source, "backend": backend, "texts": texts})
             try:
                 results = [
@@ -343,7 +364,7 @@ class ThinktransClient:
                 raise SidecarError(f"{len(results)} results for {len(texts)} texts")
             return results
         except SidecarError as exc:
-            self._noted(exc)
+            self.note_failure(exc)
             if not fallback:
                 raise
             log.warning("translate falls back to the originals: %s texts=%d chars=%d",
@@ -514,15 +535,8 @@ class ThinkingStream:
             _done, pending = await asyncio.wait({sender}, timeout=self.client.timeout_s)
             if pending:
                 sender.cancel()
-        if self._sender is not None and self.failure is None and not self.client._closing:
-            # Ended streams hold their events until they expire; free them now.
-            self.client._spawn(self._delete())
-
-    async def _delete(self) -> None:
-        try:
-            await self.client._request("DELETE", f"/v1/streams/{self.stream_id}")
-        except SidecarError as exc:
-            log.debug("stream %s delete failed: %s", self.stream_id, exc.reason)
+        if self._sender is not None and self.failure is None:
+            self.client.release_stream(self.stream_id)
 
     # -- failing over --------------------------------------------------------------------------
 
@@ -530,7 +544,7 @@ class ThinkingStream:
         if self.failure is not None:
             return
         self.failure = exc.reason
-        self.client._noted(exc)
+        self.client.note_failure(exc)
         # A skip follows a failure already logged: one warning per outage, not per stream.
         log.log(logging.INFO if isinstance(exc, _Skipped) else logging.WARNING,
                 "stream %s falls back to the originals: %s pending_chars=%d",
@@ -580,7 +594,7 @@ class ThinkingStream:
                 self._form_chunks()
                 await self._post_chunks()
                 if self._closing and not self._unsent and not self._unacked:
-                    await self._retrying(lambda: self.client._request(
+                    await self._retrying(lambda: self.client.request(
                         "POST", f"/v1/streams/{self.stream_id}/close"), time.monotonic())
                     return
         except SidecarError as exc:
@@ -602,7 +616,7 @@ class ThinkingStream:
         body = {"stream_id": self.stream_id, "target": self.target, "backend": self._backend,
                 "user_text": self._user_text}
         data = await self._retrying(
-            lambda: self.client._request("POST", "/v1/streams", json=body), time.monotonic())
+            lambda: self.client.request("POST", "/v1/streams", json=body), time.monotonic())
         try:
             self.target = data["target"]
             self.target_source = data["target_source"]
@@ -663,7 +677,7 @@ class ThinkingStream:
                 chars += len(chunk[1])
             body = {"chunks": [{"seq": seq, "text": text} for seq, text in batch]}
             try:
-                data = await self.client._request(
+                data = await self.client.request(
                     "POST", f"/v1/streams/{self.stream_id}/chunks", json=body)
                 through = int(data["accepted_through"])
             except SidecarError as exc:
@@ -752,7 +766,7 @@ class ThinkingStream:
             if not self._opened.is_set():
                 return []
         params = {"after": self._after, "wait_ms": max(1, int(wait_s * 1000))}
-        data = await self._unless_failed(self.client._request(
+        data = await self._unless_failed(self.client.request(
             "GET", f"/v1/streams/{self.stream_id}/events", params=params, wait_s=wait_s))
         if data is None:
             return []

@@ -1,7 +1,8 @@
 """Agent Client Protocol (ACP) helpers: the client's locale, and thoughts translated in place.
 
 ``locale_from_initialize`` reads the locale an ACP client sends in ``initialize``
-``_meta.locale``, checked as the service checks targets; it never raises.
+``_meta.locale``: a well-formed BCP 47 tag in canonical case (``thinktrans_client.locale``),
+admitted by ``allowed``; it never raises. The sidecar stays the authority on targets.
 
 ``ThoughtTranslator`` sits on an agent's outgoing ACP messages. The ``agent_thought_chunk``
 updates of one session (and one sub-agent) go, as deltas, through one thinktrans stream;
@@ -23,8 +24,8 @@ session's last ``session/prompt`` and then uses its own default (API.md's order)
 ACP chunks are append-only, so a late ``update`` of a segment that went out as
 ``deadline`` cannot replace it; the translator leaves it out (a UI that can replace text
 can read ``ThinkingStream.results`` itself). With the sidecar down, slow or failing, the
-thoughts pass through with status ``error``: ``service.client`` never blocks and never
-loses text.
+thoughts pass through with status ``error``: ``thinktrans_client.client`` never blocks
+and never loses text.
 
 Stream ids are ``<sessionId>:<nonce>.<n>``: the nonce keeps a restarted agent, whose
 session ids may repeat, out of streams the sidecar still holds from before.
@@ -42,14 +43,13 @@ from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any
 
-from service.client import (
+from thinktrans_client.client import (
     ThinkingStream,
     ThinktransClient,
     TranslatedSegment,
     safe_stream_id,
 )
-from service.errors import ThinktransError
-from service.locale import canonicalize, check_allowed
+from thinktrans_client.locale import InvalidLocale, canonicalize, is_allowed
 
 __all__ = [
     "ThoughtTranslator",
@@ -71,15 +71,13 @@ MAX_USER_TEXT_CHARS = 2000  # enough to detect a language; the service takes up 
 
 
 def _usable_locale(tag: object, allowed: Sequence[str]) -> str | None:
-    if not isinstance(tag, str):
-        return None
+    """The canonical tag, or None when malformed or not allowed (never raises)."""
+    # Whatever a client sends, the agent carries on: a bad locale is only not used.
     try:
         canonical = canonicalize(tag)
-        check_allowed(canonical, allowed)
-    # Whatever a client sends, the agent carries on: a bad locale is only not used.
-    except (ThinktransError, ValueError, LookupError, TypeError):
+    except InvalidLocale:
         return None
-    return canonical
+    return canonical if is_allowed(canonical, allowed) else None
 
 
 def locale_from_initialize(
@@ -222,12 +220,18 @@ class ThoughtTranslator:
         stream_options: Mapping[str, Any] | None = None,
     ) -> None:
         self.client = client
+        allowed = (allowed,) if isinstance(allowed, str) else tuple(allowed)
         self.target = _usable_locale(target, allowed) if target is not None else None
         if target is not None and self.target is None:
-            raise ValueError(f"target {target!r} is not a valid BCP 47 tag, or not allowed")
+            # The value is left out: it may hold anything, control characters included.
+            raise ValueError("target is not a well-formed BCP 47 tag, or not allowed")
+        unusable = sum(_usable_locale(entry, ()) is None for entry in allowed)
+        if unusable:
+            log.warning("%d of %d allowed locales are not BCP 47 tags; they admit nothing",
+                        unusable, len(allowed))
         self.client_locale: str | None = None
         self._send = send
-        self._allowed = tuple(allowed)
+        self._allowed = allowed
         self._lane = lane
         self._stream_options = dict(stream_options or {})
         self._nonce = secrets.token_hex(3)
