@@ -5,9 +5,9 @@
 
 Starts `thinktrans serve` on 127.0.0.1 (a free port) in its own process, with the
 `passthrough` backend or the `local` one on a tiny test checkpoint (built with
-`python -m service.testmodel --family nllb DIR` unless --model-dir names one). The streams
-part is `thinktrans bench` (service.bench.run_bench: realistic deltas, every stream's
-originals checked); at the same time --oneshot-clients clients POST /v1/translate at
+`python -m service.tools.testmodel --family nllb DIR` unless --model-dir names one). The
+streams part is `thinktrans bench` (service.tools.bench.run_bench: realistic deltas, every
+stream's originals checked); at the same time --oneshot-clients clients POST /v1/translate at
 --oneshot-rate requests/s in all, each checking that every result's segments join back
 to its text.
 
@@ -42,9 +42,9 @@ from typing import Any
 import aiohttp
 import httpx
 
-from service.bench import BenchConfig, BenchReport, run_bench
-from service.corpus import load_corpus
 from service.metrics import percentile
+from service.tools.bench import BenchConfig, BenchReport, run_bench
+from service.tools.corpus import load_corpus
 
 ROOT = Path(__file__).resolve().parent.parent
 CHUNKS_ROUTE = "/v1/streams/{stream_id}/chunks"
@@ -349,7 +349,7 @@ def machine() -> str:
 
 
 def make_checkpoint(outdir: Path) -> Path:
-    subprocess.run([sys.executable, "-m", "service.testmodel", "--family", "nllb",
+    subprocess.run([sys.executable, "-m", "service.tools.testmodel", "--family", "nllb",
                     str(outdir)], check=True, cwd=ROOT, timeout=300, capture_output=True)
     return outdir
 

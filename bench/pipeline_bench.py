@@ -1,6 +1,6 @@
-"""The pipeline's own cost per segment with the passthrough backend.
+"""The runtime's own cost per segment with the passthrough backend.
 
-Runs one-shot requests through the app in-process (ASGI, no network), N at a time, and
+Runs one-shot translations through a ``Runtime`` in-process (no HTTP), N at a time, and
 reports wall time and CPU time per segment. max_wait_ms is 0 so that batching waits do
 not hide the CPU cost.
 
@@ -14,9 +14,7 @@ import asyncio
 import os
 import time
 
-import httpx
-
-from service.app import create_app
+from service.runtime import Runtime
 from service.settings import load_settings
 
 TEXT = (
@@ -28,25 +26,23 @@ TEXT = (
 
 
 async def run(concurrency: int, requests: int) -> tuple[float, float, int]:
+    """Wall and CPU seconds for ``requests`` one-shot texts, and the segments they held."""
     os.environ.setdefault("THINKTRANS_LOG_LEVEL", "warning")
     settings = load_settings(backend="passthrough", max_wait_ms=0, default_locale="zh-CN")
-    app = create_app(settings)
-    async with app.router.lifespan_context(app):
-        transport = httpx.ASGITransport(app=app)
-        async with httpx.AsyncClient(transport=transport, base_url="http://bench") as client:
-            body = {"target": "zh-CN", "texts": [TEXT]}
-            r = await client.post("/v1/translate", json=body)
-            per_request = len(r.json()["results"][0]["segments"])
-            sem = asyncio.Semaphore(concurrency)
+    async with Runtime(settings) as runtime:
+        await runtime.wait_ready(timeout_s=60.0)
+        [first] = await runtime.translate([TEXT], target="zh-CN")
+        per_request = len(first.segments)
+        sem = asyncio.Semaphore(concurrency)
 
-            async def one() -> None:
-                async with sem:
-                    resp = await client.post("/v1/translate", json=body)
-                    assert resp.status_code == 200
+        async def one() -> None:
+            async with sem:
+                [result] = await runtime.translate([TEXT], target="zh-CN")
+                assert len(result.segments) == per_request
 
-            wall0, cpu0 = time.perf_counter(), time.process_time()
-            await asyncio.gather(*(one() for _ in range(requests)))
-            wall, cpu = time.perf_counter() - wall0, time.process_time() - cpu0
+        wall0, cpu0 = time.perf_counter(), time.process_time()
+        await asyncio.gather(*(one() for _ in range(requests)))
+        wall, cpu = time.perf_counter() - wall0, time.process_time() - cpu0
     return wall, cpu, per_request * requests
 
 

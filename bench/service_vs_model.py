@@ -5,8 +5,8 @@ measures, on the same inputs and the same batch size B:
 
 - the model's own throughput: the local backend's ``translate`` on batches of B, back to
   back, with no service around it;
-- the service's: 3 x B concurrent one-shot requests of one segment each through the app
-  (detection, batcher, pipeline), in-process.
+- the service's: 3 x B concurrent one-shot requests of one segment each through a
+  ``Runtime`` (detection, batcher, dispatcher), in-process.
 
     .venv/bin/python bench/service_vs_model.py --batch-size 8 --rounds 3
 
@@ -22,8 +22,6 @@ import platform
 import tempfile
 import time
 from pathlib import Path
-
-import httpx
 
 SENTENCES = [
     "The first leg of the hike is three and a half kilometres on flat ground at four km/h.",
@@ -42,7 +40,7 @@ def build_checkpoint(outdir: Path) -> Path:
     import torch
     from transformers import AutoConfig, M2M100ForConditionalGeneration
 
-    from service.testmodel import make_test_model
+    from service.tools.testmodel import make_test_model
 
     path = make_test_model("nllb", outdir)
     config = AutoConfig.from_pretrained(path)
@@ -76,34 +74,27 @@ async def model_throughput(path: Path, batch: int, rounds: int) -> float:
 
 
 async def service_throughput(path: Path, batch: int, rounds: int) -> tuple[float, list[int]]:
-    from service.app import create_app
+    from service.runtime import Runtime
     from service.settings import load_settings
 
     settings = load_settings(backend="local", local_model=str(path), max_batch_size=batch,
                              max_wait_ms=50, deadline_ms=600_000, backend_timeout_s=600,
                              log_level="warning")
-    app = create_app(settings)
-    async with app.router.lifespan_context(app):
-        translator = app.state.pipeline.backends["local"]
-        await translator.wait_ready(600)
-        transport = httpx.ASGITransport(app=app)
-        async with httpx.AsyncClient(transport=transport, base_url="http://bench",
-                                     timeout=3600) as client:
+    async with Runtime(settings) as runtime:
+        await runtime.wait_ready(timeout_s=600.0)
 
-            async def one(i: int) -> str:
-                r = await client.post("/v1/translate", json={
-                    "target": "de", "texts": [SENTENCES[i % len(SENTENCES)]]})
-                return str(r.json()["results"][0]["segments"][0]["status"])
+        async def one(i: int) -> str:
+            [result] = await runtime.translate([SENTENCES[i % len(SENTENCES)]], target="de")
+            return result.segments[0].status
 
-            await one(0)  # warm the shapes
-            started = time.perf_counter()
-            statuses = await asyncio.gather(*(one(i) for i in range(batch * rounds)))
-            elapsed = time.perf_counter() - started
+        await one(0)  # warm the shapes
+        started = time.perf_counter()
+        statuses = await asyncio.gather(*(one(i) for i in range(batch * rounds)))
+        elapsed = time.perf_counter() - started
         assert set(statuses) == {"translated"}, statuses
-        sizes = app.state.metrics.registry.get_sample_value(
-            "thinktrans_batch_size_sum", {"backend": "local"})
-        count = app.state.metrics.registry.get_sample_value(
-            "thinktrans_batch_size_count", {"backend": "local"})
+        registry = runtime.metrics.registry
+        sizes = registry.get_sample_value("thinktrans_batch_size_sum", {"backend": "local"})
+        count = registry.get_sample_value("thinktrans_batch_size_count", {"backend": "local"})
     # The counts include the warm-up request's batch of one.
     return batch * rounds / elapsed, [int(sizes or 0), int(count or 0)]
 

@@ -37,8 +37,8 @@ from typing import Any
 import aiohttp
 from load import Server, machine, make_checkpoint, parse_metrics, proc_cpu_s, proc_status
 
-from service.bench import split_deltas
-from service.corpus import load_corpus
+from service.tools.bench import split_deltas
+from service.tools.corpus import load_corpus
 
 MIB = 2**20
 

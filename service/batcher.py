@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 
 from models.base import Translator
 from service.errors import BackendError, BackendTimeout, BackendUnavailable, BadOutput, Overloaded
+from service.logs import text_fields
 from service.metrics import Metrics
 
 log = logging.getLogger("thinktrans.batcher")
@@ -41,6 +42,7 @@ class _Item:
     text: str
     pair: Pair
     future: asyncio.Future[Translation]
+    context: str | None = None  # the text before it, for backends that use it
     enqueued: float = field(default_factory=time.monotonic)
 
 
@@ -78,11 +80,17 @@ class Batcher:
     def __init__(self, translator: Translator, limits: BatchLimits, metrics: Metrics) -> None:
         self.translator = translator
         self.name = translator.name
+        # Only a backend that asks for it is called with each text's preceding text.
+        self.uses_context = bool(getattr(translator, "uses_context", False))
         self.limits = limits
         self.metrics = metrics
+        # This backend's series, looked up once (a label lookup takes a lock).
+        self._queue_depth = metrics.queue_depth.labels(self.name)
+        self._batch_size = metrics.batch_size.labels(self.name)
+        self._batch_seconds = metrics.batch_seconds.labels(self.name)
         self._groups: OrderedDict[Pair, deque[_Item]] = OrderedDict()
         self._size = 0
-        self._changed = asyncio.Event()
+        self._waiter: asyncio.Future[None] | None = None  # the loop, waiting for items
         self._slots = asyncio.Semaphore(limits.max_concurrency)
         self._loop_task: asyncio.Task[None] | None = None
         self._running: set[asyncio.Task[None]] = set()
@@ -154,7 +162,9 @@ class Batcher:
         """How many more items the queue takes before it is full."""
         return self.limits.max_queue_size - self._size
 
-    def submit(self, text: str, source: str | None, target: str) -> asyncio.Future[Translation]:
+    def submit(
+        self, text: str, source: str | None, target: str, context: str | None = None
+    ) -> asyncio.Future[Translation]:
         """Queue one text; the future gets its Translation or a BackendError.
 
         Raises Overloaded when the queue is full. A caller that no longer wants the
@@ -175,10 +185,10 @@ class Batcher:
         group = self._groups.get(pair)
         if group is None:
             group = self._groups[pair] = deque()
-        group.append(_Item(text, pair, future))
+        group.append(_Item(text, pair, future, context=context))
         self._size += 1
         self._gauge()
-        self._changed.set()
+        _wake(self._waiter)
         return future
 
     # -- the loop --------------------------------------------------------------------------
@@ -231,8 +241,7 @@ class Batcher:
         while True:
             self._prune()
             if not self._groups:
-                self._changed.clear()
-                await self._changed.wait()
+                await self._wait_changed(None)
                 continue
             # The group whose first item has waited longest goes next, unless one is full.
             pair, group = next(iter(self._groups.items()))
@@ -246,9 +255,20 @@ class Batcher:
             remaining = oldest + max_wait_s - time.monotonic()
             if self._full(group) or remaining <= 0:
                 return self._take(pair, group)
-            self._changed.clear()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._changed.wait(), remaining)
+            await self._wait_changed(remaining)
+
+    async def _wait_changed(self, timeout_s: float | None) -> None:
+        """Until an item comes (or ``timeout_s``): a bare future and a timer, which cost
+        far less per wait than ``asyncio.wait_for`` and its task."""
+        loop = asyncio.get_running_loop()
+        self._waiter = waiter = loop.create_future()
+        timer = None if timeout_s is None else loop.call_later(timeout_s, _wake, waiter)
+        try:
+            await waiter
+        finally:
+            self._waiter = None
+            if timer is not None:
+                timer.cancel()
 
     def _take(self, pair: Pair, group: deque[_Item]) -> list[_Item]:
         batch: list[_Item] = []
@@ -280,12 +300,15 @@ class Batcher:
             source, target = live[0].pair
             texts = [item.text for item in live]
             started = time.monotonic()
-            self.metrics.batch_size.labels(self.name).observe(len(live))
+            self._batch_size.observe(len(live))
+            call = (
+                self.translator.translate(texts, source=source, target=target,
+                                          contexts=[item.context for item in live])
+                if self.uses_context else
+                self.translator.translate(texts, source=source, target=target)
+            )
             try:
-                outputs = await asyncio.wait_for(
-                    self.translator.translate(texts, source=source, target=target),
-                    self.limits.timeout_s,
-                )
+                outputs = await asyncio.wait_for(call, self.limits.timeout_s)
                 _check_outputs(self.name, texts, outputs)
             except BackendError as exc:
                 self._fail_all(live, exc)
@@ -305,14 +328,16 @@ class Batcher:
                 return
             self._record(ok=True)
             elapsed = time.monotonic() - started
-            self.metrics.batch_seconds.labels(self.name).observe(elapsed)
+            self._batch_seconds.observe(elapsed)
             if self.translator.billed:
                 self.metrics.billed_chars.labels(self.name).inc(sum(map(len, texts)))
-            log.info("batch", extra={
-                "backend": self.name, "size": len(live), "chars": sum(map(len, texts)),
-                "ms": round(elapsed * 1000, 2), "source": source, "target": target,
-                "queued_ms": round((started - live[0].enqueued) * 1000, 2),
-            })
+            if log.isEnabledFor(logging.DEBUG):  # a line per batch: too many for info
+                log.debug("batch", extra={
+                    "backend": self.name, "size": len(live), "ms": round(elapsed * 1000, 2),
+                    "source": source, "target": target,
+                    "queued_ms": round((started - live[0].enqueued) * 1000, 2),
+                    **text_fields("\n".join(texts)),  # lengths and a hash, unless log_text
+                })
             for item, out in zip(live, outputs, strict=True):
                 queued_ms = (started - item.enqueued) * 1000.0
                 if not item.future.done():
@@ -329,7 +354,12 @@ class Batcher:
             _fail(item, exc)
 
     def _gauge(self) -> None:
-        self.metrics.queue_depth.labels(self.name).set(self._size)
+        self._queue_depth.set(self._size)
+
+
+def _wake(waiter: asyncio.Future[None] | None) -> None:
+    if waiter is not None and not waiter.done():
+        waiter.set_result(None)
 
 
 def _fail(item: _Item, exc: BaseException) -> None:

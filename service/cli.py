@@ -8,13 +8,17 @@ from __future__ import annotations
 import asyncio
 import json
 import sys
+from enum import StrEnum
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
 from service.errors import ConfigError, InputError, ThinktransError
 from service.settings import Settings, load_settings
+
+if TYPE_CHECKING:
+    from service.tools.compare import BackendRun, CompareConfig
 
 app = typer.Typer(
     add_completion=False,
@@ -99,11 +103,12 @@ class _DrainingServer:
         inner = self.server.handle_exit
 
         def handle_exit(sig: int, frame: Any) -> None:
-            manager = getattr(self.app.state, "streams", None)
-            if manager is not None and not manager.draining:
-                grace = self.app.state.settings.shutdown_grace_s
+            runtime = getattr(self.app.state, "runtime", None)
+            if runtime is not None and not runtime.streams.draining:
+                grace = runtime.settings.shutdown_grace_s
                 loop = asyncio.get_event_loop()
-                loop.call_soon_threadsafe(lambda: loop.create_task(manager.drain(grace)))
+                loop.call_soon_threadsafe(
+                    lambda: loop.create_task(runtime.streams.drain(grace)))
             inner(sig, frame)
 
         self.server.handle_exit = handle_exit  # type: ignore[method-assign]
@@ -112,17 +117,14 @@ class _DrainingServer:
         self.server.run()
 
 
-async def _in_process(settings: Settings, work: Any) -> Any:
-    from service.app import create_app
+async def _translate(settings: Settings, text: str, target: str, source: str | None) -> Any:
+    from service.runtime import Runtime
 
-    application = create_app(settings)
-    async with application.router.lifespan_context(application):
-        pipeline = application.state.pipeline
-        from models.base import settle
-
+    async with Runtime(settings) as runtime:
         # The backends load or check in the background; a one-shot command waits for that.
-        await settle([pipeline.backends[n] for n in settings.backend], timeout_s=600.0)
-        return await work(pipeline)
+        await runtime.wait_ready(timeout_s=600.0)
+        [result] = await runtime.translate([text], target=target, source=source)
+        return result
 
 
 @app.command()
@@ -135,30 +137,22 @@ def translate(
     config: ConfigOpt = None,
 ) -> None:
     """Translate text in-process (no server needed)."""
-    from service.locale import canonicalize
-
     try:
         settings = _settings(config).with_flags(backend=backend)
     except ConfigError as exc:
         raise _fail(exc.detail, 2) from None
     body = _read_text(text)
     try:
-        target = canonicalize(to)
-
-        async def work(pipeline: Any) -> Any:
-            return await pipeline.translate_texts([body], target=target, source=source)
-
-        results = asyncio.run(_in_process(settings, work))
+        result = asyncio.run(_translate(settings, body, to, source))
     except ThinktransError as exc:
         raise _fail(exc.detail, _exit_code(exc)) from None
-    result = results[0]
     if as_json:
-        typer.echo(json.dumps(result, ensure_ascii=False, indent=2))
+        typer.echo(result.model_dump_json(exclude_defaults=True, indent=2))
     else:
-        typer.echo(result["text"], nl=not result["text"].endswith("\n"))
-        failed = [s for s in result["segments"] if s["status"] in ("error", "deadline")]
+        typer.echo(result.text, nl=not result.text.endswith("\n"))
+        failed = [s for s in result.segments if s.status in ("error", "deadline")]
         if failed:
-            reason = failed[0].get("error") or failed[0]["status"]
+            reason = failed[0].error or failed[0].status
             typer.echo(f"thinktrans: {len(failed)} segment(s) left untranslated: {reason}",
                        err=True)
 
@@ -182,6 +176,21 @@ def detect(
                                "reliable": det.reliable}))
 
 
+class CompareFormat(StrEnum):
+    """How `thinktrans compare` prints its report."""
+
+    table = "table"
+    json = "json"
+    markdown = "markdown"
+
+
+class BenchFormat(StrEnum):
+    """How `thinktrans bench` prints its summary."""
+
+    table = "table"
+    json = "json"
+
+
 @app.command()
 def compare(
     to: Annotated[str, typer.Option("--to", help="Target locale, e.g. de or zh-CN.")],
@@ -193,7 +202,8 @@ def compare(
     refs: Annotated[Path | None, typer.Option(
         help="References, one per line, aligned with the corpus (overrides the corpus's).")
     ] = None,
-    fmt: Annotated[str, typer.Option("--format", help="table, json or markdown.")] = "table",
+    fmt: Annotated[CompareFormat, typer.Option("--format", help="How to print the report.")
+    ] = CompareFormat.table,
     plot: Annotated[Path | None, typer.Option(
         help="Write a PNG: latency distributions and throughput per backend.")] = None,
     concurrency: Annotated[int, typer.Option(help="Texts in flight at once per backend.")] = 4,
@@ -206,51 +216,46 @@ def compare(
     config: ConfigOpt = None,
 ) -> None:
     """Run one corpus through several backends in-process; latency, throughput, cost, chrF/BLEU."""
-    from service import compare as cmp
-    from service.corpus import load_corpus
-    from service.locale import canonicalize
+    from service.tools import compare as cmp
+    from service.tools import report as rep
 
-    if fmt not in ("table", "json", "markdown"):
-        raise _fail(f"unknown format {fmt!r}; choose table, json or markdown", 3)
     settings = _settings(config)
     cmp.quiet_logs()
     try:
-        target = canonicalize(to)
-        for label in backend:
-            cmp.parse_chain(label)  # an unknown name fails before anything loads
-        items = load_corpus(corpus)
-        references = (cmp.load_refs(refs, len(items)) if refs is not None
-                      else [item.ref for item in items])
-        cmp.check_extras(plot=plot, scores=any(r is not None for r in references))
-        cfg = cmp.CompareConfig(
-            target=target, labels=list(backend), items=items, refs=references,
-            corpus_name=str(corpus) if corpus is not None else "built-in sample",
-            concurrency=concurrency,
-            deadline_ms=deadline_ms if deadline_ms is not None else cmp.COMPARE_DEADLINE_MS,
-            prices={**settings.price_per_million_chars, **cmp.parse_prices(price or [])},
-        )
-        if sys.stderr.isatty():
-            with cmp.RichProgress() as bar:
-                runs = asyncio.run(cmp.run_compare(settings, cfg, bar))
-        else:
-            runs = asyncio.run(cmp.run_compare(settings, cfg))
+        cfg = cmp.make_config(settings, target=to, labels=backend, corpus=corpus, refs=refs,
+                              concurrency=concurrency, deadline_ms=deadline_ms,
+                              prices=price or [])
+        if plot is not None:
+            rep.check_plot(plot)
+        runs = _measure(settings, cfg)
         report = cmp.build_report(runs, cfg)
         if plot is not None:
-            cmp.write_plot(report, runs, plot)
+            rep.write_plot(report, runs, plot)
     except ThinktransError as exc:
         raise _fail(exc.detail, _exit_code(exc)) from None
-    if fmt == "json":
+    if fmt is CompareFormat.json:
         typer.echo(json.dumps(report, ensure_ascii=False, indent=2))
-    elif fmt == "markdown":
-        typer.echo(cmp.format_markdown(report))
+    elif fmt is CompareFormat.markdown:
+        typer.echo(rep.format_markdown(report))
     else:
-        typer.echo(cmp.format_table(report))
+        typer.echo(rep.format_table(report))
     for b in report["backends"]:
         if b["errors"]:
             typer.echo(f"thinktrans: {b['backend']}: {b['errors']} segment(s) untranslated: "
                        f"{b['error_samples'][0]}", err=True)
     if plot is not None:
         typer.echo(f"thinktrans: plot written to {plot}", err=True)
+
+
+def _measure(settings: Settings, cfg: CompareConfig) -> list[BackendRun]:
+    """compare's runs, with a progress bar on a terminal."""
+    from service.tools.compare import run_compare
+    from service.tools.report import RichProgress
+
+    if not sys.stderr.isatty():
+        return asyncio.run(run_compare(settings, cfg))
+    with RichProgress() as bar:
+        return asyncio.run(run_compare(settings, cfg, bar))
 
 
 @app.command()
@@ -264,14 +269,14 @@ def bench(
     to: Annotated[str | None, typer.Option("--to", help="Stream target locale.")] = "zh-CN",
     token: Annotated[str | None, typer.Option(envvar="THINKTRANS_API_TOKEN",
                                               help="Bearer token.")] = None,
-    fmt: Annotated[str, typer.Option("--format", help="table or json.")] = "table",
+    fmt: Annotated[BenchFormat, typer.Option("--format", help="How to print the summary.")
+    ] = BenchFormat.table,
 ) -> None:
     """Load-test a running server with concurrent streams; checks every stream's originals."""
-    from service.bench import BenchConfig, format_table, run_bench
-    from service.corpus import load_corpus
+    from service.tools.bench import BenchConfig, run_bench
+    from service.tools.corpus import load_corpus
+    from service.tools.report import format_bench_table
 
-    if fmt not in ("table", "json"):
-        raise _fail(f"unknown format {fmt!r}; choose table or json", 3)
     try:
         texts = [item.text for item in load_corpus(corpus)]
         cfg = BenchConfig(url=url.rstrip("/"), streams=streams, duration_s=duration, rate=rate,
@@ -281,7 +286,8 @@ def bench(
     except ThinktransError as exc:
         raise _fail(exc.detail, _exit_code(exc)) from None
     summary = report.summary()
-    typer.echo(json.dumps(summary, indent=2) if fmt == "json" else format_table(summary))
+    typer.echo(json.dumps(summary, indent=2) if fmt is BenchFormat.json
+               else format_bench_table(summary))
     for line in (report.violations + report.errors)[:10]:
         typer.echo(f"thinktrans: {line}", err=True)
     if report.violations:
@@ -295,7 +301,7 @@ def make_test_model(
 ) -> None:
     """Write a tiny random-weight checkpoint of a real model family (for tests, smoke runs)."""
     try:
-        from service.testmodel import make_test_model as build
+        from service.tools.testmodel import make_test_model as build
     except ModuleNotFoundError as exc:
         raise _fail(f"make-test-model needs {exc.name!r}: pip install 'thinktrans[local]'",
                     2) from None

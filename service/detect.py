@@ -17,7 +17,6 @@ import functools
 import json
 import re
 import threading
-import unicodedata
 from abc import ABC, abstractmethod
 from collections import Counter
 from dataclasses import dataclass
@@ -109,6 +108,7 @@ _NB_TEMPERATURE = 4
 # Detection reads at most this much of a segment: the language shows long before.
 _MAX_DETECT_CHARS = 240
 _MAX_CACHED_NGRAMS = 200_000
+_MAX_CACHED_WORDS = 100_000
 
 # Characters that only Traditional (left) or only Simplified (right) Chinese uses.
 _TRAD_SIMP = (
@@ -123,6 +123,7 @@ _STRIP = re.compile(
     r"```.*?(?:```|$)|`[^`\n]*`|\b(?:https?|ftp)://\S+|\bwww\.\S+|\S+@\S+\.\w+|\\[a-zA-Z]+",
     re.S,
 )
+_ASCII_LETTERS = re.compile(r"[A-Za-z]")
 _WORDS = re.compile(r"[^\W\d_]+(?:['’][^\W\d_]+)?")
 
 
@@ -147,6 +148,9 @@ _MARKS: tuple[tuple[str, str, float], ...] = (
 
 
 def _count_scripts(text: str) -> Counter[str]:
+    if text.isascii():  # most reasoning text: one pass instead of one per script
+        letters = len(_ASCII_LETTERS.findall(text))
+        return Counter({"Latn": letters}) if letters else Counter()
     counts: Counter[str] = Counter()
     for name, rx, _ in _SCRIPT_RES:
         n = len(rx.findall(text))
@@ -182,6 +186,8 @@ class _Langdetect:
         self.n_trial = n_trial
         self._lock = threading.Lock()
         self._logs: dict[str, np.ndarray] = {}
+        self._words: dict[tuple[str, bool], np.ndarray | None] = {}
+        self._priors: dict[int, tuple[dict[str, float], np.ndarray]] = {}
 
     def probabilities(self, text: str, prior: dict[str, float] | None) -> dict[str, float]:
         from langdetect.lang_detect_exception import LangDetectException
@@ -198,16 +204,71 @@ class _Langdetect:
             except LangDetectException:
                 return {}
 
-    def naive_bayes(self, text: str, prior: dict[str, float]) -> dict[str, float]:
-        """Score every n-gram of a text against every profile: no random walk.
+    def naive_bayes(self, words: list[str], prior: dict[str, float]) -> dict[str, float]:
+        """Score every n-gram of the words against every profile: no random walk.
 
-        langdetect samples n-grams at random, which on a two-word phrase lets one
-        unlucky draw decide. Scoring all of them is deterministic and, with each
-        n-gram's log-probabilities cached as a vector, cheaper than the walk.
+        langdetect samples n-grams at random, which on a two-word phrase lets one unlucky
+        draw decide; scoring all of them is deterministic. The n-grams are langdetect's
+        own (its normalisation and cleaning, words joined by spaces, read up to
+        ``_MAX_DETECT_CHARS``); since they never cross a space, each word's sum of
+        log-probabilities is computed once and cached, and a text's score is the sum of
+        its words' vectors.
         """
+        from langdetect.utils.ngram import NGram
+
+        text = NGram.normalize_vi(" ".join(words)[:_MAX_DETECT_CHARS])
+        if len(_LATIN.findall(text)) * 2 < len(_NON_LATIN.findall(text)):
+            text = _LATIN.sub("", text)  # langdetect's cleaning_text: Latin within others
+        tokens = text.translate(_NORMALIZE).split(" ")
+        total: np.ndarray | None = None
+        for i, token in enumerate(tokens):
+            if not token:
+                continue
+            if not token.islower() and any(ch.isupper() for ch in token):
+                return self._naive_bayes_reference(text, prior)
+            vec = self._word_vector(token, i < len(tokens) - 1)
+            if vec is not None:
+                total = vec if total is None else total + vec
+        if total is None:
+            return {}
+        langs = self.factory.langlist
+        logp = self._log_prior(prior) + total
+        weights = np.exp(logp - logp.max())
+        weights /= weights.sum()
+        return {lang: float(w) for lang, w in zip(langs, weights, strict=True) if w > 1e-4}
+
+    def _log_prior(self, prior: dict[str, float]) -> np.ndarray:
+        cached = self._priors.get(id(prior))
+        if cached is None or cached[0] is not prior:
+            logs = np.log(np.array([prior.get(lang, _PRIOR_OTHERS)
+                                    for lang in self.factory.langlist]))
+            cached = self._priors[id(prior)] = (prior, logs)
+        return cached[1]
+
+    def _word_vector(self, token: str, spaced: bool) -> np.ndarray | None:
+        """Summed log-probabilities of the n-grams langdetect reads in `` token`` (and its
+        trailing space, unless the token ends the text); None when it has none."""
+        key = (token, spaced)
+        if key in self._words:
+            return self._words[key]
+        padded = f" {token} " if spaced else f" {token}"
+        probs = self.factory.word_lang_prob_map
+        vectors = [
+            self._log_vector(gram)
+            for end in range(2, len(padded) + 1)
+            for n in (1, 2, 3)
+            if n <= end and (gram := padded[end - n : end]) != " " and gram in probs
+        ]
+        vec = np.sum(vectors, axis=0) if vectors else None
+        if len(self._words) < _MAX_CACHED_WORDS:
+            self._words[key] = vec
+        return vec
+
+    def _naive_bayes_reference(self, text: str, prior: dict[str, float]) -> dict[str, float]:
+        """The same scores through langdetect's own n-gram walk (upper-case words)."""
         with self._lock:
             detector = self.factory.create()
-            detector.append(text[:_MAX_DETECT_CHARS])
+            detector.append(text)
             detector.cleaning_text()
             grams = detector._extract_ngrams()
         if not grams:
@@ -227,6 +288,24 @@ class _Langdetect:
             if len(self._logs) < _MAX_CACHED_NGRAMS:
                 self._logs[gram] = vec
         return vec
+
+
+class _Normalize(dict[int, str]):
+    """langdetect's per-character normalisation, as a ``str.translate`` table filled on use."""
+
+    def __missing__(self, code: int) -> str:
+        from langdetect.utils.ngram import NGram
+
+        ch = NGram.normalize(chr(code))
+        self[code] = ch
+        return ch
+
+
+_NORMALIZE = _Normalize()
+# langdetect's cleaning_text: Latin is 'A'..'z'; "non-Latin" is U+0300 and up, but for
+# Latin Extended Additional.
+_LATIN = re.compile(r"[A-z]")
+_NON_LATIN = re.compile("[\u0300-\u1dff\u1f00-\U0010ffff]")
 
 
 @functools.lru_cache(maxsize=8)
@@ -265,7 +344,7 @@ class ScriptDetector(Detector):
     def _within_script(self, text: str, script: str, share: float, letters: int) -> Detection:
         langs = _SHARED[script]
         words = [w.lower() for w in _WORDS.findall(text)]
-        probs = _langdetect_for(langs).naive_bayes(" ".join(words), _PRIOR)
+        probs = _langdetect_for(langs).naive_bayes(words, _PRIOR)
         if letters < 40:
             probs = self._blend(words, probs, langs)
         if not probs:
@@ -285,7 +364,7 @@ class ScriptDetector(Detector):
             for lang, weight in _LEXICON.get(word, {}).items():
                 evidence[lang] = evidence.get(lang, 0.0) + weight
         joined = "".join(words)
-        for chars, lang, weight in _MARKS:
+        for chars, lang, weight in () if joined.isascii() else _MARKS:  # marks are not ASCII
             if any(ch in joined for ch in chars):
                 evidence[lang] = evidence.get(lang, 0.0) + weight
         if not evidence:
@@ -334,8 +413,3 @@ def get_detector(name: str) -> Detector:
         raise ConfigError(
             f"unknown detector {name!r}; choose from {', '.join(sorted(DETECTORS))}"
         ) from None
-
-
-def letters_of(text: str) -> int:
-    """How many letters a text holds (for length rules)."""
-    return sum(1 for ch in text if unicodedata.category(ch).startswith("L"))

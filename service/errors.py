@@ -10,8 +10,10 @@
     │   ├── UnknownBackend       backend name not configured (422)
     │   ├── PayloadTooLarge      a named size or count limit was passed (413)
     │   ├── NotFound             no such stream (404)
+    │   ├── EventsGone           a stream's events were no longer retained (410)
     │   └── Conflict             the request contradicts accepted state (409)
     ├── Overloaded               a bounded queue is full (503 + Retry-After)
+    ├── TooManyStreams           max_streams are open (429 + Retry-After)
     └── BackendError             a translation backend failed
         ├── BackendUnavailable   not loaded, not configured, auth, quota, outage
         ├── BackendTimeout       no answer in time
@@ -79,6 +81,12 @@ class NotFound(InputError):
     title = "Not found"
 
 
+class EventsGone(InputError):
+    status = 410
+    slug = "events-gone"
+    title = "Events no longer retained"
+
+
 class Conflict(InputError):
     status = 409
     slug = "conflict"
@@ -91,6 +99,16 @@ class Overloaded(ThinktransError):
     title = "Service overloaded"
 
     def __init__(self, detail: str, *, retry_after_s: int = 1, **extra: Any) -> None:
+        super().__init__(detail, **extra)
+        self.retry_after_s = retry_after_s
+
+
+class TooManyStreams(ThinktransError):
+    status = 429
+    slug = "too-many-streams"
+    title = "Too many streams"
+
+    def __init__(self, detail: str, *, retry_after_s: int = 5, **extra: Any) -> None:
         super().__init__(detail, **extra)
         self.retry_after_s = retry_after_s
 

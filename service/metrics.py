@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 
+import numpy as np
 from prometheus_client import (
     CollectorRegistry,
     Counter,
@@ -22,10 +22,8 @@ def percentile(values: Sequence[float], q: float) -> float | None:
     """The q-th percentile by nearest rank (the smallest value with q% at or below it)."""
     if not values:
         return None
-    ordered = sorted(values)
-    # ceil, not round(): round() goes to even on .5, so p95 of 100 values would be the 96th.
-    rank = max(0, min(len(ordered) - 1, math.ceil(q / 100 * len(ordered)) - 1))
-    return round(ordered[rank], 2)
+    # inverted_cdf is nearest rank: a value that was measured, never one between two.
+    return round(float(np.percentile(values, q, method="inverted_cdf")), 2)
 
 
 class Metrics:

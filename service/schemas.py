@@ -1,16 +1,96 @@
-"""Request and response bodies of the HTTP API (API.md)."""
+"""The wire shapes of the HTTP API (API.md): request bodies, results and stream events.
+
+These models are used at run time, not only for the OpenAPI document: a segment's result
+is built as a ``SegmentResult`` wherever it comes from (one-shot or stream), and events
+carry the same objects. Optional fields (``error``) are left out of the JSON when they
+hold their default: serialise with ``exclude_defaults=True``.
+"""
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
 Status = Literal["translated", "same_language", "skipped", "deadline", "error", "no_target"]
+UpdateStatus = Literal["translated", "error"]
+TargetSource = Literal["request", "user_text", "default", "none"]
+
+STREAM_ID_PATTERN = r"^[A-Za-z0-9._:-]{1,128}$"
 
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
+
+
+# -- results -------------------------------------------------------------------------------
+
+
+class SegmentResult(BaseModel):
+    """One segment's result: the one output shape, for one-shot requests and streams."""
+
+    index: int
+    original: str
+    text: str = Field(description="What to show: the translation, or the original.")
+    source_lang: str | None
+    target: str | None
+    status: Status
+    backend: str | None
+    queued_ms: float
+    latency_ms: float
+    error: str | None = Field(None, description="Why a segment is `error` (absent otherwise).")
+
+
+class SegmentUpdate(BaseModel):
+    """A late translation of a segment that went out as `deadline` (an `update` event)."""
+
+    index: int
+    text: str
+    status: UpdateStatus
+    backend: str | None
+    error: str | None = None
+
+
+class StreamEnd(BaseModel):
+    """The last event of a stream: every segment and every owed update is out."""
+
+    segments: int
+
+
+class TextResult(BaseModel):
+    text: str = Field(description="The whole text, translated where needed.")
+    segments: list[SegmentResult]
+
+
+# -- stream events -------------------------------------------------------------------------
+
+
+class SegmentEvent(BaseModel):
+    id: int
+    type: Literal["segment"]
+    data: SegmentResult
+
+
+class UpdateEvent(BaseModel):
+    id: int
+    type: Literal["update"]
+    data: SegmentUpdate
+
+
+class EndEvent(BaseModel):
+    id: int
+    type: Literal["end"]
+    data: StreamEnd
+
+
+StreamEvent = Annotated[SegmentEvent | UpdateEvent | EndEvent, Field(discriminator="type")]
+
+
+class EventsResponse(BaseModel):
+    events: list[StreamEvent]
+
+
+# -- requests and responses ----------------------------------------------------------------
 
 
 class TranslateRequest(_Strict):
@@ -22,24 +102,6 @@ class TranslateRequest(_Strict):
         None, description="A configured backend or chain; null: the default.", max_length=256
     )
     texts: list[str] = Field(..., description="Texts to translate, each whole.")
-
-
-class SegmentResult(BaseModel):
-    index: int
-    original: str
-    text: str
-    source_lang: str | None
-    target: str | None
-    status: Status
-    backend: str | None
-    queued_ms: float
-    latency_ms: float
-    error: str | None = None
-
-
-class TextResult(BaseModel):
-    text: str
-    segments: list[SegmentResult]
 
 
 class TranslateResponse(BaseModel):
@@ -67,10 +129,6 @@ class Problem(BaseModel):
     title: str
     status: int
     detail: str
-    instance: str | None = None
-
-
-STREAM_ID_PATTERN = r"^[A-Za-z0-9._:-]{1,128}$"
 
 
 class OpenStreamRequest(_Strict):
@@ -87,7 +145,7 @@ class OpenStreamRequest(_Strict):
 class OpenStreamResponse(BaseModel):
     stream_id: str
     target: str | None
-    target_source: Literal["request", "user_text", "default", "none"]
+    target_source: TargetSource
 
 
 class Chunk(_Strict):
@@ -105,13 +163,3 @@ class ChunksResponse(BaseModel):
 
 class CloseResponse(BaseModel):
     segments: int
-
-
-class StreamEvent(BaseModel):
-    id: int
-    type: Literal["segment", "update", "end"]
-    data: dict[str, object]
-
-
-class EventsResponse(BaseModel):
-    events: list[StreamEvent]

@@ -6,13 +6,25 @@ every field below; keep each field's description true, it is the documentation.
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
-from pydantic_settings import BaseSettings, NoDecode, PydanticBaseSettingsSource, SettingsConfigDict
+from pydantic import (
+    AliasChoices,
+    Field,
+    SecretStr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+from pydantic_settings import (
+    BaseSettings,
+    NoDecode,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+    YamlConfigSettingsSource,
+)
 
 from service.errors import ConfigError, InvalidLocale, ThinktransError
 from service.locale import canonicalize, check_allowed
@@ -140,6 +152,10 @@ class Settings(BaseSettings):
         description="On shutdown, open streams are flushed and given this long to finish.",
     )
     max_wait_poll_ms: int = Field(30_000, ge=0, description="Longest a long-poll read waits.")
+    context_max_chars: int = Field(
+        1000, ge=0, description="Most characters of a stream's preceding segments passed as "
+        "context to backends that use it (`deepl_context`)."
+    )
 
     # -- local backend ---------------------------------------------------------------------
     local_model: str = Field(
@@ -165,12 +181,16 @@ class Settings(BaseSettings):
 
     # -- deepl backend ---------------------------------------------------------------------
     deepl_api_key: SecretStr | None = Field(
-        None, description="DeepL key (also read from DEEPL_AUTH_KEY); `:fx` keys use the free API."
+        None, description="DeepL key (also read from DEEPL_AUTH_KEY); `:fx` keys use the free API.",
+        validation_alias=AliasChoices("THINKTRANS_DEEPL_API_KEY", "DEEPL_AUTH_KEY"),
     )
     deepl_server_url: str | None = Field(None, description="DeepL server URL (proxies, tests).")
     deepl_model_type: str = Field("latency_optimized", description="DeepL `model_type`.")
     deepl_formality: str | None = Field(None, description="DeepL formality, e.g. `prefer_less`.")
-    deepl_context: bool = Field(False, description="Pass a stream's previous segments as context.")
+    deepl_context: bool = Field(
+        False, description="Pass a stream's preceding segments as DeepL's `context` (not billed; "
+        "helps short sentences; one DeepL request per distinct context)."
+    )
     deepl_threads: int = Field(4, ge=1, le=64, description="Threads running the blocking client.")
     deepl_english_variant: Literal["EN-US", "EN-GB"] = Field(
         "EN-US", description="DeepL target for a bare `en`."
@@ -244,8 +264,6 @@ class Settings(BaseSettings):
                 check_allowed(self.default_locale, self.allowed_locales)
             except ThinktransError as exc:
                 raise ValueError(f"default_locale: {exc.detail}") from None
-        if self.deepl_api_key is None and os.environ.get("DEEPL_AUTH_KEY"):
-            self.deepl_api_key = SecretStr(os.environ["DEEPL_AUTH_KEY"])
         return self
 
     @classmethod
@@ -257,8 +275,8 @@ class Settings(BaseSettings):
         dotenv_settings: PydanticBaseSettingsSource,
         file_secret_settings: PydanticBaseSettingsSource,
     ) -> tuple[PydanticBaseSettingsSource, ...]:
-        # The variable wins: environment first, then what the YAML file (init) gave.
-        return env_settings, init_settings
+        # Explicit arguments first, then the variables, then the YAML file (if any).
+        return init_settings, env_settings, YamlConfigSettingsSource(settings_cls)
 
     def with_flags(self, *, backend: str | None = None, host: str | None = None,
                    port: int | None = None) -> Settings:
@@ -299,24 +317,25 @@ def _describe(exc: ValidationError) -> str:
     return "; ".join(parts)
 
 
-def load_settings(config_file: str | Path | None = None, **overrides: Any) -> Settings:
-    """Build settings from the YAML file (if any) and the environment, or raise ConfigError."""
-    data: dict[str, Any] = {}
-    if config_file is not None:
-        path = Path(config_file)
-        try:
-            loaded = yaml.safe_load(path.read_text(encoding="utf-8"))
-        except OSError as exc:
-            raise ConfigError(f"cannot read config file {str(path)!r}: {exc.strerror}") from exc
-        except yaml.YAMLError as exc:
-            raise ConfigError(f"config file {str(path)!r} is not valid YAML: {exc}") from exc
-        if loaded is None:
-            loaded = {}
-        if not isinstance(loaded, dict):
-            raise ConfigError(f"config file {str(path)!r} must hold a mapping of setting: value")
-        data.update(loaded)
-    data.update(overrides)
+def _with_file(path: Path) -> type[Settings]:
+    """Settings that also read the YAML file at ``path`` (under the variables)."""
     try:
-        return Settings(**data)
+        loaded = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise ConfigError(f"cannot read config file {str(path)!r}: {exc.strerror}") from exc
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"config file {str(path)!r} is not valid YAML: {exc}") from exc
+    if loaded is not None and not isinstance(loaded, dict):
+        raise ConfigError(f"config file {str(path)!r} must hold a mapping of setting: value")
+    config = SettingsConfigDict(**{**Settings.model_config, "yaml_file": path})
+    return type("Settings", (Settings,), {"model_config": config, "__module__": __name__})
+
+
+def load_settings(config_file: str | Path | None = None, **overrides: Any) -> Settings:
+    """Settings from ``overrides``, the environment and the YAML file (if any), in that order
+    of precedence; or ConfigError with one line naming the setting."""
+    cls = Settings if config_file is None else _with_file(Path(config_file))
+    try:
+        return cls(**overrides)
     except ValidationError as exc:
         raise ConfigError(f"invalid settings: {_describe(exc)}") from None

@@ -1,5 +1,8 @@
+"""Shared test helpers: settings, the app in-process, served processes, stream helpers."""
+
 from __future__ import annotations
 
+import json
 import os
 import socket
 import subprocess
@@ -7,7 +10,7 @@ import sys
 import tempfile
 import time
 from collections.abc import AsyncIterator, Iterator
-from contextlib import contextmanager
+from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -18,6 +21,7 @@ from fastapi import FastAPI
 
 from models.base import Translator
 from service.app import create_app
+from service.runtime import Runtime
 from service.settings import Settings, load_settings
 from tests.fakes_remote import FakeChat, FakeDeepL
 
@@ -44,8 +48,9 @@ class Running:
         self.client = client
 
     @property
-    def pipeline(self) -> Any:
-        return self.app.state.pipeline
+    def runtime(self) -> Runtime:
+        runtime: Runtime = self.app.state.runtime
+        return runtime
 
     async def metric(self, name: str, **labels: str) -> float:
         value = self.app.state.metrics.registry.get_sample_value(name, labels or None)
@@ -60,6 +65,144 @@ async def start_app(
         transport = httpx.ASGITransport(app=app)
         async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
             yield Running(app, client)
+
+
+@asynccontextmanager
+async def app_with(
+    translator: Translator | None = None, *, backends: dict[str, Translator] | None = None,
+    **overrides: Any,
+) -> AsyncIterator[Running]:
+    """An app with its lifespan running (passthrough unless ``overrides`` say otherwise).
+
+    With ``translator``, that backend (beside passthrough) is the chain; ``backends``
+    replaces the built ones. A translator's gate is opened before shutdown, which
+    otherwise waits for running batches.
+    """
+    if translator is not None:
+        from models.passthrough import PassthroughTranslator
+
+        backends = {"passthrough": PassthroughTranslator(), translator.name: translator}
+        overrides.setdefault("backend", translator.name)
+    gen = start_app(make_settings(**overrides), backends)
+    running = await anext(gen)
+    try:
+        yield running
+    finally:
+        gate = getattr(translator, "gate", None)
+        if gate is not None:
+            gate.set()
+        await gen.aclose()
+
+
+# -- streams over HTTP ---------------------------------------------------------------------
+
+PROBLEM = "application/problem+json"
+
+
+async def post_chunks(client: httpx.AsyncClient, sid: str, chunks: list[tuple[int, str]]
+                      ) -> httpx.Response:
+    body = {"chunks": [{"seq": seq, "text": text} for seq, text in chunks]}
+    return await client.post(f"/v1/streams/{sid}/chunks", json=body)
+
+
+def deltas(text: str, size: int = 7) -> list[tuple[int, str]]:
+    """``text`` as (seq, chunk) pairs of ``size`` characters."""
+    return list(enumerate(text[i:i + size] for i in range(0, len(text), size)))
+
+
+async def poll(client: httpx.AsyncClient, sid: str, after: int = -1, wait_ms: int = 0
+               ) -> list[dict[str, Any]]:
+    r = await client.get(f"/v1/streams/{sid}/events", params={"after": after, "wait_ms": wait_ms})
+    assert r.status_code == 200, r.text
+    events: list[dict[str, Any]] = r.json()["events"]
+    return events
+
+
+async def read_until(client: httpx.AsyncClient, sid: str, stop: str = "end", *,
+                     after: int = -1, count: int = 1, timeout_s: float = 10.0
+                     ) -> list[dict[str, Any]]:
+    """Long-poll from ``after`` until ``count`` events of type ``stop`` are in."""
+    events: list[dict[str, Any]] = []
+    give_up = time.monotonic() + timeout_s
+    while time.monotonic() < give_up:
+        got = await poll(client, sid, after, wait_ms=500)
+        events += got
+        if got:
+            after = got[-1]["id"]
+        if sum(e["type"] == stop for e in events) >= count:
+            return events
+    raise AssertionError(f"no {count} {stop!r} event(s) within {timeout_s} s: {events}")
+
+
+def segments(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [e["data"] for e in events if e["type"] == "segment"]
+
+
+def check_stream(events: list[dict[str, Any]], text: str) -> None:
+    """The contract's invariant over every event of one ended stream."""
+    assert [e["id"] for e in events] == list(range(len(events))), "event ids rise from 0"
+    types = [e["type"] for e in events]
+    assert types.count("end") == 1 and types[-1] == "end", types
+    segs = segments(events)
+    assert [s["index"] for s in segs] == list(range(len(segs))), "segments out in index order"
+    assert all(s["original"] for s in segs), "no empty segment"
+    assert "".join(s["original"] for s in segs) == text, "the originals join back exactly"
+    assert events[-1]["data"] == {"segments": len(segs)}
+    for s in segs:
+        if s["status"] in ("deadline", "error", "same_language", "skipped", "no_target"):
+            assert s["text"] == s["original"], s
+    # Each `deadline` segment gets exactly one update, after it; nothing else gets one.
+    late: set[int] = set()
+    for event in events:
+        if event["type"] == "segment" and event["data"]["status"] == "deadline":
+            late.add(event["data"]["index"])
+        elif event["type"] == "update":
+            index = event["data"]["index"]
+            assert index in late, f"update for {index}, which was not late: {events}"
+            late.discard(index)
+    assert not late, f"late segments {late} got no update"
+
+
+def parse_sse(body: str) -> list[dict[str, Any]]:
+    """Events of a whole SSE body (fields split on LF, as the service writes them)."""
+    out = []
+    for block in body.split("\n\n"):
+        fields: dict[str, str] = {}
+        for line in block.split("\n"):
+            if not line or line.startswith(":"):
+                continue
+            name, _, value = line.partition(":")
+            value = value.removeprefix(" ")
+            fields[name] = fields[name] + "\n" + value if name in fields else value
+        if "data" in fields:
+            out.append({"id": int(fields["id"]), "type": fields.get("event", "message"),
+                        "data": json.loads(fields["data"])})
+    return out
+
+
+async def sse_events(response: httpx.Response) -> AsyncIterator[dict[str, Any]]:
+    """Events of a live SSE response, one at a time."""
+    block: list[str] = []
+    async for line in response.aiter_lines():
+        if line:
+            block.append(line)
+            continue
+        events = parse_sse("\n".join(block))
+        block = []
+        for event in events:
+            yield event
+
+
+def assert_problem(resp: httpx.Response, status: int, *words: str) -> dict[str, Any]:
+    """An RFC 9457 problem with ``status`` whose detail names each of ``words``."""
+    assert resp.status_code == status, resp.text
+    assert resp.headers["content-type"].startswith(PROBLEM)
+    body: dict[str, Any] = resp.json()
+    assert body["status"] == status
+    assert body["title"] and body["type"] and body["detail"]
+    for word in words:
+        assert word in body["detail"], body["detail"]
+    return body
 
 
 @pytest.fixture(scope="module")

@@ -15,6 +15,7 @@ class Call:
     texts: list[str]
     source: str | None
     target: str
+    contexts: list[str | None] | None = None
 
 
 @dataclass
@@ -35,6 +36,7 @@ class FakeTranslator(Translator):
     concurrency: int | None = None
     started: asyncio.Event = field(default_factory=asyncio.Event)
     check_output_language = False  # its answers are tagged originals, not translations
+    uses_context: bool = False  # when True, the batcher passes each text's preceding text
 
     def __post_init__(self) -> None:
         Translator.__init__(self)
@@ -45,9 +47,11 @@ class FakeTranslator(Translator):
         return self.name_
 
     async def translate(
-        self, texts: Sequence[str], *, source: str | None, target: str
+        self, texts: Sequence[str], *, source: str | None, target: str,
+        contexts: Sequence[str | None] | None = None,
     ) -> list[str]:
-        self.calls.append(Call(list(texts), source, target))
+        self.calls.append(Call(list(texts), source, target,
+                               None if contexts is None else list(contexts)))
         self.started.set()
         if self.gate is not None:
             await self.gate.wait()

@@ -4,9 +4,12 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
-# The constraints file pins the CPU build of torch; GPU hosts install without it.
-.venv/bin/python -m pip install -q --disable-pip-version-check -c .ci/constraints.txt -e '.[all,dev]'
-.venv/bin/python -m pytest -q -p no:cacheprovider "$@"
-.venv/bin/ruff check service models tests bench examples
-.venv/bin/mypy service models
+# The constraints file pins torch to the CPU wheel this machine kind carries on disk; on
+# other hosts, see the README for getting the CPU build. The agent-side client (client/)
+# is its own distribution; the server's tests drive it against a served sidecar.
+.venv/bin/python -m pip install -q --disable-pip-version-check -c .ci/constraints.txt \
+    -e '.[all,dev]' -e ./client
+.venv/bin/pytest -q -p no:cacheprovider "$@"
+.venv/bin/ruff check service models client tests bench examples
+.venv/bin/mypy service models client/thinktrans_client
 echo "tests, ruff and mypy passed"

@@ -15,10 +15,9 @@ import pytest
 
 from models.passthrough import PassthroughTranslator
 from service.errors import BackendUnavailable
-from tests.conftest import Running, make_settings, start_app
+from tests.conftest import PROBLEM, Running, app_with, assert_problem
 from tests.fakes import FakeTranslator
 
-PROBLEM = "application/problem+json"
 SEGMENT_FIELDS = {"index", "original", "text", "source_lang", "target", "status", "backend",
                   "queued_ms", "latency_ms"}
 ENGLISH = "Hmm, the user said hello. Let me think about how to answer them politely.\n"
@@ -40,13 +39,6 @@ SENTENCES = [
 
 
 @asynccontextmanager
-async def app_with(**overrides: Any) -> AsyncIterator[Running]:
-    backends = overrides.pop("backends", None)
-    async for running in start_app(make_settings(**overrides), backends):
-        yield running
-
-
-@asynccontextmanager
 async def fake_app(fake: FakeTranslator, **overrides: Any) -> AsyncIterator[Running]:
     """An app whose chain starts with ``fake``; its gate is opened before shutdown."""
     overrides.setdefault("backend", "fake")
@@ -58,17 +50,6 @@ async def fake_app(fake: FakeTranslator, **overrides: Any) -> AsyncIterator[Runn
         finally:  # before the lifespan's shutdown, which waits for running batches
             if fake.gate is not None:
                 fake.gate.set()
-
-
-def assert_problem(resp: httpx.Response, status: int, *words: str) -> dict[str, Any]:
-    assert resp.status_code == status, resp.text
-    assert resp.headers["content-type"].startswith(PROBLEM)
-    body = resp.json()
-    assert body["status"] == status
-    assert body["title"] and body["type"]
-    for word in words:
-        assert word in body["detail"], body["detail"]
-    return body  # type: ignore[no-any-return]
 
 
 def assert_well_formed(text: str, result: dict[str, Any]) -> list[dict[str, Any]]:
@@ -569,7 +550,7 @@ async def test_the_request_backend_field_picks_a_configured_backend() -> None:
 
 
 async def test_limits_are_discoverable() -> None:
-    async for running in start_app(make_settings(max_chunk_chars=100, max_texts=3)):
+    async with app_with(max_chunk_chars=100, max_texts=3) as running:
         limits = (await running.client.get("/v1/limits")).json()
         assert limits["max_chunk_chars"] == 100 and limits["max_texts"] == 3
         assert limits["max_request_bytes"] == 1_048_576

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterator
 
 import httpx
@@ -9,6 +10,7 @@ from typer.testing import CliRunner
 
 from service.cli import app
 from tests.conftest import served
+from tests.fakes_remote import closed_port_url
 
 runner = CliRunner()
 
@@ -44,6 +46,21 @@ def test_bad_settings_exit_2(monkeypatch: pytest.MonkeyPatch) -> None:
     assert result.exit_code == 2
     assert "THINKTRANS_MAX_BATCH_SIZE" in result.stderr
     assert "Traceback" not in result.output
+
+
+def test_bench_format_is_a_choice() -> None:
+    result = runner.invoke(app, ["bench", "--url", "http://127.0.0.1:9", "--format", "xml"])
+    assert result.exit_code == 2, result.output
+    # typer draws the message in a box, wrapped to the terminal: read the words only.
+    words = " ".join(re.sub(r"[\u2500-\u257f]", " ", result.stderr).split())
+    assert "'xml' is not one of 'table', 'json'." in words, result.stderr
+
+
+def test_bench_unreachable_server_is_one_line() -> None:
+    result = runner.invoke(app, ["bench", "--url", closed_port_url(), "--format", "json"])
+    assert result.exit_code == 3, result.output
+    assert result.stderr.strip().count("\n") == 0
+    assert "cannot reach" in result.stderr
 
 
 def test_detect() -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from pathlib import Path
 from typing import Any
@@ -11,7 +12,8 @@ import pytest
 from typer.testing import CliRunner
 
 from service.cli import app
-from service.compare import bleu_tokenizer, percentile
+from service.metrics import percentile
+from service.tools.compare import bleu_tokenizer
 from tests.fakes_remote import FakeChat, FakeDeepL, closed_port_url
 
 runner = CliRunner()
@@ -49,7 +51,7 @@ def corpus(tmp_path: Path) -> Path:
 @pytest.fixture(scope="session")
 def nllb_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A tiny random-weight NLLB checkpoint, built once (about a second)."""
-    from service.testmodel import make_test_model
+    from service.tools.testmodel import make_test_model
 
     return Path(make_test_model("nllb", tmp_path_factory.mktemp("models") / "nllb"))
 
@@ -328,7 +330,6 @@ def test_broken_local_checkpoint_fails_at_once(
 @pytest.mark.parametrize(
     ("args", "code", "needle"),
     [
-        (["--format", "xml"], 3, "unknown format 'xml'"),
         (["--price", "deepl"], 3, "--price 'deepl': write BACKEND=USD_PER_MILLION_CHARS"),
         (["--price", "deepl=-1"], 3, "--price 'deepl=-1'"),
         (["--concurrency", "0"], 3, "--concurrency must be >= 1, got 0"),
@@ -338,6 +339,14 @@ def test_broken_local_checkpoint_fails_at_once(
 )
 def test_bad_options(args: list[str], code: int, needle: str) -> None:
     one_line_failure(compare("--to", "de", "--backend", "passthrough", *args), code, needle)
+
+
+def test_unknown_format_is_a_usage_error_listing_the_choices() -> None:
+    result = compare("--to", "de", "--backend", "passthrough", "--format", "xml")
+    assert result.exit_code == 2, result.output
+    # typer draws the message in a box, wrapped to the terminal: read the words only.
+    words = " ".join(re.sub(r"[\u2500-\u257f]", " ", result.stderr).split())
+    assert "'xml' is not one of 'table', 'json', 'markdown'." in words, result.stderr
 
 
 def test_bad_locale() -> None:

@@ -4,8 +4,8 @@ from pathlib import Path
 
 import pytest
 
-from service import configdoc
 from service.settings import Settings
+from service.tools import configdoc
 
 PAGE = Path(__file__).resolve().parents[1] / "docs" / "configuration.md"
 
@@ -48,6 +48,17 @@ def test_defaults_types_and_bounds_are_shown() -> None:
     assert "| `THINKTRANS_LOG_TEXT` | `log_text` | boolean | `false` |" in page
     assert "`debug` \\| `info` \\| `warning` \\| `error`" in page
     assert "`DEEPL_AUTH_KEY`" in page
+
+
+def test_alias_variables_are_named_as_the_environment_reads_them() -> None:
+    page = configdoc.render()
+    info = Settings.model_fields["deepl_api_key"]
+    assert configdoc.variables("deepl_api_key", info, "THINKTRANS_") == [
+        "THINKTRANS_DEEPL_API_KEY", "DEEPL_AUTH_KEY"]
+    assert "| `THINKTRANS_DEEPL_API_KEY` | `deepl_api_key` | secret | unset |" in page
+    assert "| `DEEPL_AUTH_KEY` | `THINKTRANS_DEEPL_API_KEY`, when that is not set |" in page
+    # The lower-case choice is the YAML key, not a variable of its own.
+    assert "`DEEPL_API_KEY`" not in page
 
 
 def test_write_then_check(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

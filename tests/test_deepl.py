@@ -11,7 +11,17 @@ from typing import Any
 import deepl
 import pytest
 
-from models.deepl import MAX_REQUEST_BYTES, NO_KEY_REASON, DeepLTranslator
+from models.deepl import (
+    MAX_CONTEXT_CHARS,
+    MAX_REQUEST_BYTES,
+    NO_KEY_REASON,
+    SOURCE_CODES,
+    TARGET_CODES,
+    DeepLConfig,
+    DeepLTranslator,
+    deepl_target_code,
+)
+from models.languages import table_key
 from models.registry import build_backend
 from service.errors import (
     BackendTimeout,
@@ -19,7 +29,9 @@ from service.errors import (
     RateLimited,
     UnsupportedLanguage,
 )
+from service.locale import canonicalize
 from service.settings import load_settings
+from tests.conftest import app_with, check_stream, deltas, post_chunks, read_until, segments
 from tests.fakes_remote import FakeDeepL, closed_port_url
 
 Make = Callable[..., DeepLTranslator]
@@ -33,7 +45,7 @@ def fake(deepl_server: FakeDeepL) -> FakeDeepL:
 
 @pytest.fixture
 async def make(fake: FakeDeepL, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[Make]:
-    """Build backends from settings; no client retries unless a test asks for them."""
+    """Build backends from settings, through the registry; no client retries unless asked."""
     made: list[DeepLTranslator] = []
 
     def _make(*, retries: int = 0, **overrides: Any) -> DeepLTranslator:
@@ -44,7 +56,8 @@ async def make(fake: FakeDeepL, monkeypatch: pytest.MonkeyPatch) -> AsyncIterato
             "backend_timeout_s": 1.0,
             **overrides,
         }
-        backend = DeepLTranslator.from_settings(load_settings(**fields))
+        backend = build_backend("deepl", load_settings(**fields))
+        assert isinstance(backend, DeepLTranslator)
         backend.recheck_after_s = backend.outage_recheck_s = 0.1
         # The client's retry count is a module global; monkeypatch restores it.
         monkeypatch.setattr(deepl.http_client, "max_network_retries", retries)
@@ -57,13 +70,41 @@ async def make(fake: FakeDeepL, monkeypatch: pytest.MonkeyPatch) -> AsyncIterato
 
 
 async def test_registry_builds_it() -> None:
-    backend = build_backend("deepl", load_settings(backend="deepl", deepl_api_key="k"))
+    backend = build_backend("deepl", load_settings(backend="deepl", deepl_api_key="s3cret"))
     try:
         assert isinstance(backend, DeepLTranslator)
         assert backend.name == "deepl" and backend.billed
         assert backend.max_concurrency == 4  # deepl_threads
+        assert backend.config.api_key == "s3cret" and "s3cret" not in repr(backend.config)
+        assert backend.uses_context is False and backend.info()["context"] is False
     finally:
         await backend.aclose()
+
+
+# -- the language table ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("tag", "code"),
+    [("en", "EN-US"), ("en-GB", "EN-GB"), ("en-US", "EN-US"), ("pt-BR", "PT-BR"),
+     ("pt-PT", "PT-PT"), ("pt", "PT-BR"), ("zh-CN", "ZH-HANS"), ("zh", "ZH-HANS"),
+     ("zh-Hant-TW", "ZH-HANT"), ("zh-TW", "ZH-HANT"), ("zh-HK", "ZH-HANT"), ("de-AT", "DE"),
+     ("hi", None)],
+)
+def test_deepl_codes(tag: str, code: str | None) -> None:
+    assert deepl_target_code(tag) == code
+
+
+def test_deepl_english_variant() -> None:
+    assert deepl_target_code("en", english_variant="EN-GB") == "EN-GB"
+    assert deepl_target_code("en-AU") == "EN-GB" and deepl_target_code("en-CA") == "EN-US"
+
+
+def test_table_is_consistent() -> None:
+    assert set(SOURCE_CODES) == set(TARGET_CODES)
+    assert len(TARGET_CODES) == 31
+    for key in TARGET_CODES:
+        assert canonicalize(key) == key and table_key(key) == key
 
 
 async def test_translates_in_batches_of_50(fake: FakeDeepL, make: Make) -> None:
@@ -138,7 +179,7 @@ async def test_model_type_and_formality(fake: FakeDeepL, make: Make) -> None:
 async def test_strict_formality_dropped_where_unsupported(fake: FakeDeepL, make: Make) -> None:
     backend = make(deepl_formality="less")
     await backend.start()
-    await backend.settled()
+    await backend.wait_ready()
     await backend.translate(["Hi."], source=None, target="de")  # DE supports formality
     await backend.translate(["Hi."], source=None, target="ar")  # AR does not
     de, ar = (r.json for r in fake.translate_requests)
@@ -274,9 +315,7 @@ async def test_billed_characters_counted(fake: FakeDeepL, make: Make) -> None:
 
 
 async def test_no_key_is_not_ready(fake: FakeDeepL) -> None:
-    backend = DeepLTranslator.from_settings(
-        load_settings(backend="deepl", deepl_server_url=fake.origin)
-    )
+    backend = DeepLTranslator(DeepLConfig(server_url=fake.origin))
     before = len(fake.requests)
     try:
         await backend.start()
@@ -298,8 +337,10 @@ async def test_start_does_not_block_and_refines_languages(fake: FakeDeepL, make:
     started = time.monotonic()
     await backend.start()
     assert time.monotonic() - started < 0.1
-    await backend.settled()
-    assert backend.ready
+    # A timeout returns while the check still runs, and leaves it running.
+    assert await backend.wait_ready(timeout_s=0.01) is True  # ready until proven otherwise
+    assert backend._start_task is not None and not backend._start_task.done()
+    assert await backend.wait_ready() is True
     assert backend.info()["usage"] == {"character_count": 1234, "character_limit": 500_000}
     langs = backend.languages()
     # The double lists HE (newer than the table) and lacks NB: the server's list wins.
@@ -317,7 +358,7 @@ async def test_start_check_marks_not_ready(
     backend.recheck_after_s = backend.outage_recheck_s = 30
     fake.mode = mode
     await backend.start()
-    await backend.settled()
+    await backend.wait_ready()
     assert not backend.ready and backend.reason is not None and words in backend.reason
 
 
@@ -333,3 +374,90 @@ async def test_logs_never_hold_the_text(
             await backend.translate([secret], source="en", target="de")
     assert caplog.records  # something was logged at all
     assert not any("hunter2" in record.getMessage() for record in caplog.records)
+
+
+# -- context ---------------------------------------------------------------------------------
+
+
+async def test_contexts_go_with_their_texts(fake: FakeDeepL, make: Make) -> None:
+    backend = make(deepl_context=True)
+    assert backend.uses_context and backend.info()["context"] is True
+    texts = ["Then I check it.", "Hello.", "It works.", "Next, the loop.", "  ", "Done."]
+    contexts = ["First the file. ", None, "First the file. ", "The tests pass. ",
+                "The tests pass. ", "  "]
+    out = await backend.translate(texts, source="en", target="de", contexts=contexts)
+    assert out == [f"[DE] {t}" if t.strip() else t for t in texts]  # order kept
+    # One request per distinct context, whatever order they arrived in; no blank is sent,
+    # and a blank context is no context.
+    assert sorted(fake.received, key=str) == sorted(
+        [
+            ("First the file. ", ["Then I check it.", "It works."]),
+            (None, ["Hello.", "Done."]),
+            ("The tests pass. ", ["Next, the loop."]),
+        ],
+        key=str,
+    )
+    # DeepL does not bill the context; neither does the count.
+    assert backend.info()["billed_characters"] == sum(len(t) for t in texts if t.strip())
+    assert backend.info()["requests"] == 3
+
+
+async def test_context_off_sends_none(fake: FakeDeepL, make: Make) -> None:
+    backend = make()
+    assert not backend.uses_context
+    out = await backend.translate(["A b.", "C d."], source="en", target="de",
+                                  contexts=["Before. ", "Other. "])
+    assert out == ["[DE] A b.", "[DE] C d."]
+    assert fake.received == [(None, ["A b.", "C d."])]  # one request, no context
+
+
+async def test_context_groups_run_concurrently(fake: FakeDeepL, make: Make) -> None:
+    backend = make(deepl_context=True, backend_timeout_s=10.0)
+    fake.mode = "slow"
+    fake.slow_s = 0.5
+    texts = ["One.", "Two.", "Three."]
+    out = await backend.translate(texts, source="en", target="fr",
+                                  contexts=["a. ", "b. ", "c. "])
+    assert out == [f"[FR] {t}" for t in texts]
+    assert len(fake.translate_requests) == 3
+    assert fake.max_in_flight >= 2
+
+
+async def test_long_context_is_cut_and_counted_in_the_request_size(
+    fake: FakeDeepL, make: Make
+) -> None:
+    backend = make(deepl_context=True)
+    # Two texts of 60 KB (ASCII-escaped CJK) fit one request alone, not with 12 KB of context.
+    texts = [chr(0x4E00 + i) * 10_000 for i in range(2)]
+    context = "x" * 5_000 + chr(0x4E8C) * MAX_CONTEXT_CHARS
+    out = await backend.translate(texts, source="zh-CN", target="en", contexts=[context] * 2)
+    assert out == [f"[EN-US] {t}" for t in texts]
+    assert [len(t) for _, t in fake.received] == [1, 1]
+    assert {c for c, _ in fake.received} == {context[-MAX_CONTEXT_CHARS:]}
+    assert all(len(r.body) <= MAX_REQUEST_BYTES for r in fake.translate_requests)
+
+
+async def test_context_count_must_match(make: Make) -> None:
+    backend = make(deepl_context=True)
+    with pytest.raises(ValueError, match="1 contexts for 2 texts"):
+        await backend.translate(["A.", "B."], source="en", target="de", contexts=["x"])
+
+
+async def test_a_stream_sends_its_preceding_segments_as_context(fake: FakeDeepL) -> None:
+    text = "First I read the file. Then I check the tests. Finally I write the answer."
+    async with app_with(backend="deepl", deepl_api_key="k", deepl_server_url=fake.origin,
+                        deepl_context=True, check_output_language=False,
+                        default_locale="de") as run:
+        assert await run.runtime.wait_ready(5.0)
+        fake.received.clear()
+        assert (await post_chunks(run.client, "s:ctx", deltas(text))).status_code == 200
+        await run.client.post("/v1/streams/s:ctx/close")
+        events = await read_until(run.client, "s:ctx")
+    check_stream(events, text)
+    assert [s["status"] for s in segments(events)] == ["translated"] * 3
+    sent = sorted((context or "", t) for context, texts in fake.received for t in texts)
+    assert sent == [
+        ("", "First I read the file."),
+        ("First I read the file. ", "Then I check the tests."),
+        ("First I read the file. Then I check the tests. ", "Finally I write the answer."),
+    ]

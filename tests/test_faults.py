@@ -14,8 +14,6 @@ import json
 import threading
 import time
 from collections import deque
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -24,12 +22,22 @@ import pytest
 
 from models.base import Translator
 from models.passthrough import PassthroughTranslator
-from tests.conftest import InThread, Running, make_settings, served, start_app
+from tests.conftest import (
+    PROBLEM,
+    InThread,
+    Running,
+    check_stream,
+    deltas,
+    post_chunks,
+    read_until,
+    segments,
+    served,
+)
+from tests.conftest import app_with as _app_with
 from tests.fakes import FakeTranslator
 from tests.fakes_remote import FakeChat, FakeDeepL
 
 ROOT = Path(__file__).resolve().parent.parent
-PROBLEM = "application/problem+json"
 TEXT = ("Let me check the weather in Berlin first. Then I will compare it with Munich. "
         "The user wants a short answer")  # the last sentence has no end: close flushes it
 SSE = {"Accept": "text/event-stream"}
@@ -38,56 +46,10 @@ SSE = {"Accept": "text/event-stream"}
 # -- helpers ---------------------------------------------------------------------------------
 
 
-@asynccontextmanager
-async def app_with(translator: Translator | None = None, **overrides: Any
-                   ) -> AsyncIterator[Running]:
-    """An app with its lifespan running; with ``translator``, that backend is the chain."""
-    backends: dict[str, Translator] | None = None
-    if translator is not None:
-        backends = {"passthrough": PassthroughTranslator(), translator.name: translator}
-        overrides.setdefault("backend", translator.name)
+def app_with(translator: Translator | None = None, **overrides: Any) -> Any:
+    """The shared in-process app; these tests read German by default."""
     overrides.setdefault("default_locale", "de")
-    gen = start_app(make_settings(**overrides), backends)
-    running = await anext(gen)
-    try:
-        yield running
-    finally:
-        gate = getattr(translator, "gate", None)
-        if gate is not None:
-            gate.set()  # shutdown waits for running batches
-        await gen.aclose()
-
-
-async def post_chunks(client: httpx.AsyncClient, sid: str, chunks: list[tuple[int, str]]
-                      ) -> httpx.Response:
-    body = {"chunks": [{"seq": seq, "text": text} for seq, text in chunks]}
-    return await client.post(f"/v1/streams/{sid}/chunks", json=body)
-
-
-def deltas(text: str, size: int = 7) -> list[tuple[int, str]]:
-    return list(enumerate(text[i:i + size] for i in range(0, len(text), size)))
-
-
-async def read_until_end(client: httpx.AsyncClient, sid: str, *, after: int = -1,
-                         timeout_s: float = 10.0) -> list[dict[str, Any]]:
-    """Long-poll every event after ``after`` until `end`."""
-    events: list[dict[str, Any]] = []
-    give_up = time.monotonic() + timeout_s
-    while time.monotonic() < give_up:
-        r = await client.get(f"/v1/streams/{sid}/events",
-                             params={"after": after, "wait_ms": 500})
-        assert r.status_code == 200, r.text
-        got = r.json()["events"]
-        events += got
-        if got:
-            after = got[-1]["id"]
-            if got[-1]["type"] == "end":
-                return events
-    raise AssertionError(f"no end event within {timeout_s} s: {events}")
-
-
-def segments(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    return [e["data"] for e in events if e["type"] == "segment"]
+    return _app_with(translator, **overrides)
 
 
 def final_statuses(events: list[dict[str, Any]]) -> dict[int, dict[str, Any]]:
@@ -97,23 +59,6 @@ def final_statuses(events: list[dict[str, Any]]) -> dict[int, dict[str, Any]]:
         if e["type"] == "update":
             final[e["data"]["index"]] = {**final[e["data"]["index"]], **e["data"]}
     return final
-
-
-def check_stream(events: list[dict[str, Any]], text: str) -> None:
-    """The contract's invariant over every event of one ended stream."""
-    assert [e["id"] for e in events] == list(range(len(events))), "ids rise from 0, no gaps"
-    types = [e["type"] for e in events]
-    assert types.count("end") == 1 and types[-1] == "end", types
-    segs = segments(events)
-    assert [s["index"] for s in segs] == list(range(len(segs))), "segments in index order"
-    assert "".join(s["original"] for s in segs) == text, "the originals join back exactly"
-    assert events[-1]["data"] == {"segments": len(segs)}
-    owed = {s["index"] for s in segs if s["status"] == "deadline"}
-    updated = [e["data"]["index"] for e in events if e["type"] == "update"]
-    assert sorted(updated) == sorted(owed), "each deadline segment gets exactly one update"
-    for s in segs:
-        if s["status"] in ("deadline", "error", "same_language", "skipped", "no_target"):
-            assert s["text"] == s["original"], s
 
 
 async def assert_healthy(client: httpx.AsyncClient) -> None:
@@ -129,7 +74,7 @@ async def assert_healthy(client: httpx.AsyncClient) -> None:
     assert r.status_code == 201, r.text
     await post_chunks(client, sid, deltas("All good here. Really."))
     assert (await client.post(f"/v1/streams/{sid}/close")).status_code == 200
-    check_stream(await read_until_end(client, sid), "All good here. Really.")
+    check_stream(await read_until(client, sid), "All good here. Really.")
 
 
 # -- the backend fails ----------------------------------------------------------------------
@@ -142,7 +87,7 @@ async def test_a_backend_that_raises_leaves_the_originals_with_status_error() ->
         c = run.client
         await post_chunks(c, "raise", deltas(TEXT))
         assert (await c.post("/v1/streams/raise/close")).status_code == 200
-        events = await read_until_end(c, "raise")
+        events = await read_until(c, "raise")
         check_stream(events, TEXT)
         for seg in segments(events):
             assert seg["status"] == "error", seg
@@ -165,7 +110,7 @@ async def test_a_hung_backend_meets_the_deadline_then_backend_timeout_s() -> Non
         assert r.status_code == 200
         assert time.monotonic() - started < 1.0, "a chunk POST never waits for translation"
         await c.post("/v1/streams/hang/close")
-        events = await read_until_end(c, "hang", timeout_s=5)
+        events = await read_until(c, "hang", timeout_s=5)
         check_stream(events, TEXT)
         assert {s["status"] for s in segments(events)} == {"deadline"}
         for seg in segments(events):
@@ -188,7 +133,7 @@ async def test_slow_answers_go_out_at_the_deadline_and_follow_as_updates() -> No
         c = run.client
         await post_chunks(c, "slow", deltas(TEXT))
         await c.post("/v1/streams/slow/close")
-        events = await read_until_end(c, "slow", timeout_s=10)
+        events = await read_until(c, "slow", timeout_s=10)
         check_stream(events, TEXT)
         assert {s["status"] for s in segments(events)} == {"deadline"}
         for index, final in final_statuses(events).items():
@@ -208,8 +153,8 @@ def deepl_settings(server: FakeDeepL, **overrides: Any) -> dict[str, Any]:
 
 async def _deepl_up(run: Running, timeout_s: float = 5.0) -> None:
     """Wait for the start-time check, so that the fault hits a backend that was up."""
-    await asyncio.wait_for(run.pipeline.backends["deepl"].settled(), timeout_s)
-    assert run.pipeline.backends["deepl"].ready
+    await run.runtime.backends["deepl"].wait_ready(timeout_s)
+    assert run.runtime.backends["deepl"].ready
 
 
 @pytest.mark.parametrize(
@@ -223,12 +168,12 @@ async def test_deepl_failing_gives_status_error_on_a_stream(
     deepl_server.reset()
     async with app_with(**deepl_settings(deepl_server, deadline_ms=300)) as run:
         await _deepl_up(run)
-        run.pipeline.backends["deepl"].outage_recheck_s = 0.2
+        run.runtime.backends["deepl"].outage_recheck_s = 0.2
         deepl_server.mode = mode
         c = run.client
         await post_chunks(c, "vendor", deltas(TEXT))
         await c.post("/v1/streams/vendor/close")
-        events = await read_until_end(c, "vendor", timeout_s=15)
+        events = await read_until(c, "vendor", timeout_s=15)
         check_stream(events, TEXT)
         for final in final_statuses(events).values():
             assert final["status"] == "error", final
@@ -254,7 +199,7 @@ async def test_a_spent_deepl_quota_falls_through_the_chain_and_says_why(
         c = run.client
         await post_chunks(c, "quota", deltas(TEXT))
         await c.post("/v1/streams/quota/close")
-        events = await read_until_end(c, "quota")
+        events = await read_until(c, "quota")
         check_stream(events, TEXT)
         assert {(s["status"], s["backend"]) for s in segments(events)} == {
             ("translated", "passthrough")}
@@ -279,7 +224,7 @@ async def test_llm_garbage_gives_status_error_and_the_service_stays_up(
         c = run.client
         await post_chunks(c, "garbage", deltas(TEXT))
         await c.post("/v1/streams/garbage/close")
-        events = await read_until_end(c, "garbage")
+        events = await read_until(c, "garbage")
         check_stream(events, TEXT)
         for seg in segments(events):
             assert seg["status"] == "error" and "malformed" in seg["error"], seg
@@ -294,14 +239,14 @@ async def test_llm_output_in_the_wrong_language_goes_down_the_chain(chat_server:
         c = run.client
         await post_chunks(c, "lang", deltas(TEXT))
         await c.post("/v1/streams/lang/close")
-        events = await read_until_end(c, "lang")
+        events = await read_until(c, "lang")
         check_stream(events, TEXT)
         assert {s["backend"] for s in segments(events)} == {"passthrough"}
     async with app_with(backend="llm", **base) as run:
         c = run.client
         await post_chunks(c, "lang", deltas(TEXT))
         await c.post("/v1/streams/lang/close")
-        events = await read_until_end(c, "lang")
+        events = await read_until(c, "lang")
         check_stream(events, TEXT)
         for seg in segments(events):
             assert seg["status"] == "error" and "not de" in seg["error"], seg
@@ -317,16 +262,16 @@ async def test_a_reader_that_never_reads_gets_410_and_the_service_stays_up() -> 
         text = "".join(f"Sentence number {i} is here. " for i in range(40))
         await post_chunks(c, "deaf", deltas(text, 50))
         await c.post("/v1/streams/deaf/close")
-        stream = run.app.state.streams.streams["deaf"]
+        stream = run.app.state.runtime.streams.streams["deaf"]
         for _ in range(100):
             if stream.ended:
                 break
             await asyncio.sleep(0.02)
-        assert stream.ended and len(stream.events) == 16  # retained: bounded
+        assert stream.ended and len(stream.log.events) == 16  # retained: bounded
         late = await c.get("/v1/streams/deaf/events")
         assert late.status_code == 410, late.text
         assert late.headers["content-type"].startswith(PROBLEM)
-        first = stream.events[0].id
+        first = stream.log.events[0].id
         assert f"read from {first - 1}" in late.json()["detail"]
         assert "MAX_EVENTS_RETAINED" in late.json()["detail"]
         assert (await c.get("/v1/streams/deaf/events", headers=SSE)).status_code == 410
@@ -358,7 +303,7 @@ async def test_a_large_one_shot_request_does_not_hold_streams_past_their_deadlin
     service is doing. One one-shot request within the default limits (250 texts, under
     1 MiB) is ~10,000 segments to cut and detect; that work must not stall the event loop
     that fires every stream's deadline timers."""
-    from service.corpus import builtin_corpus
+    from service.tools.corpus import builtin_corpus
 
     corpus = [item.text for item in builtin_corpus()]
     texts = [" ".join(corpus[(i + k) % len(corpus)] for k in range(7)) for i in range(250)]
@@ -377,9 +322,6 @@ async def test_a_large_one_shot_request_does_not_hold_streams_past_their_deadlin
         assert seg["latency_ms"] < 200 + 300, (
             f"the deadline segment went out {seg['latency_ms']:.0f} ms after it was ready")
         await assert_healthy(c)
-
-
-
 
 
 async def _sse_read(client: httpx.AsyncClient, sid: str, last_id: int | None, limit: int
@@ -442,7 +384,7 @@ async def test_an_sse_reader_that_drops_and_resumes_loses_and_repeats_nothing() 
             check_stream(got, text)
             assert reconnects > 5
             assert any(e["type"] == "update" for e in got), "some answers came late"
-            polled = await read_until_end(c, "drop:1")
+            polled = await read_until(c, "drop:1")
             assert got == polled  # SSE resumed = long-poll from the start
             assert (await c.get("/healthz")).status_code == 200
 

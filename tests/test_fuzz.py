@@ -371,7 +371,7 @@ def test_a_stream_id_outside_its_alphabet_is_a_422_problem_on_every_route(
     assert_4xx_problem_or_success(opened, where=repr(sid))
     assert (opened.status_code in (200, 201)) == valid, (sid, opened.text)
     if sid in (".", ".."):  # dot segments are not path segments a client can send as-is
-        sync_app.running.app.state.streams.delete(sid)
+        sync_app.running.app.state.runtime.streams.delete(sid)
         return
     path = quote(sid, safe="")
     for method, url, body in [
@@ -384,7 +384,7 @@ def test_a_stream_id_outside_its_alphabet_is_a_422_problem_on_every_route(
         assert_4xx_problem_or_success(resp, where=f"{method} {sid!r}")
         if not valid and sid:
             assert resp.status_code in (404, 405, 422), (method, sid, resp.status_code)
-    assert sync_app.running.app.state.streams.streams == {}  # deleted, or never opened
+    assert sync_app.running.app.state.runtime.streams.streams == {}  # deleted, or never opened
 
 
 @pytest.mark.parametrize("value", [True, False, "1", "0"], ids=["true", "false", "str1", "str0"])
@@ -417,7 +417,7 @@ def test_huge_counts_and_bodies_get_413_naming_the_limit(
     assert resp.headers["content-type"].startswith(PROBLEM)
     for word in words:
         assert word in resp.json()["detail"]
-    assert "big" not in sync_app.running.app.state.streams.streams  # nothing was accepted
+    assert "big" not in sync_app.running.app.state.runtime.streams.streams  # nothing was accepted
 
 
 # -- the stream state machine under seq abuse ---------------------------------------------------

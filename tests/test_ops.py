@@ -17,7 +17,9 @@ SECRET = "The secret plan is to add seven and nine"
 
 
 def test_shutdown_flushes_open_streams_and_logs_no_text() -> None:
-    with served(THINKTRANS_DEFAULT_LOCALE="zh-CN", THINKTRANS_FLUSH_IDLE_MS="60000") as srv:
+    # At debug, where chunk POSTs and batches are logged too: still no text.
+    with served(THINKTRANS_DEFAULT_LOCALE="zh-CN", THINKTRANS_FLUSH_IDLE_MS="60000",
+                THINKTRANS_LOG_LEVEL="debug") as srv:
         url, proc = srv.url, srv.proc
         assert httpx.post(f"{url}/v1/streams", json={"stream_id": "d1"}).status_code == 201
         text = f"First sentence here. {SECRET}"  # the second part has no sentence end
@@ -44,15 +46,44 @@ def test_shutdown_flushes_open_streams_and_logs_no_text() -> None:
     records = [json.loads(line) for line in log.splitlines() if line.startswith("{")]
     assert any(r["msg"] == "request" and r["route"] == "/v1/streams/{stream_id}/chunks"
                for r in records)
-    assert any(r["msg"] == "batch" and r["backend"] == "passthrough" for r in records)
+    assert any(r["msg"] == "batch" and r["backend"] == "passthrough" and r["text_len"]
+               for r in records)
     assert any(r["msg"] == "streams drained" for r in records)
     assert "secret plan" not in log
+
+
+def test_info_logs_a_line_per_request_but_successful_chunk_posts() -> None:
+    with served() as srv:
+        r = httpx.post(f"{srv.url}/v1/streams/q1/chunks",
+                       json={"chunks": [{"seq": 0, "text": "Quiet. "}]})
+        assert r.status_code == 200
+        r = httpx.post(f"{srv.url}/v1/streams/q1/chunks",
+                       json={"chunks": [{"seq": 0, "text": "Other text."}]})
+        assert r.status_code == 409
+        assert httpx.get(f"{srv.url}/v1/limits").status_code == 200
+        log = srv.log()
+    records = [json.loads(line) for line in log.splitlines() if line.startswith("{")]
+    chunk_lines = [r["status"] for r in records if r.get("msg") == "request"
+                   and r["route"] == "/v1/streams/{stream_id}/chunks"]
+    assert chunk_lines == [409]  # the failure only
+    assert any(r.get("route") == "/v1/limits" for r in records)
+
+
+def test_log_text_puts_the_text_in_debug_batch_lines_only_when_asked() -> None:
+    with served(THINKTRANS_DEFAULT_LOCALE="zh-CN", THINKTRANS_LOG_LEVEL="debug",
+                THINKTRANS_LOG_TEXT="true") as srv:
+        r = httpx.post(f"{srv.url}/v1/translate",
+                       json={"texts": [SECRET + "."], "target": "zh-CN"})
+        assert r.status_code == 200
+        log = srv.log()
+    records = [json.loads(line) for line in log.splitlines() if line.startswith("{")]
+    assert any(r.get("msg") == "batch" and r.get("text") == SECRET + "." for r in records)
 
 
 def test_new_streams_are_refused_while_draining() -> None:
     async def scenario() -> None:
         async for running in start_app(make_settings(shutdown_grace_s=0.2)):
-            await running.app.state.streams.drain(0.2)
+            await running.app.state.runtime.streams.drain(0.2)
             r = await running.client.post("/v1/streams", json={"stream_id": "late"})
             assert r.status_code == 503
             assert r.headers["Retry-After"]

@@ -10,11 +10,9 @@ the rest pin the contract's timing, limits and error shapes one case at a time.
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Iterator, Sequence
-from contextlib import asynccontextmanager
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -25,133 +23,25 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from models.passthrough import PassthroughTranslator
 from service.errors import BackendUnavailable
-from tests.conftest import InThread, Running, make_settings, start_app
+from tests.conftest import (
+    InThread,
+    app_with,
+    assert_problem,
+    check_stream,
+    parse_sse,
+    poll,
+    post_chunks,
+    read_until,
+    segments,
+    sse_events,
+)
 from tests.conftest import served as serve_cli
 from tests.fakes import Call, FakeTranslator
 
-PROBLEM = "application/problem+json"
 ROOT = Path(__file__).resolve().parent.parent
 
 # -- helpers -------------------------------------------------------------------------------
-
-
-@asynccontextmanager
-async def app_with(fake: FakeTranslator | None = None, **overrides: Any) -> AsyncIterator[Running]:
-    """An app, its lifespan running; with ``fake`` its chain is that fake backend.
-
-    A fake's gate is opened before shutdown, which otherwise waits for running batches.
-    """
-    backends: dict[str, Any] = {"passthrough": PassthroughTranslator()}
-    if fake is not None:
-        overrides.setdefault("backend", fake.name)
-        backends[fake.name] = fake
-    gen = start_app(make_settings(**overrides), backends)
-    running = await anext(gen)
-    try:
-        yield running
-    finally:
-        if fake is not None and fake.gate is not None:
-            fake.gate.set()
-        await gen.aclose()
-
-
-async def post_chunks(client: httpx.AsyncClient, sid: str, chunks: list[tuple[int, str]]
-                      ) -> httpx.Response:
-    body = {"chunks": [{"seq": seq, "text": text} for seq, text in chunks]}
-    return await client.post(f"/v1/streams/{sid}/chunks", json=body)
-
-
-async def poll(client: httpx.AsyncClient, sid: str, after: int = -1, wait_ms: int = 0
-               ) -> list[dict[str, Any]]:
-    r = await client.get(f"/v1/streams/{sid}/events", params={"after": after, "wait_ms": wait_ms})
-    assert r.status_code == 200, r.text
-    events: list[dict[str, Any]] = r.json()["events"]
-    return events
-
-
-async def read_until(client: httpx.AsyncClient, sid: str, stop: str = "end", *,
-                     after: int = -1, count: int = 1, timeout_s: float = 10.0
-                     ) -> list[dict[str, Any]]:
-    """Long-poll from ``after`` until ``count`` events of type ``stop`` are in."""
-    events: list[dict[str, Any]] = []
-    give_up = time.monotonic() + timeout_s
-    while time.monotonic() < give_up:
-        got = await poll(client, sid, after, wait_ms=500)
-        events += got
-        if got:
-            after = got[-1]["id"]
-        if sum(e["type"] == stop for e in events) >= count:
-            return events
-    raise AssertionError(f"no {count} {stop!r} event(s) within {timeout_s} s: {events}")
-
-
-def segments(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    return [e["data"] for e in events if e["type"] == "segment"]
-
-
-def check_stream(events: list[dict[str, Any]], text: str) -> None:
-    """The stream invariant, over every event of one ended stream."""
-    assert [e["id"] for e in events] == list(range(len(events))), "event ids rise from 0"
-    types = [e["type"] for e in events]
-    assert types.count("end") == 1 and types[-1] == "end", types
-    segs = segments(events)
-    assert [s["index"] for s in segs] == list(range(len(segs))), "segments out in index order"
-    assert all(s["original"] for s in segs), "no empty segment"
-    assert "".join(s["original"] for s in segs) == text
-    assert events[-1]["data"] == {"segments": len(segs)}
-    # Each `deadline` segment gets exactly one update, after it; nothing else gets one.
-    seen: set[int] = set()
-    late: set[int] = set()
-    for event in events:
-        if event["type"] == "segment":
-            seen.add(event["data"]["index"])
-            if event["data"]["status"] == "deadline":
-                late.add(event["data"]["index"])
-        elif event["type"] == "update":
-            index = event["data"]["index"]
-            assert index in late, f"update for {index}, which was not late: {events}"
-            late.discard(index)
-    assert not late, f"late segments {late} got no update"
-
-
-def parse_sse(body: str) -> list[dict[str, Any]]:
-    """Events of a whole SSE body (fields split on LF, as the service writes them)."""
-    out = []
-    for block in body.split("\n\n"):
-        fields: dict[str, str] = {}
-        for line in block.split("\n"):
-            if not line or line.startswith(":"):
-                continue
-            name, _, value = line.partition(":")
-            value = value.removeprefix(" ")
-            fields[name] = fields[name] + "\n" + value if name in fields else value
-        if "data" in fields:
-            out.append({"id": int(fields["id"]), "type": fields.get("event", "message"),
-                        "data": json.loads(fields["data"])})
-    return out
-
-
-async def sse_events(response: httpx.Response) -> AsyncIterator[dict[str, Any]]:
-    """Events of a live SSE response, one at a time."""
-    block: list[str] = []
-    async for line in response.aiter_lines():
-        if line:
-            block.append(line)
-            continue
-        events = parse_sse("\n".join(block))
-        block = []
-        for event in events:
-            yield event
-
-
-def problem_of(r: httpx.Response, status: int) -> dict[str, Any]:
-    assert r.status_code == status, r.text
-    assert r.headers["content-type"].startswith(PROBLEM)
-    body: dict[str, Any] = r.json()
-    assert body["status"] == status and body["detail"]
-    return body
 
 
 # -- the invariant, as a property ----------------------------------------------------------
@@ -478,10 +368,7 @@ async def test_a_last_event_id_that_is_not_an_integer_is_422(value: bytes) -> No
         async with httpx.AsyncClient(transport=transport, base_url="http://test") as c:
             await post_chunks(c, "h", [(0, "Hello.")])
             r = await c.get("/v1/streams/h/events", headers={"Last-Event-ID": value})
-            assert "Last-Event-ID" in problem_of(r, 422)["detail"]
-
-
-
+            assert "Last-Event-ID" in assert_problem(r, 422)["detail"]
 
 
 @pytest.fixture
@@ -573,9 +460,9 @@ async def test_the_same_seq_with_other_text_is_409() -> None:
     async with app_with(default_locale="de") as run:
         c = run.client
         await post_chunks(c, "r", [(0, "Hello "), (2, "held")])
-        body = problem_of(await post_chunks(c, "r", [(0, "Hallo ")]), 409)
+        body = assert_problem(await post_chunks(c, "r", [(0, "Hallo ")]), 409)
         assert body["seq"] == 0
-        problem_of(await post_chunks(c, "r", [(2, "other")]), 409)
+        assert_problem(await post_chunks(c, "r", [(2, "other")]), 409)
         r = await post_chunks(c, "r", [(1, "there, ")])
         assert r.json() == {"accepted_through": 2}
         await c.post("/v1/streams/r/close")
@@ -604,7 +491,7 @@ async def test_more_than_max_gap_held_is_409_naming_the_missing_seq() -> None:
         await post_chunks(c, "g", [(0, "a"), (1, "b")])
         assert (await post_chunks(c, "g", [(3, "d"), (4, "e")])).json() == {
             "accepted_through": 1}
-        body = problem_of(await post_chunks(c, "g", [(5, "f")]), 409)
+        body = assert_problem(await post_chunks(c, "g", [(5, "f")]), 409)
         assert body["missing_seq"] == 2 and "seq 2" in body["detail"]
         # What was held stays held: the gap fills and the rest follows.
         assert (await post_chunks(c, "g", [(2, "c")])).json() == {"accepted_through": 4}
@@ -617,12 +504,12 @@ async def test_close_with_a_gap_is_409_and_chunks_after_close_are_409() -> None:
     async with app_with(default_locale="de") as run:
         c = run.client
         await post_chunks(c, "g", [(0, "Start. "), (2, "end.")])
-        body = problem_of(await c.post("/v1/streams/g/close"), 409)
+        body = assert_problem(await c.post("/v1/streams/g/close"), 409)
         assert body["missing_seq"] == 1
         await post_chunks(c, "g", [(1, "Middle ")])
         assert (await c.post("/v1/streams/g/close")).json() == {"segments": 2}
         assert (await c.post("/v1/streams/g/close")).json() == {"segments": 2}
-        problem_of(await post_chunks(c, "g", [(3, " More.")]), 409)
+        assert_problem(await post_chunks(c, "g", [(3, " More.")]), 409)
         check_stream(await read_until(c, "g"), "Start. Middle end.")
 
 
@@ -633,7 +520,7 @@ async def test_a_chunk_opens_an_unopened_stream_with_the_default_target() -> Non
         r = await c.post("/v1/streams", json={"stream_id": "new", "target": "fr"})
         assert r.status_code == 200
         assert r.json() == {"stream_id": "new", "target": "fr", "target_source": "default"}
-        problem_of(await c.post("/v1/streams", json={"stream_id": "new", "target": "de"}), 409)
+        assert_problem(await c.post("/v1/streams", json={"stream_id": "new", "target": "de"}), 409)
         await c.post("/v1/streams/new/close")
         segs = segments(await read_until(c, "new"))
         assert [s["target"] for s in segs] == ["fr", "fr"]
@@ -647,7 +534,7 @@ async def test_opening_twice_is_200_with_the_same_target_and_409_with_another() 
         assert r.json() == {"stream_id": "o", "target": "zh-CN", "target_source": "request"}
         r = await c.post("/v1/streams", json={"stream_id": "o", "target": "ZH-cn"})
         assert r.status_code == 200 and r.json()["target"] == "zh-CN"
-        body = problem_of(await c.post("/v1/streams", json={"stream_id": "o", "target": "ja"}),
+        body = assert_problem(await c.post("/v1/streams", json={"stream_id": "o", "target": "ja"}),
                           409)
         assert "zh-CN" in body["detail"]
 
@@ -656,12 +543,12 @@ async def test_opening_twice_is_200_with_the_same_target_and_409_with_another() 
 async def test_a_bad_stream_id_is_422(sid: str) -> None:
     async with app_with(default_locale="de") as run:
         c = run.client
-        problem_of(await c.post("/v1/streams", json={"stream_id": sid}), 422)
+        assert_problem(await c.post("/v1/streams", json={"stream_id": sid}), 422)
         if "/" not in sid:
             r = await c.post(f"/v1/streams/{quote(sid, safe='')}/chunks",
                              json={"chunks": [{"seq": 0, "text": "x"}]})
-            problem_of(r, 422)
-        assert run.app.state.streams.streams == {}
+            assert_problem(r, 422)
+        assert run.app.state.runtime.streams.streams == {}
 
 
 async def test_the_longest_stream_id_is_fine_and_a_negative_seq_is_422() -> None:
@@ -669,7 +556,7 @@ async def test_the_longest_stream_id_is_fine_and_a_negative_seq_is_422() -> None
         c = run.client
         sid = "A-z0_9.:" * 16
         assert (await c.post("/v1/streams", json={"stream_id": sid})).status_code == 201
-        body = problem_of(await post_chunks(c, sid, [(-1, "x")]), 422)
+        body = assert_problem(await post_chunks(c, sid, [(-1, "x")]), 422)
         assert "seq" in body["detail"]
         assert (await post_chunks(c, sid, [(0, "x")])).json() == {"accepted_through": 0}
 
@@ -681,9 +568,9 @@ async def test_chunk_and_request_size_limits_are_413_and_accept_nothing() -> Non
                         max_chunks_per_request=3) as run:
         c = run.client
         await post_chunks(c, "l", [(0, "Hi. ")])
-        body = problem_of(await post_chunks(c, "l", [(1, "x" * 5), (2, "y" * 11)]), 413)
+        body = assert_problem(await post_chunks(c, "l", [(1, "x" * 5), (2, "y" * 11)]), 413)
         assert "THINKTRANS_MAX_CHUNK_CHARS" in body["detail"]
-        body = problem_of(await post_chunks(c, "l", [(i, "z") for i in range(1, 5)]), 413)
+        body = assert_problem(await post_chunks(c, "l", [(i, "z") for i in range(1, 5)]), 413)
         assert "THINKTRANS_MAX_CHUNKS_PER_REQUEST" in body["detail"]
         assert (await post_chunks(c, "l", [(1, "x" * 10)])).json() == {"accepted_through": 1}
 
@@ -693,7 +580,7 @@ async def test_max_stream_buffer_chars_is_413() -> None:
         c = run.client
         await post_chunks(c, "b", [(0, "a" * 30)])  # no sentence end: it stays buffered
         assert (await post_chunks(c, "b", [(2, "c" * 30)])).json() == {"accepted_through": 0}
-        body = problem_of(await post_chunks(c, "b", [(1, "b" * 10)]), 413)
+        body = assert_problem(await post_chunks(c, "b", [(1, "b" * 10)]), 413)
         assert body["missing_seq"] == 1
         assert (await post_chunks(c, "b", [(1, "b" * 4)])).json() == {"accepted_through": 2}
 
@@ -704,10 +591,10 @@ async def test_max_streams_is_429_with_retry_after() -> None:
         await c.post("/v1/streams", json={"stream_id": "m1"})
         await post_chunks(c, "m2", [(0, "x")])
         r = await c.post("/v1/streams", json={"stream_id": "m3"})
-        problem_of(r, 429)
+        assert_problem(r, 429)
         assert int(r.headers["Retry-After"]) >= 1
         r = await post_chunks(c, "m4", [(0, "x")])
-        problem_of(r, 429)
+        assert_problem(r, 429)
         assert "Retry-After" in r.headers
         assert (await c.delete("/v1/streams/m1")).status_code == 204
         assert (await c.post("/v1/streams", json={"stream_id": "m3"})).status_code == 201
@@ -716,16 +603,16 @@ async def test_max_streams_is_429_with_retry_after() -> None:
 async def test_unknown_and_deleted_streams_are_404() -> None:
     async with app_with(default_locale="de") as run:
         c = run.client
-        problem_of(await c.get("/v1/streams/nope/events"), 404)
-        problem_of(await c.post("/v1/streams/nope/close"), 404)
-        problem_of(await c.delete("/v1/streams/nope"), 404)
+        assert_problem(await c.get("/v1/streams/nope/events"), 404)
+        assert_problem(await c.post("/v1/streams/nope/close"), 404)
+        assert_problem(await c.delete("/v1/streams/nope"), 404)
         await post_chunks(c, "d", [(0, "Hello there. Bye")])
         assert len(await poll(c, "d", wait_ms=2000)) == 1
         r = await c.delete("/v1/streams/d")
         assert r.status_code == 204 and r.content == b""
-        problem_of(await c.get("/v1/streams/d/events"), 404)
-        problem_of(await c.post("/v1/streams/d/close"), 404)
-        problem_of(await c.delete("/v1/streams/d"), 404)
+        assert_problem(await c.get("/v1/streams/d/events"), 404)
+        assert_problem(await c.post("/v1/streams/d/close"), 404)
+        assert_problem(await c.delete("/v1/streams/d"), 404)
 
 
 async def test_an_idle_stream_expires() -> None:
@@ -739,7 +626,7 @@ async def test_an_idle_stream_expires() -> None:
             assert time.monotonic() < give_up, "the idle stream did not expire"
             await post_chunks(c, "busy", [(0, "")])  # retries keep "busy" alive
             await asyncio.sleep(0.05)
-        problem_of(await c.get("/v1/streams/idle/events"), 404)
+        assert_problem(await c.get("/v1/streams/idle/events"), 404)
         assert (await c.get("/v1/streams/busy/events")).status_code == 200
         assert await run.metric("thinktrans_open_streams") == 1
 
@@ -754,7 +641,7 @@ async def test_a_full_backend_queue_is_503_with_retry_after_and_accepts_nothing(
         await asyncio.wait_for(fake.started.wait(), 2)  # first batch in flight, queue empty
         assert (await post_chunks(c, "q", [(1, parts[1])])).json() == {"accepted_through": 1}
         r = await post_chunks(c, "q", [(2, parts[2])])
-        problem_of(r, 503)
+        assert_problem(r, 503)
         assert int(r.headers["Retry-After"]) >= 1
         gate.set()
         await read_until(c, "q", "segment", count=2, timeout_s=3)
@@ -796,7 +683,7 @@ async def test_a_409_mid_request_still_flushes_what_it_accepted_when_idle() -> N
     """seq 0 was accepted (the 409 asks for seq 1 next); idle must still flush it."""
     async with app_with(default_locale="de", max_gap=0, flush_idle_ms=100) as run:
         c = run.client
-        body = problem_of(await post_chunks(c, "p", [(0, "Thinking about it"), (2, "x")]), 409)
+        body = assert_problem(await post_chunks(c, "p", [(0, "Thinking about it"), (2, "x")]), 409)
         assert body["missing_seq"] == 1
         events = await poll(c, "p", wait_ms=1500)
         assert [s["original"] for s in segments(events)] == ["Thinking about it"]

@@ -8,7 +8,7 @@ and the weights are random, so translations are garbage, but never empty: the ch
 ``generation_config.json`` bans special tokens and holds EOS back for a few tokens, which a real
 checkpoint would not need. Building one takes about a second.
 
-Command line: ``python -m service.testmodel --family nllb OUTDIR``.
+Command line: ``python -m service.tools.testmodel --family nllb OUTDIR``.
 """
 
 from __future__ import annotations
@@ -256,9 +256,9 @@ def make_test_model(
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m service.testmodel --family nllb OUTDIR``."""
+    """``python -m service.tools.testmodel --family nllb OUTDIR``."""
     parser = argparse.ArgumentParser(
-        prog="python -m service.testmodel",
+        prog="python -m service.tools.testmodel",
         description="Write a tiny random-weight translation checkpoint for tests.",
     )
     parser.add_argument("--family", choices=FAMILIES, required=True)

@@ -1,4 +1,4 @@
-"""`thinktrans bench`: a bounded load generator against a running server.
+"""`thinktrans bench`: a bounded load generator against a running server (measuring only).
 
 N concurrent streams post realistic deltas (1-6 characters, 1-2 for Chinese and
 Japanese) at ``rate`` deltas per second each, gathered into one POST every
@@ -254,14 +254,3 @@ async def run_bench(cfg: BenchConfig) -> BenchReport:
     if cpu0 is not None and cpu1 is not None:
         run.report.server_cpu_s = cpu1 - cpu0
     return run.report
-
-
-def format_table(summary: dict[str, Any]) -> str:
-    """A plain two-column table of the summary."""
-    rows = []
-    for key, value in summary.items():
-        if isinstance(value, dict):
-            value = ", ".join(f"{k} {v}" for k, v in value.items())
-        rows.append((key.replace("_", " "), str(value)))
-    width = max(len(k) for k, _ in rows)
-    return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)

@@ -22,20 +22,25 @@ def builtin_corpus() -> list[CorpusItem]:
     return _parse_jsonl(raw.splitlines(), "built-in sample")
 
 
+def read_lines(path: Path, what: str) -> list[str]:
+    """A UTF-8 text file's lines, or InputError naming ``what`` and why it cannot be read."""
+    try:
+        return path.read_text(encoding="utf-8").splitlines()
+    except FileNotFoundError:
+        raise InputError(f"{what} {str(path)!r} does not exist") from None
+    except UnicodeDecodeError as exc:
+        raise InputError(f"{what} {str(path)!r} is not UTF-8 text (byte {exc.start})") from None
+    except OSError as exc:
+        raise InputError(f"cannot read {what} {str(path)!r}: {exc.strerror}") from None
+
+
 def load_corpus(path: str | Path | None) -> list[CorpusItem]:
     """Read a corpus: ``.jsonl`` (``text``, optional ``ref``), ``.tsv`` (text, reference),
     else plain text with one item per line. Raises InputError naming the bad line."""
     if path is None:
         return builtin_corpus()
     p = Path(path)
-    try:
-        lines = p.read_text(encoding="utf-8").splitlines()
-    except FileNotFoundError:
-        raise InputError(f"corpus file {str(p)!r} does not exist") from None
-    except UnicodeDecodeError as exc:
-        raise InputError(f"corpus file {str(p)!r} is not UTF-8 text (byte {exc.start})") from None
-    except OSError as exc:
-        raise InputError(f"cannot read corpus file {str(p)!r}: {exc.strerror}") from None
+    lines = read_lines(p, "corpus file")
     if p.suffix == ".jsonl":
         items = _parse_jsonl(lines, str(p))
     elif p.suffix == ".tsv":

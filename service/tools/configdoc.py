@@ -1,14 +1,16 @@
 """Generate ``docs/configuration.md`` from the Settings model, so the page cannot drift.
 
 Every field of :class:`service.settings.Settings` becomes a row: its variable
-(``THINKTRANS_<NAME>``), its YAML key, its type and bounds, its default and its description.
-Rows are grouped under the ``# -- name ---`` comment headers of ``settings.py``.
+(``THINKTRANS_<NAME>``, or the first upper-case name of its ``validation_alias``), its YAML
+key, its type and bounds, its default and its description. Rows are grouped under the
+``# -- name ---`` comment headers of ``settings.py``; a field's other variable names (an alias
+such as ``DEEPL_AUTH_KEY``) are listed after them.
 
 Command line::
 
-    python -m service.configdoc            # print the page
-    python -m service.configdoc --write    # rewrite docs/configuration.md
-    python -m service.configdoc --check    # exit 1 when docs/configuration.md is stale
+    python -m service.tools.configdoc            # print the page
+    python -m service.tools.configdoc --write    # rewrite docs/configuration.md
+    python -m service.tools.configdoc --check    # exit 1 when docs/configuration.md is stale
 """
 
 from __future__ import annotations
@@ -25,14 +27,14 @@ from pathlib import Path
 from typing import Any, Literal, Union, get_args, get_origin
 
 import annotated_types
-from pydantic import SecretStr
+from pydantic import AliasChoices, SecretStr
 from pydantic.fields import FieldInfo
 from pydantic_core import PydanticUndefined
 
 from service.settings import Settings
 
 DEFAULT_PATH = Path("docs/configuration.md")
-REGENERATE = "python -m service.configdoc --write"
+REGENERATE = "python -m service.tools.configdoc --write"
 
 _HEADER = re.compile(r"^\s*# -- (?P<name>[^-].*?) -+\s*$")
 
@@ -59,7 +61,6 @@ _OUTRO = """\
 
 | variable | meaning |
 | --- | --- |
-| `DEEPL_AUTH_KEY` | The DeepL key, used when `THINKTRANS_DEEPL_API_KEY` is not set. |
 | `HF_HOME` | Hugging Face cache, where hub ids are downloaded to (`/models` in the image). |
 | `HF_HUB_OFFLINE` | `1`: never reach the Hub; hub ids load from the `HF_HOME` cache only. |
 | `CUDA_VISIBLE_DEVICES` | The GPUs torch sees (`THINKTRANS_LOCAL_DEVICE=auto` takes the first). |
@@ -158,6 +159,17 @@ def _default_text(info: FieldInfo) -> str:
     return f"`{value}`"
 
 
+def variables(name: str, info: FieldInfo, prefix: str) -> list[str]:
+    """The environment variables a field is read from, the first one winning: the upper-case
+    choices of its ``validation_alias`` (a lower-case choice is its YAML key), else the
+    prefixed name."""
+    alias = info.validation_alias
+    choices = (alias.choices if isinstance(alias, AliasChoices)
+               else [alias] if isinstance(alias, str) else [])
+    names = [c for c in choices if isinstance(c, str) and c.isupper()]
+    return names or [f"{prefix}{name.upper()}"]
+
+
 def _cell(text: str) -> str:
     return text.replace("|", "\\|").replace("\n", " ")
 
@@ -166,6 +178,7 @@ def render(settings_cls: type[Settings] = Settings) -> str:
     """The whole configuration page as Markdown."""
     prefix = str(settings_cls.model_config.get("env_prefix", ""))
     out = [_INTRO]
+    other_names: list[tuple[str, str]] = []
     for title, names in field_groups(settings_cls):
         out.append(f"## {title}\n")
         out.append("| variable | YAML key | type | default | meaning |")
@@ -177,8 +190,17 @@ def render(settings_cls: type[Settings] = Settings) -> str:
             if bounds:
                 kind = f"{kind}, {bounds}"
             meaning = info.description or ""
-            out.append(f"| `{prefix}{name.upper()}` | `{name}` | {_cell(kind)} | "
+            variable, *others = variables(name, info, prefix)
+            other_names.extend((other, variable) for other in others)
+            out.append(f"| `{variable}` | `{name}` | {_cell(kind)} | "
                        f"{_cell(_default_text(info))} | {_cell(meaning)} |")
+        out.append("")
+    if other_names:
+        out.append("## Other names\n")
+        out.append("| variable | read as |")
+        out.append("| --- | --- |")
+        for other, variable in other_names:
+            out.append(f"| `{other}` | `{variable}`, when that is not set |")
         out.append("")
     out.append(_OUTRO)
     return "\n".join(out)
@@ -186,7 +208,7 @@ def render(settings_cls: type[Settings] = Settings) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m service.configdoc",
+        prog="python -m service.tools.configdoc",
         description="Print docs/configuration.md, generated from service/settings.py.",
     )
     mode = parser.add_mutually_exclusive_group()

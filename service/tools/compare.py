@@ -1,14 +1,15 @@
 """`thinktrans compare`: one corpus through several backends, along the service's own path.
 
-Each backend (or chain, ``deepl,local``) gets its own in-process app, built by
-``create_app`` with that backend as the chain, so texts go through the same segmenter,
-detector, batcher and fallback logic as in ``POST /v1/translate``. All apps start first and
-must be ready (a local model loaded, a remote endpoint answering) before any timing starts;
-then the backends run one after another, never at once, so one does not slow another down.
+This module measures; ``service.tools.report`` presents. Each backend (or chain,
+``deepl,local``) gets its own ``Runtime`` with that backend as the chain, so texts go
+through the same segmenter, detector, batcher and fallback logic as ``POST /v1/translate``.
+All runtimes start first and must be ready (a local model loaded, a remote endpoint
+answering) before any timing starts; then the backends run one after another, never at
+once, so one does not slow another down.
 
-Latency is measured per text request (one ``Pipeline.translate_texts`` call for one corpus
-text, with up to ``concurrency`` in flight); a segment's own ``latency_ms`` is not used, since
-a one-shot request finishes all its segments together. Throughput counts the segments that a
+Latency is measured per text request (one ``Runtime.translate`` call for one corpus text,
+with up to ``concurrency`` in flight); a segment's own ``latency_ms`` is not used, since a
+one-shot request finishes all its segments together. Throughput counts the segments that a
 backend translated, over the wall time of that backend's run.
 """
 
@@ -21,7 +22,6 @@ import logging
 import math
 import os
 import platform
-import random
 import time
 from collections import Counter
 from collections.abc import Sequence
@@ -29,14 +29,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
-from service.corpus import CorpusItem
 from service.errors import BackendUnavailable, ConfigError, InputError
+from service.locale import canonicalize
 from service.metrics import percentile
+from service.runtime import Runtime
+from service.schemas import TextResult
 from service.settings import Settings
+from service.tools.corpus import CorpusItem, load_corpus, read_lines
 
 if TYPE_CHECKING:
     from models.base import Translator
-    from service.pipeline import Pipeline
 
 # Long enough for a CPU model to work through a large text; the settings' ceiling.
 COMPARE_DEADLINE_MS = 600_000.0
@@ -63,45 +65,6 @@ class _NoProgress:
         pass
 
 
-class RichProgress:
-    """One progress bar per backend on standard error (for a terminal only)."""
-
-    def __init__(self) -> None:
-        from rich.console import Console
-        from rich.progress import (
-            BarColumn,
-            MofNCompleteColumn,
-            Progress,
-            SpinnerColumn,
-            TextColumn,
-            TimeElapsedColumn,
-        )
-
-        self._progress = Progress(
-            SpinnerColumn(), TextColumn("{task.description}"), BarColumn(),
-            MofNCompleteColumn(), TimeElapsedColumn(), console=Console(stderr=True),
-        )
-        # Loading a real model takes a while: show that something is going on.
-        self._loading: Any = self._progress.add_task("starting backends", total=None)
-        self._tasks: dict[str, Any] = {}
-
-    def __enter__(self) -> RichProgress:
-        self._progress.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._progress.stop()
-
-    def start(self, label: str, total: int) -> None:
-        if self._loading is not None:
-            self._progress.remove_task(self._loading)
-            self._loading = None
-        self._tasks[label] = self._progress.add_task(label, total=total)
-
-    def advance(self, label: str) -> None:
-        self._progress.advance(self._tasks[label])
-
-
 def quiet_logs() -> None:
     """Keep the service's log lines off compare's terminal.
 
@@ -115,14 +78,9 @@ def quiet_logs() -> None:
             logger.addHandler(logging.NullHandler())
 
 
-def check_extras(*, plot: Path | None, scores: bool) -> None:
-    """Fail before a long run, not after it, when an output needs a missing package."""
-    if plot is not None:
-        if not _has_module("matplotlib"):
-            raise ConfigError("--plot needs 'matplotlib': pip install 'thinktrans[compare]'")
-        if not plot.parent.is_dir():
-            raise InputError(f"cannot write plot {str(plot)!r}: its directory does not exist")
-    if scores and not _has_module("sacrebleu"):
+def check_scoring() -> None:
+    """Fail before a long run, not after it, when scoring needs a missing package."""
+    if not _has_module("sacrebleu"):
         raise ConfigError(
             "scoring against references needs 'sacrebleu': pip install 'thinktrans[compare]'"
         )
@@ -151,7 +109,7 @@ class BackendRun:
     ready_s: float
     wall_s: float = 0.0
     latencies_ms: list[float] = field(default_factory=list)
-    results: list[dict[str, Any]] = field(default_factory=list)
+    results: list[TextResult] = field(default_factory=list)
     billed: dict[str, int] = field(default_factory=dict)  # per billed backend in the chain
     billed_flags: dict[str, bool] = field(default_factory=dict)
 
@@ -174,6 +132,35 @@ def parse_chain(label: str) -> list[str]:
     return names
 
 
+def make_config(
+    settings: Settings,
+    *,
+    target: str,
+    labels: Sequence[str],
+    corpus: Path | None = None,
+    refs: Path | None = None,
+    concurrency: int = 4,
+    deadline_ms: float | None = None,
+    prices: Sequence[str] = (),
+) -> CompareConfig:
+    """A checked ``CompareConfig`` from the command's options; raises before anything loads
+    when a backend, the corpus, the references or a price is wrong."""
+    resolved = canonicalize(target)
+    for label in labels:
+        parse_chain(label)  # an unknown name fails before anything loads
+    items = load_corpus(corpus)
+    references = load_refs(refs, len(items)) if refs is not None else [i.ref for i in items]
+    if any(ref is not None for ref in references):
+        check_scoring()
+    return CompareConfig(
+        target=resolved, labels=list(labels), items=items, refs=references,
+        corpus_name=str(corpus) if corpus is not None else "built-in sample",
+        concurrency=concurrency,
+        deadline_ms=deadline_ms if deadline_ms is not None else COMPARE_DEADLINE_MS,
+        prices={**settings.price_per_million_chars, **parse_prices(prices)},
+    )
+
+
 def parse_prices(items: Sequence[str]) -> dict[str, float]:
     """``--price deepl=25`` pairs as {backend: USD per million characters}."""
     prices: dict[str, float] = {}
@@ -194,16 +181,7 @@ def parse_prices(items: Sequence[str]) -> dict[str, float]:
 def load_refs(path: str | Path, count: int) -> list[str | None]:
     """References, one per line, aligned with the corpus's ``count`` items."""
     p = Path(path)
-    try:
-        lines = p.read_text(encoding="utf-8").splitlines()
-    except FileNotFoundError:
-        raise InputError(f"references file {str(p)!r} does not exist") from None
-    except UnicodeDecodeError as exc:
-        raise InputError(
-            f"references file {str(p)!r} is not UTF-8 text (byte {exc.start})"
-        ) from None
-    except OSError as exc:
-        raise InputError(f"cannot read references file {str(p)!r}: {exc.strerror}") from None
+    lines = read_lines(p, "references file")
     # A final blank line is an editor's habit, not a reference.
     while lines and not lines[-1].strip():
         lines.pop()
@@ -261,7 +239,7 @@ def score(hyps: Sequence[str], refs: Sequence[str], target: str) -> dict[str, An
 
 
 def settings_for(base: Settings, chain: list[str], deadline_ms: float) -> Settings:
-    """The settings of one backend's app: that chain only, and compare's own deadline.
+    """The settings of one backend's runtime: that chain only, and compare's own deadline.
 
     ``model_copy`` rather than ``load_settings`` overrides: a ``THINKTRANS_BACKEND``
     variable would otherwise win over the chain asked for on the command line.
@@ -277,17 +255,20 @@ def settings_for(base: Settings, chain: list[str], deadline_ms: float) -> Settin
     )
 
 
-async def wait_ready(translators: Sequence[Translator], timeout_s: float = READY_TIMEOUT_S) -> None:
-    """Wait until each backend has settled (loaded, or checked its endpoint), then raise
-    if one is not ready."""
-    from models.base import settle
-
-    await settle(translators, timeout_s)
-    for t in translators:
+async def check_ready(runtime: Runtime, chain: Sequence[str], target: str,
+                      timeout_s: float = READY_TIMEOUT_S) -> None:
+    """Wait until each backend of the chain has settled (loaded, or checked its endpoint),
+    then raise if one is not ready or cannot translate into ``target``."""
+    await runtime.wait_ready(timeout_s=timeout_s, chain=chain)
+    for name in chain:
+        t = runtime.backends[name]
         if not t.ready:
             raise BackendUnavailable(
-                f"backend {t.name!r} is not ready: {t.reason or 'no reason given'}"
+                f"backend {name!r} is not ready: {t.reason or 'no reason given'}"
             )
+    for name in chain:
+        if not runtime.backends[name].supports(None, target):
+            raise InputError(f"backend {name!r} cannot translate into {target!r}")
 
 
 def _billed(translator: Translator) -> int:
@@ -296,22 +277,21 @@ def _billed(translator: Translator) -> int:
     return value if isinstance(value, int) else 0
 
 
-async def _run_one(pipeline: Pipeline, run: BackendRun, config: CompareConfig,
+async def _run_one(runtime: Runtime, run: BackendRun, config: CompareConfig,
                    progress: ProgressSink) -> None:
-    translators = [pipeline.backends[n] for n in run.chain]
+    translators = [runtime.backends[n] for n in run.chain]
     before = {t.name: _billed(t) for t in translators}
     run.billed_flags = {t.name: bool(t.billed) for t in translators}
     sem = asyncio.Semaphore(config.concurrency)
-    results: list[dict[str, Any] | None] = [None] * len(config.items)
+    results: list[TextResult | None] = [None] * len(config.items)
     latencies: list[float] = [0.0] * len(config.items)
     progress.start(run.label, len(config.items))
 
     async def one(i: int, text: str) -> None:
         async with sem:
             t0 = time.perf_counter()
-            out = await pipeline.translate_texts([text], target=config.target)
+            [results[i]] = await runtime.translate([text], target=config.target)
             latencies[i] = (time.perf_counter() - t0) * 1000.0
-            results[i] = out[0]
         progress.advance(run.label)
 
     started = time.perf_counter()
@@ -328,9 +308,7 @@ async def _run_one(pipeline: Pipeline, run: BackendRun, config: CompareConfig,
 async def run_compare(
     base: Settings, config: CompareConfig, progress: ProgressSink | None = None
 ) -> list[BackendRun]:
-    """Start every backend's app, wait until all are ready, then run them one by one."""
-    from service.app import create_app
-
+    """Open every backend's runtime, wait until all are ready, then run them one by one."""
     if config.concurrency < 1:
         raise InputError(f"--concurrency must be >= 1, got {config.concurrency}")
     if not config.deadline_ms > 0:
@@ -341,29 +319,22 @@ async def run_compare(
     sink: ProgressSink = progress or _NoProgress()
     runs: list[BackendRun] = []
     async with contextlib.AsyncExitStack() as stack:
-        pipelines: dict[str, Pipeline] = {}
+        runtimes: dict[str, Runtime] = {}
         started = time.perf_counter()
         for label, chain in chains.items():
-            app = create_app(settings_for(base, chain, config.deadline_ms))
-            await stack.enter_async_context(app.router.lifespan_context(app))
-            pipelines[label] = app.state.pipeline
+            settings = settings_for(base, chain, config.deadline_ms)
+            runtimes[label] = await stack.enter_async_context(Runtime(settings))
         ready_s: dict[str, float] = {}
 
         async def ready(label: str) -> None:
-            pipeline = pipelines[label]
-            translators = [pipeline.backends[n] for n in chains[label]]
-            await wait_ready(translators)
-            for t in translators:
-                if not t.supports(None, config.target):
-                    raise InputError(f"backend {t.name!r} cannot translate into "
-                                     f"{config.target!r}")
+            await check_ready(runtimes[label], chains[label], config.target)
             ready_s[label] = time.perf_counter() - started
 
         # Loading concurrently: a failure in the last backend shows before any timing.
         await asyncio.gather(*(ready(label) for label in chains))
         for label, chain in chains.items():
             run = BackendRun(label, chain, ready_s=ready_s[label])
-            await _run_one(pipelines[label], run, config, sink)
+            await _run_one(runtimes[label], run, config, sink)
             runs.append(run)
     return runs
 
@@ -373,16 +344,16 @@ async def run_compare(
 
 def summarize(run: BackendRun, config: CompareConfig) -> dict[str, Any]:
     """One backend's figures (the JSON shape; tables and markdown are drawn from it)."""
-    segments = [s for r in run.results for s in r["segments"]]
-    statuses = Counter(s["status"] for s in segments)
-    translated = [s for s in segments if s["status"] == "translated"]
-    sent = [s for s in segments if s["status"] in ("translated", "error", "deadline")]
-    translated_chars = sum(len(s["original"].strip()) for s in translated)
+    segments = [s for r in run.results for s in r.segments]
+    statuses: Counter[str] = Counter(s.status for s in segments)
+    translated = [s for s in segments if s.status == "translated"]
+    sent = [s for s in segments if s.status in ("translated", "error", "deadline")]
+    translated_chars = sum(len(s.original.strip()) for s in translated)
     served: Counter[str] = Counter()
     for s in translated:
-        served[s["backend"]] += len(s["original"].strip())
-    errors = Counter(s.get("error") or s["status"] for s in segments
-                     if s["status"] in ("error", "deadline"))
+        served[s.backend or ""] += len(s.original.strip())
+    errors = Counter(s.error or s.status for s in segments
+                     if s.status in ("error", "deadline"))
 
     # Cost: a billed backend's own count of billed characters; for an unbilled one (a GPU
     # has a price too) the characters it translated; only where a price is known.
@@ -401,8 +372,8 @@ def summarize(run: BackendRun, config: CompareConfig) -> dict[str, Any]:
         "backend": run.label,
         "texts": len(run.results),
         "segments": len(segments),
-        "characters": sum(len(s["original"]) for s in segments),
-        "sent_characters": sum(len(s["original"].strip()) for s in sent),
+        "characters": sum(len(s.original) for s in segments),
+        "sent_characters": sum(len(s.original.strip()) for s in sent),
         "statuses": {k: statuses[k] for k in STATUSES if statuses[k]},
         "errors": statuses["error"] + statuses["deadline"],
         "error_samples": [f"{n}x {msg}" for msg, n in errors.most_common(3)],
@@ -424,7 +395,7 @@ def summarize(run: BackendRun, config: CompareConfig) -> dict[str, Any]:
         "bleu": None,
         "bleu_tokenize": None,
     }
-    pairs = [(r["text"], ref) for r, ref in zip(run.results, config.refs, strict=True)
+    pairs = [(r.text, ref) for r, ref in zip(run.results, config.refs, strict=True)
              if ref is not None]
     if pairs:
         out.update(score([h for h, _ in pairs], [ref for _, ref in pairs], config.target))
@@ -440,7 +411,7 @@ def build_report(runs: Sequence[BackendRun], config: CompareConfig) -> dict[str,
         "references": sum(ref is not None for ref in config.refs),
         "concurrency": config.concurrency,
         "deadline_ms": config.deadline_ms,
-        "latency": "per text request (one translate_texts call), ms",
+        "latency": "per text request (one Runtime.translate call), ms",
         "throughput": "translated segments and their characters per second of wall time",
         "machine": {
             "platform": platform.platform(terse=True),
@@ -449,157 +420,3 @@ def build_report(runs: Sequence[BackendRun], config: CompareConfig) -> dict[str,
         },
         "backends": [summarize(run, config) for run in runs],
     }
-
-
-# -- output ----------------------------------------------------------------------------------
-
-
-def _fmt(value: Any, digits: int = 1) -> str:
-    if value is None:
-        return "-"
-    if isinstance(value, float):
-        return f"{value:,.{digits}f}"
-    if isinstance(value, int):
-        return f"{value:,}"
-    return str(value)
-
-
-def rows(report: dict[str, Any]) -> list[tuple[str, list[str]]]:
-    """Metric rows, one column per backend (a few backends fit; many metrics would not)."""
-    backends = report["backends"]
-    present = [k for k in STATUSES if any(b["statuses"].get(k) for b in backends)]
-
-    def cost(b: dict[str, Any]) -> str:
-        return "-" if b["cost_usd"] is None else f"${b['cost_usd']:.4f}"
-
-    out: list[tuple[str, list[str]]] = [
-        ("texts", [_fmt(b["texts"]) for b in backends]),
-        ("segments", [_fmt(b["segments"]) for b in backends]),
-        ("characters", [_fmt(b["characters"]) for b in backends]),
-        ("characters sent", [_fmt(b["sent_characters"]) for b in backends]),
-        *((f"  {k.replace('_', ' ')}", [_fmt(b["statuses"].get(k, 0)) for b in backends])
-          for k in present),
-        ("errors + deadlines", [_fmt(b["errors"]) for b in backends]),
-        ("ready after (s)", [_fmt(b["ready_s"], 2) for b in backends]),
-        ("latency p50 (ms/text)", [_fmt(b["latency_ms"]["p50"]) for b in backends]),
-        ("latency p95 (ms/text)", [_fmt(b["latency_ms"]["p95"]) for b in backends]),
-        ("latency p99 (ms/text)", [_fmt(b["latency_ms"]["p99"]) for b in backends]),
-        ("segments/s", [_fmt(b["segments_per_s"]) for b in backends]),
-        ("characters/s", [_fmt(b["characters_per_s"], 0) for b in backends]),
-        ("billed characters", [_fmt(b["billed_characters"]) for b in backends]),
-        ("est. cost (USD)", [cost(b) for b in backends]),
-    ]
-    if report["references"]:
-        out.append(("chrF", [_fmt(b["chrf"], 2) for b in backends]))
-        tokenize = backends[0]["bleu_tokenize"] if backends else None
-        out.append((f"BLEU ({tokenize})", [_fmt(b["bleu"], 2) for b in backends]))
-    return out
-
-
-def caption(report: dict[str, Any]) -> str:
-    refs = f", {report['references']} references" if report["references"] else ", no references"
-    return (f"{report['texts']} texts ({report['corpus']}{refs}) -> {report['target']}, "
-            f"concurrency {report['concurrency']}; latency per text request")
-
-
-def format_table(report: dict[str, Any], width: int | None = None) -> str:
-    """A rich table as text (plain box characters when not on a terminal)."""
-    import io
-
-    from rich import box
-    from rich.console import Console
-    from rich.table import Table
-
-    table = Table(box=box.SIMPLE_HEAD)
-    table.add_column("")
-    for b in report["backends"]:
-        table.add_column(b["backend"], justify="right")
-    for name, cells in rows(report):
-        table.add_row(name, *cells)
-    buf = io.StringIO()
-    Console(file=buf, width=width or 100, no_color=True, highlight=False).print(table)
-    body = "\n".join(line.rstrip() for line in buf.getvalue().splitlines()).strip("\n")
-    return f"thinktrans compare: {caption(report)}\n{body}"
-
-
-def format_markdown(report: dict[str, Any]) -> str:
-    """A pipe table for docs, with the setup in a line above it."""
-    head = ["", *(b["backend"] for b in report["backends"])]
-    lines = [
-        f"{caption(report)}.",
-        "",
-        "| " + " | ".join(head) + " |",
-        "| " + " | ".join(["---", *("---:" for _ in report["backends"])]) + " |",
-    ]
-    for name, cells in rows(report):
-        lines.append("| " + " | ".join([name.strip(), *cells]) + " |")
-    return "\n".join(lines)
-
-
-def write_plot(report: dict[str, Any], runs: Sequence[BackendRun], path: str | Path) -> None:
-    """A PNG: per-text latency distributions (box per backend) beside throughput bars."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")  # no display: files only
-        import matplotlib.pyplot as plt
-        from matplotlib.patches import Patch
-    except ModuleNotFoundError:
-        raise ConfigError("--plot needs 'matplotlib': pip install 'thinktrans[compare]'") from None
-
-    labels = [run.label for run in runs]
-    colors = [plt.get_cmap("tab10")(i % 10) for i in range(len(runs))]
-    fig, (lat_ax, thr_ax) = plt.subplots(1, 2, figsize=(11, 4.8))
-
-    data = [[max(v, 1e-3) for v in run.latencies_ms] or [math.nan] for run in runs]
-    boxes = lat_ax.boxplot(data, patch_artist=True, widths=0.55, showfliers=False)
-    lat_ax.set_xticks(range(1, len(labels) + 1), labels)
-    for patch, color in zip(boxes["boxes"], colors, strict=True):
-        patch.set_facecolor(color)
-        patch.set_alpha(0.6)
-    for median in boxes["medians"]:
-        median.set_color("black")
-    # Every text as a point too: a small corpus's box alone hides how few values it holds.
-    jitter = random.Random(0)
-    for i, (values, color) in enumerate(zip(data, colors, strict=True), 1):
-        xs = [i + jitter.uniform(-0.12, 0.12) for _ in values]
-        lat_ax.scatter(xs, values, s=9, color=color, edgecolors="black", linewidths=0.3,
-                       alpha=0.7, zorder=3)
-    flat = [v for d in data for v in d if not math.isnan(v)]
-    # Passthrough answers in a millisecond, a CPU model in seconds: one linear axis would
-    # squash one of them flat.
-    if flat and max(flat) / max(min(flat), 1e-3) > 30:
-        lat_ax.set_yscale("log")
-    lat_ax.set_ylabel("latency per text request (ms)")
-    lat_ax.set_title("Latency distribution")
-    lat_ax.grid(axis="y", alpha=0.3)
-
-    by_label = {b["backend"]: b for b in report["backends"]}
-    seg_s = [by_label[label]["segments_per_s"] or 0.0 for label in labels]
-    bars = thr_ax.bar(labels, seg_s, color=colors, alpha=0.8, width=0.55)
-    positive = [v for v in seg_s if v > 0]
-    if positive and max(positive) / min(positive) > 30:
-        thr_ax.set_yscale("log")
-    for bar, label in zip(bars, labels, strict=True):
-        b = by_label[label]
-        thr_ax.annotate(
-            f"{_fmt(b['segments_per_s'])} seg/s\n{_fmt(b['characters_per_s'], 0)} chars/s",
-            (bar.get_x() + bar.get_width() / 2, bar.get_height()),
-            ha="center", va="bottom", fontsize=9, xytext=(0, 3), textcoords="offset points",
-        )
-    thr_ax.set_ylabel("translated segments per second")
-    thr_ax.set_title("Throughput")
-    thr_ax.grid(axis="y", alpha=0.3)
-    thr_ax.margins(y=0.2)
-
-    fig.legend(handles=[Patch(facecolor=c, alpha=0.7, label=lab)
-                        for c, lab in zip(colors, labels, strict=True)],
-               loc="upper right", title="backend")
-    fig.suptitle(f"thinktrans compare: {caption(report)}", fontsize=10)
-    fig.tight_layout(rect=(0, 0, 0.88, 0.95))
-    try:
-        fig.savefig(path, dpi=110)
-    except OSError as exc:
-        raise InputError(f"cannot write plot {str(path)!r}: {exc.strerror}") from None
-    finally:
-        plt.close(fig)

@@ -1,0 +1,66 @@
+"""What to do with one segment: skip it, keep it, or translate it, and from which language."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from service.detect import Detection
+from service.locale import full_script, same_language
+from service.schemas import Status
+from service.segmenter import Kind, is_translatable
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """A final status, or ``status=None``: translate, from ``send_source`` (None: detect)."""
+
+    status: Status | None
+    source_lang: str | None  # what the segment is in, as best known
+    send_source: str | None  # the source given to the backend
+
+
+SKIP = Decision("skipped", None, None)
+
+
+def wants_detection(text: str, kind: Kind) -> bool:
+    """Whether a segment is prose worth detecting (code, numbers and blanks are not)."""
+    return kind == "text" and is_translatable(text)
+
+
+def decide(
+    prose: bool,
+    *,
+    target: str | None,
+    detection: Detection | None,
+    fallback_lang: str | None,
+    source: str | None = None,
+) -> Decision:
+    """Skip, keep, or translate one segment.
+
+    ``prose`` is ``wants_detection`` of the segment: anything else is skipped. ``source``
+    (the request's own) wins over ``detection``. ``fallback_lang`` (a stream's
+    recent reliable language) stands in for an unreliable detection of a short segment
+    such as "OK." or "Hmm,", when it shares the segment's script.
+    """
+    if not prose:
+        return SKIP
+    lang: str | None
+    send: str | None
+    if source is not None:
+        lang = send = source
+    elif detection is not None and detection.reliable:
+        lang = send = detection.lang
+    elif fallback_lang is not None and (
+        detection is None or detection.lang is None
+        or full_script(detection.lang) == full_script(fallback_lang)
+    ):
+        # "OK." in a German stream is German; but Latin text in a Chinese stream is not
+        # Chinese, so the fallback must share the script.
+        lang = send = fallback_lang
+    else:
+        lang, send = (detection.lang if detection else None), None
+    if target is None:
+        return Decision("no_target", lang, None)
+    if lang is not None and same_language(lang, target):
+        return Decision("same_language", lang, None)
+    return Decision(None, lang, send)

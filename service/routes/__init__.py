@@ -1,0 +1,1 @@
+"""The HTTP routes, one router per area; each route parses, calls one thing, and answers."""

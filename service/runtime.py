@@ -1,0 +1,228 @@
+"""The runtime: everything the service runs on, opened and closed as one async context.
+
+``Runtime`` builds, in order, the backends, one batcher per backend, the detector, the
+dispatcher that runs segments down backend chains, and the stream manager; on exit it
+stops them in reverse. The app's lifespan, the CLI's ``translate`` and ``compare`` all
+open a runtime; none of them needs an HTTP app to translate.
+
+A one-shot request is a stream fed once and closed: the same code cuts, detects,
+decides, batches, waits on the deadline and emits, whatever brought the text.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Sequence
+from contextlib import AsyncExitStack
+from types import TracebackType
+from typing import Any
+
+from models.base import Translator
+from models.registry import build_backends
+from service.batcher import Batcher, BatchLimits
+from service.detect import Detection, Detector, get_detector
+from service.dispatch import Dispatcher
+from service.errors import ThinktransError
+from service.limits import PUBLISHED, check_texts
+from service.locale import canonicalize
+from service.metrics import Metrics
+from service.schemas import TextResult
+from service.settings import Settings
+from service.streams import Stream, StreamManager
+
+log = logging.getLogger("thinktrans.runtime")
+
+# A one-shot text is fed to its stream in slices of this many characters, yielding to the
+# event loop between them, so that a large request does not hold other streams' timers.
+FEED_SLICE_CHARS = 4096
+
+
+class Runtime:
+    """Settings -> backends -> batchers -> detector -> dispatcher -> streams."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        *,
+        backends: dict[str, Translator] | None = None,
+        metrics: Metrics | None = None,
+    ) -> None:
+        self.settings = settings
+        self.metrics = metrics or Metrics()
+        self._given_backends = backends
+        self._stack: AsyncExitStack | None = None
+        self.backends: dict[str, Translator] = {}
+        self.batchers: dict[str, Batcher] = {}
+        self.detector: Detector = get_detector(settings.detector)
+        self._dispatcher: Dispatcher | None = None
+        self._streams: StreamManager | None = None
+
+    @property
+    def dispatcher(self) -> Dispatcher:
+        if self._dispatcher is None:
+            raise RuntimeError("the runtime is not open; use 'async with Runtime(...)'")
+        return self._dispatcher
+
+    @property
+    def streams(self) -> StreamManager:
+        if self._streams is None:
+            raise RuntimeError("the runtime is not open; use 'async with Runtime(...)'")
+        return self._streams
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    async def __aenter__(self) -> Runtime:
+        async with AsyncExitStack() as stack:
+            self.backends = self._build_backends()
+            self.detector.warm_up()
+            for translator in self.backends.values():
+                await translator.start()
+                stack.push_async_callback(translator.aclose)
+            for name, translator in self.backends.items():
+                batcher = Batcher(translator, self._limits(translator), self.metrics)
+                await batcher.start()
+                stack.push_async_callback(batcher.stop)
+                self.batchers[name] = batcher
+            self._dispatcher = Dispatcher(
+                self.backends, self.batchers, self.detector,
+                default_chain=self.settings.backend,
+                check_output_language=self.settings.check_output_language,
+            )
+            streams = StreamManager(self.settings, self.detector, self._dispatcher, self.metrics)
+            await streams.start()
+            stack.push_async_callback(self._close_streams, streams)
+            self._streams = streams
+            log.info("started", extra={"backends": list(self.backends),
+                                       "chain": self.settings.backend})
+            self._stack = stack.pop_all()
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        stack, self._stack = self._stack, None
+        if stack is not None:
+            await stack.aclose()
+
+    def _build_backends(self) -> dict[str, Translator]:
+        built = (dict(self._given_backends) if self._given_backends is not None
+                 else build_backends(self.settings))
+        for name in self.settings.all_backends():
+            if name not in built:
+                raise ThinktransError(f"backend {name!r} was configured but not built")
+        return built
+
+    def _limits(self, translator: Translator) -> BatchLimits:
+        s = self.settings
+        return BatchLimits(
+            max_batch_size=s.max_batch_size, max_batch_chars=s.max_batch_chars,
+            max_wait_ms=s.max_wait_ms, max_queue_size=s.max_queue_size,
+            max_concurrency=translator.max_concurrency or s.max_concurrent_batches,
+            timeout_s=s.backend_timeout_s, breaker_failures=s.breaker_failures,
+            breaker_cooloff_s=s.breaker_cooloff_s,
+        )
+
+    async def _close_streams(self, streams: StreamManager) -> None:
+        if not streams.draining:
+            await streams.drain(self.settings.shutdown_grace_s)
+        await streams.stop()
+
+    async def wait_ready(self, timeout_s: float, chain: Sequence[str] | None = None) -> bool:
+        """Wait, ``timeout_s`` at most in all, for the chain's start-up work (model loads,
+        credential checks) to finish; whether one of them is ready."""
+        names = list(chain) if chain is not None else self.settings.backend
+        loop = asyncio.get_running_loop()
+        until = loop.time() + timeout_s
+        for name in names:
+            await self.backends[name].wait_ready(max(0.0, until - loop.time()))
+        return any(self.backends[name].ready for name in names)
+
+    # -- what routes and commands call ---------------------------------------------------------
+
+    def detect_texts(self, texts: Sequence[str]) -> list[Detection]:
+        """Each text's language (the texts checked against the request limits first)."""
+        check_texts(self.settings, texts)
+        return [self.detector.detect(text) for text in texts]
+
+    async def translate(
+        self,
+        texts: Sequence[str],
+        *,
+        target: str | None,
+        source: str | None = None,
+        backend: str | None = None,
+    ) -> list[TextResult]:
+        """Translate whole texts: one result (text and segments) per input, in order.
+
+        Each text goes through its own stream, fed once and closed. Every segment that
+        needs a translation is cut first, so that a request that cannot be queued whole is
+        refused before anything starts; the answer is out by the deadline.
+        """
+        check_texts(self.settings, texts)
+        resolved = self.streams.resolve(target)
+        chain = self.dispatcher.chain(backend)
+        src = canonicalize(source) if source else None
+        streams = [self.streams.oneshot(resolved, chain, src) for _ in texts]
+        try:
+            for stream, text in zip(streams, texts, strict=True):
+                await _feed_all(stream, text)
+            self.dispatcher.check_room(chain, sum(s.unstarted for s in streams))
+            for stream in streams:
+                stream.start_deferred()
+            for stream in streams:
+                await stream.wait_emitted()
+            return [stream.text_result() for stream in streams]
+        finally:
+            for stream in streams:
+                stream.drop()  # nobody reads a late one-shot answer: drop it unrun
+
+    def languages(self) -> dict[str, Any]:
+        """Supported targets per backend, the default target and the allowed ones."""
+        return {
+            "default_target": self.settings.default_locale,
+            "allowed_locales": self.settings.allowed_locales or None,
+            "backends": {
+                name: {"ready": t.ready, "targets": t.languages() if t.ready else None,
+                       **({} if t.ready else {"reason": t.reason})}
+                for name, t in self.backends.items()
+            },
+        }
+
+    def limits(self) -> dict[str, Any]:
+        """The size and count limits this instance enforces."""
+        return {name: getattr(self.settings, name) for name in PUBLISHED}
+
+    def backends_info(self) -> dict[str, Any]:
+        """Configured backends, the default chain, readiness and queue depth."""
+        chain = self.settings.backend
+        return {
+            "chain": chain,
+            "backends": [
+                {"name": name, "ready": t.ready,
+                 "reason": t.reason or self.batchers[name].breaker_reason,
+                 "in_chain": name in chain, "queue_depth": self.batchers[name].queue_size,
+                 "info": t.info()}
+                for name, t in self.backends.items()
+            ],
+        }
+
+    def readiness(self) -> dict[str, Any]:
+        """``ready`` (every backend of the chain), ``degraded`` (some: the chain falls
+        through) or ``not_ready`` (none), with each backend's reason."""
+        states = {}
+        for name in self.settings.backend:
+            t = self.backends[name]
+            self.metrics.backend_ready.labels(name).set(1 if t.ready else 0)
+            states[name] = {"ready": t.ready, "reason": t.reason}
+        chain = [state["ready"] for state in states.values()]
+        status = "ready" if all(chain) else "degraded" if any(chain) else "not_ready"
+        return {"status": status, "backends": states}
+
+
+async def _feed_all(stream: Stream, text: str) -> None:
+    for start in range(0, len(text), FEED_SLICE_CHARS):
+        stream.feed(text[start : start + FEED_SLICE_CHARS])
+        await asyncio.sleep(0)  # other streams' deadline timers must not wait for this text
+    stream.close()

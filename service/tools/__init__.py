@@ -1,0 +1,1 @@
+"""Tooling that only the command line uses: compare, bench, test checkpoints, config docs."""
