@@ -14,6 +14,12 @@ Servers are measured in turns, ``--rounds`` times; each one's least CPU per POST
 figure least disturbed by whatever else the machine does) and median are reported, with
 their ratios to the floor's, so that the ratios come from one run. ``--checkout DIR``
 adds the thinktrans of another checkout (an older commit, say) served by the same Python.
+
+``--instructions`` counts instructions instead of CPU time: each server runs under
+valgrind's callgrind, with counting switched on only across the measured POSTs. Slow
+(tens of times), but the count does not move with the machine's other load, so small
+changes show; it leaves out the kernel's share (system calls), which is larger for the
+floor, so its ratios run higher than the CPU-time ones.
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ import socket
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -80,13 +87,15 @@ def cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def start(name: str, checkout: Path | None, port: int) -> subprocess.Popen[bytes]:
+def start(name: str, checkout: Path | None, port: int,
+          wrapper: list[str] | None = None) -> subprocess.Popen[bytes]:
     if checkout is None:
         cmd = [sys.executable, str(Path(__file__).resolve()), "--serve-floor", str(port)]
         cwd = ROOT
     else:
         cmd = [sys.executable, "-m", "service.cli", "serve", "--port", str(port)]
         cwd = checkout
+    cmd = [*(wrapper or []), *cmd]
     env = {**os.environ, "THINKTRANS_BACKEND": "passthrough",
            "THINKTRANS_DEFAULT_LOCALE": "zh-CN", "PYTHONPATH": str(cwd)}
     proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.DEVNULL,
@@ -94,13 +103,13 @@ def start(name: str, checkout: Path | None, port: int) -> subprocess.Popen[bytes
     if len(os.sched_getaffinity(0)) >= 2:
         os.sched_setaffinity(proc.pid, {SERVER_CPU})
     url = f"http://127.0.0.1:{port}"
-    for _ in range(300):
+    for _ in range(1200):
         try:
-            httpx.post(f"{url}/v1/streams/warm/chunks", timeout=1,
+            httpx.post(f"{url}/v1/streams/warm/chunks", timeout=10,
                        json={"chunks": [{"seq": 0, "text": "x"}]})
             return proc
         except httpx.TransportError:
-            time.sleep(0.1)
+            time.sleep(0.25)
     proc.kill()
     raise SystemExit(f"{name} did not start")
 
@@ -158,6 +167,33 @@ def measure(proc: subprocess.Popen[bytes], url: str, posts: int, streams: int,
     return used / (posts - streams * 2) * 1e6
 
 
+def instructions(name: str, checkout: Path | None, posts: int, streams: int,
+                 concurrency: int) -> float:
+    """Instructions per chunk POST, counted by callgrind across the measured POSTs only."""
+    out = Path(tempfile.mkdtemp()) / "callgrind.out"
+    port = free_port()
+    proc = start(name, checkout, port, ["valgrind", "--tool=callgrind", "--instr-atstart=no",
+                                        f"--callgrind-out-file={out}"])
+    url = f"http://127.0.0.1:{port}"
+    plan = bodies(posts, streams, seed=0)
+    try:
+        asyncio.run(drive(url, plan[: streams * 2], concurrency))
+        subprocess.run(["callgrind_control", "-i", "on", str(proc.pid)], check=True,
+                       capture_output=True)
+        asyncio.run(drive(url, plan[streams * 2 :], concurrency))
+        subprocess.run(["callgrind_control", "-i", "off", str(proc.pid)], check=True,
+                       capture_output=True)
+    finally:
+        proc.terminate()
+        proc.wait(timeout=300)
+    total = 0
+    for path in out.parent.glob("callgrind.out*"):
+        for line in path.read_text(errors="replace").splitlines():
+            if line.startswith(("summary:", "totals:")):
+                total = max(total, int(line.split()[1]))
+    return total / (posts - streams * 2)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -167,6 +203,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3, help="Turns per server (median).")
     parser.add_argument("--checkout", type=Path, action="append", default=[],
                         help="Another checkout of thinktrans to measure beside this one.")
+    parser.add_argument("--instructions", action="store_true",
+                        help="Count instructions under callgrind instead of CPU time.")
     parser.add_argument("--serve-floor", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.serve_floor:
@@ -177,6 +215,16 @@ def main() -> None:
     servers: dict[str, Path | None] = {"floor": None, "thinktrans": ROOT}
     for path in args.checkout:
         servers[f"thinktrans@{path}"] = path.resolve()
+    if args.instructions:
+        counts = {name: instructions(name, checkout, args.posts, args.streams,
+                                     args.concurrency) for name, checkout in servers.items()}
+        print(json.dumps({
+            "posts": args.posts, "streams": args.streams, "concurrency": args.concurrency,
+            "servers": {name: {"instructions_per_post": round(n),
+                               "ratio_to_floor": round(n / counts["floor"], 2)}
+                        for name, n in counts.items()},
+        }, indent=2))
+        return
     samples: dict[str, list[float]] = {name: [] for name in servers}
     for round_ in range(args.rounds):
         for name, checkout in servers.items():

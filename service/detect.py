@@ -180,7 +180,7 @@ class _Langdetect:
                 profiles.append(f.read())
         self.factory.load_json_profile(profiles)
         self.factory.set_seed(0)
-        self.langs = langs
+        self.langs = langs  # the order of the profiles, and of naive_bayes' answers
         # langdetect averages 7 random walks; 3 give the same answers on the evaluation
         # set at under half the cost (bench/detect_eval.py).
         self.n_trial = n_trial
@@ -204,7 +204,7 @@ class _Langdetect:
             except LangDetectException:
                 return {}
 
-    def naive_bayes(self, words: list[str], prior: dict[str, float]) -> dict[str, float]:
+    def naive_bayes(self, words: list[str], prior: dict[str, float]) -> np.ndarray:
         """Score every n-gram of the words against every profile: no random walk.
 
         langdetect samples n-grams at random, which on a two-word phrase lets one unlucky
@@ -212,7 +212,8 @@ class _Langdetect:
         own (its normalisation and cleaning, words joined by spaces, read up to
         ``_MAX_DETECT_CHARS``); since they never cross a space, each word's sum of
         log-probabilities is computed once and cached, and a text's score is the sum of
-        its words' vectors.
+        its words' vectors. The answer is a probability per language of ``langlist``
+        (those under 1e-4 set to 0; all 0 when the text has no known n-gram).
         """
         from langdetect.utils.ngram import NGram
 
@@ -230,12 +231,15 @@ class _Langdetect:
             if vec is not None:
                 total = vec if total is None else total + vec
         if total is None:
-            return {}
-        langs = self.factory.langlist
-        logp = self._log_prior(prior) + total
+            return np.zeros(len(self.langs))
+        return self._posterior(self._log_prior(prior) + total)
+
+    @staticmethod
+    def _posterior(logp: np.ndarray) -> np.ndarray:
         weights = np.exp(logp - logp.max())
         weights /= weights.sum()
-        return {lang: float(w) for lang, w in zip(langs, weights, strict=True) if w > 1e-4}
+        weights[weights <= 1e-4] = 0.0
+        return weights
 
     def _log_prior(self, prior: dict[str, float]) -> np.ndarray:
         cached = self._priors.get(id(prior))
@@ -264,7 +268,7 @@ class _Langdetect:
             self._words[key] = vec
         return vec
 
-    def _naive_bayes_reference(self, text: str, prior: dict[str, float]) -> dict[str, float]:
+    def _naive_bayes_reference(self, text: str, prior: dict[str, float]) -> np.ndarray:
         """The same scores through langdetect's own n-gram walk (upper-case words)."""
         with self._lock:
             detector = self.factory.create()
@@ -272,13 +276,9 @@ class _Langdetect:
             detector.cleaning_text()
             grams = detector._extract_ngrams()
         if not grams:
-            return {}
-        langs = self.factory.langlist
-        logp = np.log(np.array([prior.get(lang, _PRIOR_OTHERS) for lang in langs]))
-        logp = logp + np.sum([self._log_vector(gram) for gram in grams], axis=0)
-        weights = np.exp(logp - logp.max())
-        weights /= weights.sum()
-        return {lang: float(w) for lang, w in zip(langs, weights, strict=True) if w > 1e-4}
+            return np.zeros(len(self.langs))
+        total = np.sum([self._log_vector(gram) for gram in grams], axis=0)
+        return self._posterior(self._log_prior(prior) + total)
 
     def _log_vector(self, gram: str) -> np.ndarray:
         vec = self._logs.get(gram)
@@ -344,20 +344,18 @@ class ScriptDetector(Detector):
     def _within_script(self, text: str, script: str, share: float, letters: int) -> Detection:
         langs = _SHARED[script]
         words = [w.lower() for w in _WORDS.findall(text)]
-        probs = _langdetect_for(langs).naive_bayes(words, _PRIOR)
+        probs = _langdetect_for(langs).naive_bayes(words, _PRIOR)  # in the order of langs
         if letters < 40:
             probs = self._blend(words, probs, langs)
-        if not probs:
+        best = int(np.argmax(probs))
+        if not probs[best] > 0:
             return Detection(None, 0.0, False)
-        lang = max(probs, key=lambda k: probs[k])
-        conf = probs[lang] * share
+        conf = float(probs[best]) * share
         reliable = conf >= 0.8 and letters >= (12 if script == "Latn" else 6)
-        return Detection(lang, round(conf, 3), reliable)
+        return Detection(langs[best], round(conf, 3), reliable)
 
     @staticmethod
-    def _blend(
-        words: list[str], probs: dict[str, float], langs: tuple[str, ...]
-    ) -> dict[str, float]:
+    def _blend(words: list[str], probs: np.ndarray, langs: tuple[str, ...]) -> np.ndarray:
         """Mix langdetect's view with function words and diacritics, which short text needs."""
         evidence: dict[str, float] = {}
         for word in words:
@@ -370,12 +368,9 @@ class ScriptDetector(Detector):
         if not evidence:
             return probs
         scale = sum(evidence.values())
-        mixed = {
-            lang: 0.5 * probs.get(lang, 0.0) + 0.5 * evidence.get(lang, 0.0) / scale
-            for lang in langs
-        }
-        norm = sum(mixed.values()) or 1.0
-        return {k: v / norm for k, v in mixed.items() if v > 0}
+        votes = np.array([evidence.get(lang, 0.0) for lang in langs])
+        mixed = 0.5 * probs + 0.5 * votes / scale
+        return mixed / (sum(mixed.tolist()) or 1.0)
 
 
 class LangdetectDetector(Detector):
