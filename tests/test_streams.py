@@ -441,6 +441,25 @@ async def test_sse_delivers_segments_live_before_close(served: str) -> None:
         check_stream(got, "Hello there. How are you? Fine thanks.")
 
 
+async def test_an_idle_sse_connection_gets_keep_alive_comments(
+    served: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from service.routes import streams as routes
+
+    monkeypatch.setattr(routes, "SSE_KEEPALIVE_S", 0.2)
+    async with httpx.AsyncClient(base_url=served, timeout=10) as c:
+        await post_chunks(c, "idle:1", [(0, "Hello there. And")])
+        lines: list[str] = []
+        async with c.stream("GET", "/v1/streams/idle:1/events",
+                            headers={"Accept": "text/event-stream"}) as r:
+            async for line in r.aiter_lines():
+                lines.append(line)
+                if lines.count(": ping") >= 2:
+                    break
+    assert lines[:3] == ["event: segment", lines[1], "id: 0"] and lines[1].startswith("data: {")
+    assert lines.count(": ping") == 2
+
+
 # -- seqs ----------------------------------------------------------------------------------
 
 async def test_a_retried_seq_with_the_same_text_is_ignored() -> None:
