@@ -55,7 +55,8 @@ class Settings(BaseSettings):
         "info", description="Log level."
     )
     log_text: bool = Field(
-        False, description="Log thinking text itself (debugging only); off: lengths and hashes."
+        False, description="Add each batch's text to its debug log line (debugging only; "
+        "needs `log_level: debug`); off: lengths and hashes."
     )
 
     # -- backends ------------------------------------------------------------------------

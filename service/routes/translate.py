@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from fastapi import APIRouter
+from fastapi.responses import Response
 
 from service.deps import RuntimeDep
 from service.problems import problem_responses
@@ -17,13 +18,15 @@ from service.schemas import (
 router = APIRouter(prefix="/v1", responses=problem_responses(401, 413, 422))
 
 
-@router.post("/translate", response_model=TranslateResponse, response_model_exclude_defaults=True,
-             responses=problem_responses(503))
-async def translate(body: TranslateRequest, runtime: RuntimeDep) -> TranslateResponse:
+@router.post("/translate", response_model=TranslateResponse, responses=problem_responses(503))
+async def translate(body: TranslateRequest, runtime: RuntimeDep) -> Response:
     """Translate whole texts; segments not in the target language go to the backend."""
     results = await runtime.translate(body.texts, target=body.target, source=body.source,
                                       backend=body.backend)
-    return TranslateResponse(results=results)
+    # Serialised here: the results are built as the response model already, and FastAPI
+    # would validate them again on the way out.
+    answer = TranslateResponse(results=results).model_dump_json(exclude_defaults=True)
+    return Response(answer, media_type="application/json")
 
 
 @router.post("/detect", response_model=DetectResponse)
