@@ -38,6 +38,9 @@ def create_app(
         version="0.1.0",
         summary="Translates an agent's streamed thinking into the user's language.",
         lifespan=lifespan,
+        # An API answers the path it was given: no 307 to another one (a stream id of "/"
+        # would be redirected to the stream collection).
+        redirect_slashes=False,
         # Metrics are Prometheus at /metrics; FastAPI's OpenTelemetry hooks would look up
         # their providers on every request.
         telemetry={"tracing": False, "metrics": False, "logs": False},
