@@ -81,7 +81,7 @@ class Batcher:
         self.translator = translator
         self.name = translator.name
         # Only a backend that asks for it is called with each text's preceding text.
-        self.uses_context = bool(getattr(translator, "uses_context", False))
+        self.uses_context = translator.uses_context
         self.limits = limits
         self.metrics = metrics
         # This backend's series, looked up once (a label lookup takes a lock).

@@ -85,7 +85,7 @@ class Dispatcher:
 
     def uses_context(self, chain: Sequence[str]) -> bool:
         """Whether a backend of the chain translates better with the preceding text."""
-        return any(getattr(self.backends[name], "uses_context", False) for name in chain)
+        return any(self.backends[name].uses_context for name in chain)
 
     # -- admission ---------------------------------------------------------------------------
 

@@ -217,8 +217,6 @@ class Stream:
         return self.next_seq - 1
 
     def _add_chunks(self, chunks: Sequence[tuple[int, str]]) -> None:
-        if self._add_in_order(chunks):
-            return
         try:
             for seq, text in chunks:
                 if self._take_chunk(seq, text):
@@ -228,26 +226,6 @@ class Stream:
                         self._accept_seq(held)
         finally:
             self._feed_unfed()
-
-    def _add_in_order(self, chunks: Sequence[tuple[int, str]]) -> bool:
-        """The usual request: the next seqs, in order, nothing held, within the buffer.
-        Accepted whole; anything else (retries, gaps, a limit) takes the chunk-by-chunk
-        path, which says how far it got."""
-        if self.held or not chunks or chunks[0][0] != self.next_seq:
-            return False
-        if chunks[-1][0] != self.next_seq + len(chunks) - 1:
-            return False
-        if any(seq != self.next_seq + i for i, (seq, _) in enumerate(chunks)):
-            return False
-        texts = [text for _, text in chunks]
-        added = sum(map(len, texts))
-        limit = self.manager.settings.max_stream_buffer_chars
-        if len(self.segmenter.pending) + added > limit:
-            return False
-        self.digests.extend(map(hash, texts))
-        self.next_seq += len(texts)
-        self.feed("".join(texts))
-        return True
 
     def _take_chunk(self, seq: int, text: str) -> bool:
         """Check one chunk: True when it is the next seq (accepted), else held or a retry."""
