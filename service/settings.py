@@ -128,6 +128,15 @@ class Settings(BaseSettings):
     max_segment_chars: int = Field(
         400, ge=16, description="Size bound: a segment without a sentence end is cut here."
     )
+    max_fence_chars: int = Field(
+        20_000, ge=64, description="An opening code fence without its closing fence within "
+        "this many characters is taken as prose, and the text after it is cut into sentences "
+        "again."
+    )
+    body_timeout_s: float = Field(
+        30.0, gt=0, le=3600, description="A request body not complete this long after its "
+        "headers gets 408 and the connection is closed."
+    )
 
     # -- streams -------------------------------------------------------------------------
     flush_idle_ms: float = Field(
@@ -147,6 +156,14 @@ class Settings(BaseSettings):
     )
     max_events_retained: int = Field(
         4096, ge=16, description="Events kept per stream for SSE resume and long-poll."
+    )
+    max_ended_streams: int = Field(
+        256, ge=0, description="Most ended streams kept for late readers; past it the oldest "
+        "ended stream is evicted and reads of it get 410."
+    )
+    max_ended_chars: int = Field(
+        16_000_000, ge=0, description="Most characters of event text kept across ended "
+        "streams; past it the oldest ended stream is evicted and reads of it get 410."
     )
     shutdown_grace_s: float = Field(
         10.0, ge=0, le=600,
@@ -178,6 +195,10 @@ class Settings(BaseSettings):
     )
     local_threads: int | None = Field(
         None, ge=1, description="torch CPU threads (default: torch's)."
+    )
+    load_retry_max_s: float = Field(
+        300.0, gt=0, description="A model that failed to load is tried again after 5 s, "
+        "doubling up to this long between tries."
     )
 
     # -- deepl backend ---------------------------------------------------------------------
