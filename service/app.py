@@ -3,6 +3,7 @@ error handlers are plugged in here."""
 
 from __future__ import annotations
 
+import gc
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
@@ -18,9 +19,15 @@ from service.settings import Settings, load_settings
 
 
 def create_app(
-    settings: Settings | None = None, *, backends: dict[str, Translator] | None = None
+    settings: Settings | None = None, *, backends: dict[str, Translator] | None = None,
+    freeze_gc: bool = False,
 ) -> FastAPI:
-    """Build the app. ``backends`` replaces the built ones (tests pass fakes here)."""
+    """Build the app. ``backends`` replaces the built ones (tests pass fakes here).
+
+    ``freeze_gc`` (the server process): once started, everything loaded so far leaves the
+    cyclic garbage collector's view, so that a full collection walks only what requests
+    made; it held the event loop for up to 100 ms under a large request, 30 ms after.
+    """
     settings = settings or load_settings()
     metrics = Metrics()
 
@@ -28,6 +35,8 @@ def create_app(
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         async with Runtime(settings, backends=backends, metrics=metrics) as runtime:
             app.state.runtime = runtime
+            if freeze_gc:
+                gc.freeze()
             try:
                 yield
             finally:
@@ -51,7 +60,7 @@ def create_app(
     install_handlers(app)
     token = settings.api_token.get_secret_value() if settings.api_token else None
     app.add_middleware(Guard, max_bytes=settings.max_request_bytes, token=token,
-                       metrics=metrics)
+                       metrics=metrics, body_timeout_s=settings.body_timeout_s)
     app.include_router(streams.router)  # first: the chunk POST is the hot path
     app.include_router(translate.router)
     app.include_router(service.router)

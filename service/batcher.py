@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import time
 from collections import OrderedDict, deque
@@ -44,6 +45,7 @@ class _Item:
     future: asyncio.Future[Translation]
     context: str | None = None  # the text before it, for backends that use it
     enqueued: float = field(default_factory=time.monotonic)
+    queued: bool = True  # counted in the queue's size (False once taken or cancelled)
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,7 +91,8 @@ class Batcher:
         self._batch_size = metrics.batch_size.labels(self.name)
         self._batch_seconds = metrics.batch_seconds.labels(self.name)
         self._groups: OrderedDict[Pair, deque[_Item]] = OrderedDict()
-        self._size = 0
+        self._size = 0  # items waiting, not counting cancelled ones
+        self._dead = 0  # cancelled items still sitting in the groups
         self._waiter: asyncio.Future[None] | None = None  # the loop, waiting for items
         self._slots = asyncio.Semaphore(limits.max_concurrency)
         self._loop_task: asyncio.Task[None] | None = None
@@ -121,9 +124,10 @@ class Batcher:
         err = BackendUnavailable(f"backend {self.name!r} is shutting down")
         for group in self._groups.values():
             for item in group:
+                item.queued = False  # counted out below, not by its done callback
                 _fail(item, err)
         self._groups.clear()
-        self._size = 0
+        self._size = self._dead = 0
         self._gauge()
 
     # -- circuit breaker ---------------------------------------------------------------------
@@ -163,18 +167,20 @@ class Batcher:
         return self.limits.max_queue_size - self._size
 
     def submit(
-        self, text: str, source: str | None, target: str, context: str | None = None
+        self, text: str, source: str | None, target: str, context: str | None = None,
+        *, force: bool = False,
     ) -> asyncio.Future[Translation]:
         """Queue one text; the future gets its Translation or a BackendError.
 
-        Raises Overloaded when the queue is full. A caller that no longer wants the
-        answer cancels the future; the item is then dropped before it runs.
+        Raises Overloaded when the queue is full, unless ``force``: text a stream has
+        already accepted is never refused (admission checked the room before accepting
+        it). A caller that no longer wants the answer cancels the future; its place in
+        the queue is freed on the loop's next turn and the item is dropped unrun. O(1)
+        amortised.
         """
         if self._closed:
             raise BackendUnavailable(f"backend {self.name!r} is shutting down")
-        if self._size >= self.limits.max_queue_size:
-            self._drop_cancelled()  # abandoned items must not hold queue space
-        if self._size >= self.limits.max_queue_size:
+        if self._size >= self.limits.max_queue_size and not force:
             raise Overloaded(
                 f"the {self.name!r} queue is full ({self.limits.max_queue_size} segments); "
                 "retry later or raise THINKTRANS_MAX_QUEUE_SIZE",
@@ -185,11 +191,24 @@ class Batcher:
         group = self._groups.get(pair)
         if group is None:
             group = self._groups[pair] = deque()
-        group.append(_Item(text, pair, future, context=context))
+        item = _Item(text, pair, future, context=context)
+        group.append(item)
+        future.add_done_callback(functools.partial(self._on_done, item))
         self._size += 1
         self._gauge()
         _wake(self._waiter)
         return future
+
+    def _on_done(self, item: _Item, future: asyncio.Future[Translation]) -> None:
+        """A queued item cancelled by its caller gives its place back now."""
+        if not item.queued:
+            return  # taken into a batch (answered), or already counted out
+        item.queued = False
+        self._size -= 1
+        self._dead += 1
+        if self._dead > 64 and self._dead > self._size:
+            self._compact()  # O(queue), after at least as many cancellations
+        self._gauge()
 
     # -- the loop --------------------------------------------------------------------------
 
@@ -205,26 +224,32 @@ class Batcher:
             self._running.add(task)
             task.add_done_callback(self._running.discard)
 
+    def _unqueue(self, item: _Item) -> None:
+        """Count an item out as it leaves its group."""
+        if item.queued:
+            item.queued = False
+            self._size -= 1
+        else:
+            self._dead -= 1
+
     def _prune(self) -> None:
-        """Drop items whose callers gave up, and empty groups."""
+        """Drop items whose callers gave up from the groups' heads, and empty groups."""
         for pair in list(self._groups):
             group = self._groups[pair]
             while group and group[0].future.done():
-                group.popleft()
-                self._size -= 1
+                self._unqueue(group.popleft())
             if not group:
                 del self._groups[pair]
 
-    def _drop_cancelled(self) -> None:
+    def _compact(self) -> None:
+        """Remove every cancelled item from the groups."""
         for pair in list(self._groups):
-            group = self._groups[pair]
-            live = deque(item for item in group if not item.future.done())
-            self._size -= len(group) - len(live)
+            live = deque(item for item in self._groups[pair] if item.queued)
             if live:
                 self._groups[pair] = live
             else:
                 del self._groups[pair]
-        self._gauge()
+        self._dead = 0
 
     def _full(self, group: deque[_Item]) -> bool:
         if len(group) >= self.limits.max_batch_size:
@@ -276,13 +301,11 @@ class Batcher:
         while group and len(batch) < self.limits.max_batch_size:
             item = group[0]
             if item.future.done():
-                group.popleft()
-                self._size -= 1
+                self._unqueue(group.popleft())
                 continue
             if batch and chars + len(item.text) > self.limits.max_batch_chars:
                 break
-            group.popleft()
-            self._size -= 1
+            self._unqueue(group.popleft())
             batch.append(item)
             chars += len(item.text)
         if not group:

@@ -5,10 +5,11 @@ from __future__ import annotations
 from typing import Annotated
 
 from fastapi import Depends, Path, Request
+from pydantic import AfterValidator
 
 from service.errors import Overloaded
 from service.runtime import Runtime
-from service.schemas import STREAM_ID_PATTERN
+from service.schemas import STREAM_ID_PATTERN, check_stream_id
 from service.streams import StreamManager
 
 # Dependencies are coroutines: FastAPI runs a plain function in a worker thread, which
@@ -29,4 +30,6 @@ async def get_streams(request: Request) -> StreamManager:
 
 RuntimeDep = Annotated[Runtime, Depends(get_runtime)]
 StreamsDep = Annotated[StreamManager, Depends(get_streams)]
-StreamId = Annotated[str, Path(pattern=STREAM_ID_PATTERN, description="1-128 of A-Za-z0-9._:-")]
+StreamId = Annotated[str, Path(pattern=STREAM_ID_PATTERN,
+                               description="1-128 of A-Za-z0-9._:-, not '.' or '..'"),
+                     AfterValidator(check_stream_id)]

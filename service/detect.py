@@ -40,6 +40,11 @@ class Detection:
 UNKNOWN = Detection(None, 0.0, False)
 
 
+# Detection reads at most this many characters from the start of a text: a segment is far
+# shorter, and a whole document's language shows well before it; the cost stays bounded.
+DETECT_MAX_CHARS = 4096
+
+
 class Detector(ABC):
     """A language detector; ``detect`` must be deterministic and thread-safe."""
 
@@ -120,7 +125,9 @@ _TRAD = frozenset(_TRAD_SIMP[0::2])
 _SIMP = frozenset(_TRAD_SIMP[1::2])
 
 _STRIP = re.compile(
-    r"```.*?(?:```|$)|`[^`\n]*`|\b(?:https?|ftp)://\S+|\bwww\.\S+|\S+@\S+\.\w+|\\[a-zA-Z]+",
+    # Every alternative is anchored or bounded: a long run without spaces costs linear time.
+    r"```.*?(?:```|$)|`[^`\n]*`|\b(?:https?|ftp)://\S+|\bwww\.\S+"
+    r"|[^\s@]{1,64}@[^\s@]{1,255}\.\w+|\\[a-zA-Z]+",
     re.S,
 )
 _ASCII_LETTERS = re.compile(r"[A-Za-z]")
@@ -319,7 +326,7 @@ class ScriptDetector(Detector):
     name = "default"
 
     def detect(self, text: str) -> Detection:
-        clean = _STRIP.sub(" ", text)
+        clean = _STRIP.sub(" ", text[:DETECT_MAX_CHARS])
         counts = _count_scripts(clean)
         if not counts:
             return UNKNOWN
@@ -386,7 +393,7 @@ class LangdetectDetector(Detector):
         self._ld = _Langdetect(tuple(sorted(os.listdir(PROFILES_DIRECTORY))), n_trial=7)
 
     def detect(self, text: str) -> Detection:
-        probs = self._ld.probabilities(_STRIP.sub(" ", text), None)
+        probs = self._ld.probabilities(_STRIP.sub(" ", text[:DETECT_MAX_CHARS]), None)
         if not probs:
             return UNKNOWN
         lang = max(probs, key=lambda k: probs[k])

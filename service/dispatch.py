@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -89,11 +90,21 @@ class Dispatcher:
 
     # -- admission ---------------------------------------------------------------------------
 
+    def room(self, chain: Sequence[str]) -> int:
+        """How many more segments the chain's queues take now: the free places of each
+        backend that would be tried (ready, breaker closed). A chain with none of those
+        queues nothing (its segments fail at once), so its room is unbounded."""
+        usable = [self.batchers[name] for name in chain
+                  if self.backends[name].ready and self.batchers[name].available()]
+        if not usable:
+            return sys.maxsize
+        return sum(max(0, batcher.free()) for batcher in usable)
+
     def check_room(self, chain: Sequence[str], wanted: int) -> None:
         """Refuse, before anything is queued, a request whose segments cannot all be queued.
 
-        More than the whole queue holds is 413 (no retry can help); more than it holds now,
-        with no backend behind it, is 503 with Retry-After.
+        More than the whole queue holds is 413 (no retry can help); more than the chain's
+        queues hold now is 503 with Retry-After.
         """
         first = self.batchers.get(chain[0])
         if first is None or wanted <= 0:
@@ -105,20 +116,12 @@ class Dispatcher:
                 f"most THINKTRANS_MAX_QUEUE_SIZE={limit}: send fewer or shorter texts per "
                 "request"
             )
-        if wanted > first.free() and len(chain) == 1:
+        room = self.room(chain)
+        if wanted > room:
             raise Overloaded(
-                f"the {chain[0]!r} queue has room for {first.free()} segments, this request "
-                f"needs {wanted}; retry later",
+                f"the {','.join(chain)!r} queue has room for {room} segments, this request "
+                f"needs {wanted}; nothing was queued, retry later",
                 retry_after_s=1,
-            )
-
-    def check_not_full(self, chain: Sequence[str]) -> None:
-        """Refuse new stream chunks, before accepting any, while the first queue is full."""
-        first = self.batchers.get(chain[0])
-        if first is not None and first.free() <= 0:
-            raise Overloaded(
-                f"the {chain[0]!r} queue is full; nothing of this request was accepted, "
-                "retry it", retry_after_s=1,
             )
 
     # -- translating -------------------------------------------------------------------------
@@ -129,15 +132,15 @@ class Dispatcher:
     ) -> asyncio.Future[Translation]:
         """Start one segment's text down the chain; the future gets the first good answer.
 
-        The first usable backend's queue is entered before this returns, so a caller can
-        check room and submit without another request slipping in between; raises
-        Overloaded when that queue is full and no backend follows it. Cancelling the
-        future drops the work wherever it is. Driven by callbacks, not a task: a segment
-        costs no coroutine of its own.
+        The segment is accepted work (its caller checked ``room`` before accepting the
+        text), so it is never refused: it goes to the first usable backend with room, else
+        into the first usable one's queue past its bound. Cancelling the future drops the
+        work wherever it is. Driven by callbacks, not a task: a segment costs no coroutine
+        of its own.
         """
         attempt = _Attempt(text, source, target, context, list(chain),
                            asyncio.get_running_loop().create_future())
-        entered = self._enter(attempt, overload_raises=True)
+        entered = self._enter(attempt)
         if entered is None:
             attempt.give_up()
         else:
@@ -167,10 +170,11 @@ class Dispatcher:
             return
         attempt.result.set_result(answer)
 
-    def _enter(self, attempt: _Attempt, *, overload_raises: bool = False,
-               ) -> tuple[str, asyncio.Future[Translation]] | None:
-        """Queue the text on the next usable backend of the attempt's rest of the chain."""
+    def _enter(self, attempt: _Attempt) -> tuple[str, asyncio.Future[Translation]] | None:
+        """Queue the text on the next usable backend of the attempt's rest of the chain
+        that has room; when every usable one is full, on the first of them regardless."""
         rest, errors = attempt.rest, attempt.errors
+        full: list[str] = []
         while rest:
             name = rest.pop(0)
             if not self._usable(name, attempt.source, attempt.target, errors):
@@ -178,10 +182,16 @@ class Dispatcher:
             try:
                 return name, self.batchers[name].submit(
                     attempt.text, attempt.source, attempt.target, attempt.context)
-            except Overloaded as exc:
-                if overload_raises and not rest:
-                    raise
+            except Overloaded:
+                full.append(name)
+            except BackendError as exc:
                 errors.append(f"{name}: {exc.detail}")
+        if full:
+            name = full[0]
+            attempt.rest[:0] = full[1:]  # still to try, should this one fail
+            try:
+                return name, self.batchers[name].submit(
+                    attempt.text, attempt.source, attempt.target, attempt.context, force=True)
             except BackendError as exc:
                 errors.append(f"{name}: {exc.detail}")
         return None

@@ -77,6 +77,17 @@ class Metrics:
         self.open_streams = Gauge(
             "thinktrans_open_streams", "Streams currently open.", registry=r,
         )
+        self.ended_streams = Gauge(
+            "thinktrans_ended_streams", "Ended streams kept for late readers.", registry=r,
+        )
+        self.ended_stream_bytes = Gauge(
+            "thinktrans_ended_stream_bytes",
+            "Estimated memory held by the events of ended streams.", registry=r,
+        )
+        self.streams_evicted = Counter(
+            "thinktrans_streams_evicted", "Ended streams evicted to bound their memory.",
+            registry=r,
+        )
         self.backend_ready = Gauge(
             "thinktrans_backend_ready", "1 when a backend is ready, else 0.",
             ["backend"], registry=r,

@@ -29,13 +29,9 @@ from service.locale import canonicalize
 from service.metrics import Metrics
 from service.schemas import TextResult
 from service.settings import Settings
-from service.streams import Stream, StreamManager
+from service.streams import Pacer, Stream, StreamManager
 
 log = logging.getLogger("thinktrans.runtime")
-
-# A one-shot text is fed to its stream in slices of this many characters, yielding to the
-# event loop between them, so that a large request does not hold other streams' timers.
-FEED_SLICE_CHARS = 4096
 
 
 class Runtime:
@@ -95,6 +91,10 @@ class Runtime:
             self._streams = streams
             log.info("started", extra={"backends": list(self.backends),
                                        "chain": self.settings.backend})
+            if self.settings.default_locale is not None:
+                # Warns once each chain backend's languages are known (a model: once loaded).
+                watch = asyncio.get_running_loop().create_task(self._warn_unserved_default())
+                stack.push_async_callback(_cancel, watch)
             self._stack = stack.pop_all()
         return self
 
@@ -131,7 +131,8 @@ class Runtime:
 
     async def wait_ready(self, timeout_s: float, chain: Sequence[str] | None = None) -> bool:
         """Wait, ``timeout_s`` at most in all, for the chain's start-up work (model loads,
-        credential checks) to finish; whether one of them is ready."""
+        credential checks) to finish; whether one of them is ready. A model whose load
+        failed answers at once (it retries in the background; see ``readiness``)."""
         names = list(chain) if chain is not None else self.settings.backend
         loop = asyncio.get_running_loop()
         until = loop.time() + timeout_s
@@ -141,10 +142,16 @@ class Runtime:
 
     # -- what routes and commands call ---------------------------------------------------------
 
-    def detect_texts(self, texts: Sequence[str]) -> list[Detection]:
-        """Each text's language (the texts checked against the request limits first)."""
+    async def detect_texts(self, texts: Sequence[str]) -> list[Detection]:
+        """Each text's language (the texts checked against the request limits first),
+        giving the event loop back as it goes."""
         check_texts(self.settings, texts)
-        return [self.detector.detect(text) for text in texts]
+        found = []
+        pacer = Pacer()
+        for text in texts:
+            found.append(self.detector.detect(text))
+            await pacer.breathe()
+        return found
 
     async def translate(
         self,
@@ -166,8 +173,9 @@ class Runtime:
         src = canonicalize(source) if source else None
         streams = [self.streams.oneshot(resolved, chain, src) for _ in texts]
         try:
+            pacer = Pacer()
             for stream, text in zip(streams, texts, strict=True):
-                await _feed_all(stream, text)
+                await _feed_all(stream, text, pacer)
             self.dispatcher.check_room(chain, sum(s.unstarted for s in streams))
             for stream in streams:
                 stream.start_deferred()
@@ -195,34 +203,99 @@ class Runtime:
         return {name: getattr(self.settings, name) for name in PUBLISHED}
 
     def backends_info(self) -> dict[str, Any]:
-        """Configured backends, the default chain, readiness and queue depth."""
+        """Configured backends, the default chain, readiness, whether each translates into
+        the default target (None: not known yet, or no default) and queue depth."""
         chain = self.settings.backend
-        return {
-            "chain": chain,
-            "backends": [
-                {"name": name, "ready": t.ready,
-                 "reason": t.reason or self.batchers[name].breaker_reason,
-                 "in_chain": name in chain, "queue_depth": self.batchers[name].queue_size,
-                 "info": t.info()}
-                for name, t in self.backends.items()
-            ],
-        }
+        target = self.settings.default_locale
+        out = []
+        for name, t in self.backends.items():
+            serves = t.serves_target(target) if t.ready and target is not None else None
+            reason = t.reason or self.batchers[name].breaker_reason
+            if serves is False and target is not None:
+                reason = reason or _unserved(t, target)
+            out.append({"name": name, "ready": t.ready, "reason": reason,
+                        "serves_default_target": serves, "in_chain": name in chain,
+                        "queue_depth": self.batchers[name].queue_size, "info": t.info()})
+        return {"chain": chain, "default_target": target, "backends": out}
 
     def readiness(self) -> dict[str, Any]:
-        """``ready`` (every backend of the chain), ``degraded`` (some: the chain falls
-        through) or ``not_ready`` (none), with each backend's reason."""
-        states = {}
+        """``ready``: every backend of the chain is ready and, when there is a default
+        target, can translate into it. ``degraded``: some backend is ready, but not every
+        one can serve (the chain falls through), or none of the ready ones translates into
+        the default target (they still serve other targets). ``not_ready``: none is ready.
+
+        Each backend's reason; a ready one that cannot translate into the default target
+        says so (a model's languages are judged only once it has loaded). ``reason`` on top
+        unless ``ready``."""
+        target = self.settings.default_locale
+        states: dict[str, dict[str, Any]] = {}
+        serving: list[str] = []
         for name in self.settings.backend:
             t = self.backends[name]
             self.metrics.backend_ready.labels(name).set(1 if t.ready else 0)
-            states[name] = {"ready": t.ready, "reason": t.reason}
-        chain = [state["ready"] for state in states.values()]
-        status = "ready" if all(chain) else "degraded" if any(chain) else "not_ready"
-        return {"status": status, "backends": states}
+            reason = t.reason
+            if t.ready and (target is None or t.serves_target(target) is not False):
+                serving.append(name)
+            elif t.ready and target is not None:
+                reason = _unserved(t, target)
+            states[name] = {"ready": t.ready, "reason": reason}
+        out: dict[str, Any] = {"status": "ready", "backends": states}
+        others = [name for name in states if name not in serving]
+        if not others:
+            return out
+        if not any(state["ready"] for state in states.values()):
+            out["status"] = "not_ready"
+            out["reason"] = f"no backend of the chain is ready: {', '.join(others)}"
+        elif not serving:
+            out["status"] = "degraded"
+            out["reason"] = (f"no backend of the chain can translate into the default target "
+                             f"{target} (THINKTRANS_DEFAULT_LOCALE): segments for it fail; "
+                             "GET /v1/languages lists each backend's targets")
+        else:
+            out["status"] = "degraded"
+            out["reason"] = (f"{', '.join(others)} cannot serve (see its reason); the chain "
+                             f"falls through to {', '.join(serving)}")
+        return out
+
+    async def _warn_unserved_default(self) -> None:
+        """Log a warning, once, for each backend of the chain that cannot translate into the
+        default target, as soon as its languages are known (a model's: once it has loaded)."""
+        target = self.settings.default_locale
+        if target is None:
+            return
+        pending = list(dict.fromkeys(self.settings.backend))
+        pause = 0.05
+        while pending:
+            for name in list(pending):
+                t = self.backends[name]
+                verdict = t.serves_target(target) if t.ready else None
+                if verdict is None:
+                    continue
+                pending.remove(name)
+                if not verdict:
+                    log.warning("backend %r %s", name, _unserved(t, target),
+                                extra={"backend": name, "default_target": target,
+                                       "targets": t.languages()})
+            if pending:
+                await asyncio.sleep(pause)
+                pause = min(pause * 2, 2.0)
 
 
-async def _feed_all(stream: Stream, text: str) -> None:
-    for start in range(0, len(text), FEED_SLICE_CHARS):
-        stream.feed(text[start : start + FEED_SLICE_CHARS])
-        await asyncio.sleep(0)  # other streams' deadline timers must not wait for this text
-    stream.close()
+def _unserved(translator: Translator, target: str) -> str:
+    """Why a ready backend does not count for the default target: the targets it serves."""
+    served = translator.languages()
+    shown = ("its targets are not listed" if served is None else
+             "it serves " + (", ".join(served[:12]) + (", ..." if len(served) > 12 else "")
+                             if served else "no target"))
+    return (f"cannot translate into the default target {target} (THINKTRANS_DEFAULT_LOCALE): "
+            f"{shown}; GET /v1/languages lists them")
+
+
+async def _cancel(task: asyncio.Task[None]) -> None:
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
+
+
+async def _feed_all(stream: Stream, text: str, pacer: Pacer) -> None:
+    await stream.feed(text, pacer)  # gives the loop back while it cuts: other streams' timers run
+    await stream.close()

@@ -10,13 +10,24 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
 Status = Literal["translated", "same_language", "skipped", "deadline", "error", "no_target"]
 UpdateStatus = Literal["translated", "error"]
 TargetSource = Literal["request", "user_text", "default", "none"]
 
 STREAM_ID_PATTERN = r"^[A-Za-z0-9._:-]{1,128}$"
+_DOT_SEGMENTS = frozenset({".", ".."})
+
+
+def check_stream_id(value: str) -> str:
+    """Refuse the ids that no client can address: curl, httpx and browsers remove ``.``
+    and ``..`` path segments, so ``/v1/streams/../events`` never reaches the stream."""
+    if value in _DOT_SEGMENTS:
+        raise ValueError(f"{value!r} cannot be a stream id: HTTP clients remove '.' and '..' "
+                         "from URL paths, so the stream could never be reached; choose "
+                         "another id")
+    return value
 
 
 class _Strict(BaseModel):
@@ -132,7 +143,8 @@ class Problem(BaseModel):
 
 
 class OpenStreamRequest(_Strict):
-    stream_id: str = Field(..., pattern=STREAM_ID_PATTERN,
+    stream_id: Annotated[str, AfterValidator(check_stream_id)] = Field(
+                           ..., pattern=STREAM_ID_PATTERN,
                            description="1-128 of A-Za-z0-9._:- e.g. '<session>:<message>'.")
     target: str | None = Field(None, max_length=256, description="BCP 47 target.")
     backend: str | None = Field(None, max_length=256, description="Backend or chain.")

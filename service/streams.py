@@ -16,10 +16,12 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import itertools
 import logging
+import sys
 import time
-from collections import deque
-from collections.abc import Callable, Sequence
+from collections import OrderedDict, deque
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeAlias
 
@@ -54,10 +56,32 @@ from service.segmenter import Piece, Segmenter
 from service.settings import Settings
 
 log = logging.getLogger("thinktrans.streams")
-_QUEUE_RETRY_S = 0.02
 FEED_BATCH_CHARS = 4096
+# Cutting and detecting a large request gives the event loop back this often, so that
+# other streams' deadlines and /healthz never wait long behind it.
+YIELD_EVERY_S = 0.01
+# Memory an event takes beside its strings (its models and their fields), measured with
+# tracemalloc on a segment event; the estimate behind THINKTRANS_MAX_ENDED_BYTES.
+EVENT_OVERHEAD_BYTES = 1600
+# Evicted ended streams remembered (for 410 instead of 404), oldest forgotten first.
+_GONE_REMEMBERED = 4096
 
 Event: TypeAlias = SegmentEvent | UpdateEvent | EndEvent
+
+
+class Pacer:
+    """One request's CPU-heavy work (cutting, detecting) gives the event loop back every
+    YIELD_EVERY_S, so that no other stream's deadline or /healthz waits long behind it."""
+
+    __slots__ = ("_at",)
+
+    def __init__(self) -> None:
+        self._at = time.monotonic() + YIELD_EVERY_S
+
+    async def breathe(self) -> None:
+        if time.monotonic() >= self._at:
+            await asyncio.sleep(0)
+            self._at = time.monotonic() + YIELD_EVERY_S
 
 
 def keep_whitespace(original: str, translated: str) -> str:
@@ -83,7 +107,6 @@ class _Segment:
     context: str | None = None  # the stream's preceding text, for backends that use it
     task: asyncio.Future[Translation] | None = None
     timer: asyncio.TimerHandle | None = None
-    retry: asyncio.TimerHandle | None = None  # waiting for room in a full queue
     late: bool = False  # emitted as `deadline`; an update is owed
 
 
@@ -132,6 +155,18 @@ class EventLog:
         start = max(0, after + 1 - first)
         return [self.events[i] for i in range(start, len(self.events))]
 
+    def retained_bytes(self) -> int:
+        """An estimate of the memory the kept events hold: their strings, and a measured
+        overhead per event for the objects around them."""
+        total = 0
+        for event in self.events:
+            data = event.data
+            if isinstance(data, SegmentResult):
+                total += sys.getsizeof(data.original) + sys.getsizeof(data.text)
+            elif isinstance(data, SegmentUpdate):
+                total += sys.getsizeof(data.text)
+        return total + EVENT_OVERHEAD_BYTES * len(self.events)
+
     async def wait(self, after: int, timeout_s: float, *, ended: bool) -> list[Event]:
         """Events after ``after``, waiting up to ``timeout_s`` for the first."""
         found = self.after(after)
@@ -169,7 +204,8 @@ class Stream:
         self.chain = chain
         self.backend_name = backend_name
         self.source = source  # the request's own source language (one-shot only)
-        self.segmenter = Segmenter(settings.max_segment_chars)
+        self.segmenter = Segmenter(settings.max_segment_chars,
+                                   max_fence_chars=settings.max_fence_chars)
         self.log = EventLog(stream_id, max_events)
         self.deadline_s = settings.deadline_ms / 1000.0
         self.last_activity = time.monotonic()
@@ -179,9 +215,12 @@ class Stream:
         self.held_chars = 0
         self._unfed: list[str] = []  # accepted in this request, not yet fed
         self._unfed_chars = 0
-        self.segments: list[_Segment] = []
-        self.head = 0  # the first segment not yet emitted
-        self.owed_updates = 0
+        self._slack = 0  # queue places this request may still fill before room is checked
+        self._lock = asyncio.Lock()  # one request at a time cuts and feeds this stream
+        self._pacer = Pacer()  # the current request's
+        self.count = 0  # segments cut so far
+        self._waiting: deque[_Segment] = deque()  # cut and not out yet, in order
+        self._late: dict[int, _Segment] = {}  # out as `deadline`, their update owed
         self.recent_lang: str | None = None
         self.closed = False
         self.ended = False
@@ -197,35 +236,70 @@ class Stream:
 
     # -- chunks --------------------------------------------------------------------------
 
-    def add_chunks(self, chunks: Sequence[tuple[int, str]]) -> int:
-        """Accept chunks by seq; return the highest seq accepted without a gap."""
-        if self.closed:
-            raise Conflict(f"stream {self.stream_id!r} is closed; open a new stream")
-        self.manager.dispatcher.check_not_full(self.chain)
-        try:
-            self._add_chunks(chunks)
-        except ThinktransError as exc:
-            # Chunks before the refused one stay accepted: say how far, so the client
-            # resends from there.
-            exc.extra.setdefault("accepted_through", self.next_seq - 1)
-            raise
-        finally:
-            # Even when a later chunk of the request is refused, the ones accepted
-            # before it are in: they must be flushed when the stream goes idle.
-            self.touch()
-            self._arm_idle_flush()
-        return self.next_seq - 1
+    async def add_chunks(self, chunks: Sequence[tuple[int, str]]) -> int:
+        """Accept chunks by seq; return the highest seq accepted without a gap.
 
-    def _add_chunks(self, chunks: Sequence[tuple[int, str]]) -> None:
+        A chunk is accepted only while the chain's queues have room; the first one that
+        finds them full ends the request with 503, and ``accepted_through`` says exactly
+        which seqs were taken (the client resends from the next one).
+        """
+        async with self._lock:
+            if self.closed:
+                raise Conflict(f"stream {self.stream_id!r} is closed; open a new stream")
+            if self.dropped:
+                raise NotFound(f"stream {self.stream_id!r} was deleted")
+            self._pacer = Pacer()
+            self._slack = -1  # the room is looked up at the first chunk
+            try:
+                await self._add_chunks(chunks)
+            except ThinktransError as exc:
+                # Chunks before the refused one stay accepted: say how far, so the client
+                # resends from there.
+                exc.extra.setdefault("accepted_through", self.next_seq - 1)
+                raise
+            finally:
+                # Even when a later chunk of the request is refused, the ones accepted
+                # before it are in: they must be flushed when the stream goes idle.
+                self.touch()
+                self._arm_idle_flush()
+            return self.next_seq - 1
+
+    async def _add_chunks(self, chunks: Sequence[tuple[int, str]]) -> None:
         try:
             for seq, text in chunks:
+                if seq == self.next_seq:
+                    await self._make_room(len(text))
                 if self._take_chunk(seq, text):
-                    while self.next_seq in self.held:
+                    while self.next_seq in self.held:  # held text was admitted already
                         held = self.held.pop(self.next_seq)
                         self.held_chars -= len(held)
                         self._accept_seq(held)
+                    if self._unfed_chars >= FEED_BATCH_CHARS:
+                        await self._feed_unfed()
         finally:
-            self._feed_unfed()
+            await self._feed_unfed()
+
+    async def _make_room(self, chars: int) -> None:
+        """Before accepting a chunk of ``chars`` characters: 503 while the chain's queues
+        are full. Cheap while they have room for a segment per character of everything
+        not yet cut; near the bound, the waiting text is cut first and the room counted
+        exactly, so a queue overshoots by at most the segments of one chunk."""
+        self._slack -= chars
+        if self._slack >= 0:
+            return
+        room = self.manager.dispatcher.room(self.chain)
+        self._slack = room - len(self.segmenter.pending) - self._unfed_chars - chars
+        if self._slack >= 0:
+            return
+        await self._feed_unfed()  # its segments take their places now
+        room = self.manager.dispatcher.room(self.chain)
+        if room <= 0:
+            raise Overloaded(
+                f"the queue of backend {','.join(self.chain)!r} is full; the chunks through "
+                f"seq {self.next_seq - 1} were accepted, resend from seq {self.next_seq} "
+                "after Retry-After", retry_after_s=1,
+            )
+        self._slack = room - len(self.segmenter.pending) - chars
 
     def _take_chunk(self, seq: int, text: str) -> bool:
         """Check one chunk: True when it is the next seq (accepted), else held or a retry."""
@@ -273,20 +347,30 @@ class Stream:
         # it cuts the same whatever the chunking, and one call per delta costs.
         self._unfed.append(text)
         self._unfed_chars += len(text)
-        if self._unfed_chars >= FEED_BATCH_CHARS:
-            self._feed_unfed()
 
-    def _feed_unfed(self) -> None:
+    async def _feed_unfed(self) -> None:
         if self._unfed:
             text = "".join(self._unfed)
             self._unfed.clear()
             self._unfed_chars = 0
-            self.feed(text)
+            await self._feed(text)
 
-    def feed(self, text: str) -> None:
-        """Add text in order (a one-shot text is fed this way, without seqs)."""
-        for piece in self.segmenter.feed(text):
-            self._add_segment(piece)
+    async def feed(self, text: str, pacer: Pacer) -> None:
+        """Add text in order (a one-shot text is fed this way, without seqs), paced by the
+        request's ``pacer``."""
+        self._pacer = pacer
+        await self._feed(text)
+
+    async def _feed(self, text: str) -> None:
+        """Cut, detect and start ``text``'s segments, giving the event loop back as the
+        request's pacer says: a large request never holds other streams up for long."""
+        breathe = self._pacer.breathe
+        for start in range(0, len(text), FEED_BATCH_CHARS):
+            for piece in self.segmenter.feed(text[start : start + FEED_BATCH_CHARS]):
+                self._add_segment(piece)
+                await breathe()
+            if self.dropped:
+                return  # deleted while this request was cut: nobody reads it
 
     def touch(self) -> None:
         self.last_activity = time.monotonic()
@@ -302,8 +386,9 @@ class Stream:
                 self.recent_lang = detection.lang
         decision = decide(prose, target=self.target, detection=detection,
                           fallback_lang=self.recent_lang, source=self.source)
-        seg = _Segment(len(self.segments), piece, decision, time.monotonic())
-        self.segments.append(seg)
+        seg = _Segment(self.count, piece, decision, time.monotonic())
+        self.count += 1
+        self._waiting.append(seg)
         if decision.status is None:
             seg.context = self._take_context(piece.text)
             if self._unstarted is not None:
@@ -341,23 +426,15 @@ class Stream:
         self._arm_deadline(seg)
 
     def _submit(self, seg: _Segment) -> None:
-        """Queue a segment's translation; while the queue is full, try again shortly.
-
-        The text that carried it is already accepted, so the segment is never dropped:
-        past its deadline it goes out as `deadline` and its update follows.
-        """
-        seg.retry = None
+        """Queue a segment's translation. The text that carried it is accepted, so it is
+        never refused (admission checked the room first): past its deadline it goes out
+        as `deadline` and its update follows."""
         if self.ended:
             return
         assert self.target is not None
-        try:
-            seg.task = self.manager.dispatcher.submit(
-                seg.piece.text.strip(), seg.decision.send_source, self.target, self.chain,
-                seg.context)
-        except Overloaded:
-            seg.retry = asyncio.get_running_loop().call_later(
-                _QUEUE_RETRY_S, self._submit, seg)
-            return
+        seg.task = self.manager.dispatcher.submit(
+            seg.piece.text.strip(), seg.decision.send_source, self.target, self.chain,
+            seg.context)
         seg.task.add_done_callback(functools.partial(self._on_task_done, seg))
 
     def flush(self, *, final: bool = True) -> None:
@@ -372,8 +449,8 @@ class Stream:
 
     def _on_idle(self) -> None:
         self.idle_timer = None
-        if self.ended or not self.segmenter.pending:
-            return
+        if self.ended or not self.segmenter.pending or self._lock.locked():
+            return  # a request cutting this stream now re-arms it when it is done
         idle_s = self.manager.settings.flush_idle_ms / 1000.0
         quiet = time.monotonic() - self.last_activity
         if quiet + 0.001 < idle_s:
@@ -419,15 +496,16 @@ class Stream:
 
     def _advance(self) -> None:
         """Emit, in order, every segment from the head that can go out now."""
-        while self.head < len(self.segments):
-            seg = self.segments[self.head]
+        waiting = self._waiting
+        while waiting:
+            seg = waiting[0]
             if not self._resolvable(seg):
                 break
+            waiting.popleft()
             result = self._result(seg)
             if result.status == "deadline":
                 seg.late = True
-                self.owed_updates += 1
-            self.head += 1
+                self._late[seg.index] = seg
             self.log.publish(result)
         self._maybe_end()
 
@@ -463,7 +541,7 @@ class Stream:
         task = seg.task
         assert task is not None
         seg.late = False
-        self.owed_updates -= 1
+        del self._late[seg.index]
         original = seg.piece.text
         update: SegmentUpdate
         if task.cancelled():
@@ -480,18 +558,23 @@ class Stream:
         self._maybe_end()
 
     def _maybe_end(self) -> None:
-        if not self.closed or self.head < len(self.segments):
+        if not self.closed or self._waiting:
             return
         if self._all_out is not None and not self._all_out.done():
             self._all_out.set_result(None)
-        if not self.ended and self.owed_updates == 0:
+        if not self.ended and not self._late:
             self.ended = True
-            self.log.publish(StreamEnd(segments=len(self.segments)))
+            self.log.publish(StreamEnd(segments=self.count))
+            self.digests = []  # a closed stream takes no chunks: only its events are kept
             self.manager.on_end(self)
+
+    @property
+    def owed_updates(self) -> int:
+        return len(self._late)
 
     async def wait_emitted(self) -> None:
         """Return once the stream is closed and every segment is out (not the updates)."""
-        if self.dropped or (self.closed and self.head == len(self.segments)):
+        if self.dropped or (self.closed and not self._waiting):
             return
         if self._all_out is None:
             self._all_out = asyncio.get_running_loop().create_future()
@@ -507,46 +590,48 @@ class Stream:
 
     # -- end of life -----------------------------------------------------------------------
 
-    def close(self) -> int:
-        if self.held:
-            raise Conflict(
-                f"stream {self.stream_id!r} is missing seq {self.next_seq} before the "
-                f"{len(self.held)} held chunks; send it, then close", missing_seq=self.next_seq,
-            )
-        if not self.closed:
-            self.flush()
-            self.closed = True
-            self._maybe_end()
-        self.touch()
-        return len(self.segments)
+    async def close(self) -> int:
+        """Flush the last segment and close; waits for a request still cutting this stream."""
+        async with self._lock:
+            if self.held:
+                raise Conflict(
+                    f"stream {self.stream_id!r} is missing seq {self.next_seq} before the "
+                    f"{len(self.held)} held chunks; send it, then close",
+                    missing_seq=self.next_seq,
+                )
+            if not self.closed:
+                self.flush()
+                self.closed = True
+                self._maybe_end()
+            self.touch()
+            return self.count
 
     def abort(self, reason: str) -> None:
         """Shutdown past its grace: every segment not out goes out now with its original
         (status error), every owed update as an error, then `end`; then drop the work."""
         if self.ended:
             return
-        for seg in self.segments[self.head:]:
+        waiting, self._waiting = self._waiting, deque()
+        for seg in waiting:
             self.log.publish(self._result(seg, unfinished="error", reason=reason))
-        self.head = len(self.segments)
-        for seg in self.segments:
-            if seg.late:
-                seg.late = False
-                self.owed_updates -= 1
-                self.log.publish(SegmentUpdate(index=seg.index, text=seg.piece.text,
-                                               status="error", backend=None, error=reason))
+        late, self._late = self._late, {}
+        for seg in late.values():
+            seg.late = False
+            self.log.publish(SegmentUpdate(index=seg.index, text=seg.piece.text,
+                                           status="error", backend=None, error=reason))
         self.ended = True
-        self.log.publish(StreamEnd(segments=len(self.segments)))
-        self.drop()
+        self.log.publish(StreamEnd(segments=self.count))
+        self.drop(waiting + deque(late.values()))
 
-    def drop(self) -> None:
-        """Cancel timers and work; wake readers. Nothing is emitted after this."""
+    def drop(self, segments: Iterable[_Segment] = ()) -> None:
+        """Cancel timers and work (of ``segments`` too: ones taken out already); wake
+        readers. Nothing is emitted after this."""
         self.dropped = True
         if self.idle_timer is not None:
             self.idle_timer.cancel()
-        for seg in self.segments:
-            for handle in (seg.timer, seg.retry):
-                if handle is not None:
-                    handle.cancel()
+        for seg in itertools.chain(segments, self._waiting, self._late.values()):
+            if seg.timer is not None:
+                seg.timer.cancel()
             if seg.task is not None and not seg.task.done():
                 seg.task.cancel()
         self.ended = True
@@ -566,6 +651,11 @@ class StreamManager:
         self.dispatcher = dispatcher
         self.metrics = metrics
         self.streams: dict[str, Stream] = {}
+        # Ended streams still kept for late readers, oldest first, with their estimated
+        # bytes; and the ids of ones evicted to bound them (read: 410, not 404).
+        self._ended: OrderedDict[str, int] = OrderedDict()
+        self._ended_bytes = 0
+        self._evicted: OrderedDict[str, None] = OrderedDict()
         self._counted: dict[tuple[str, str], tuple[Any, Any]] = {}
         self._sweeper: asyncio.Task[None] | None = None
         self.draining = False
@@ -583,6 +673,8 @@ class StreamManager:
         for stream in list(self.streams.values()):
             stream.drop()
         self.streams.clear()
+        self._ended.clear()
+        self._ended_bytes = 0
         self._gauge()
 
     # -- what every stream shares ------------------------------------------------------------
@@ -608,15 +700,49 @@ class StreamManager:
             self.metrics.deadline_misses.inc()
 
     def on_end(self, stream: Stream) -> None:
-        if stream.stream_id in self.streams:
-            self._gauge()
+        """A named stream ended: keep its events for late readers, within the bounds on
+        ended streams (THINKTRANS_MAX_ENDED_STREAMS and _BYTES), evicting the oldest."""
+        if self.streams.get(stream.stream_id) is not stream:
+            return  # a one-shot text, or dropped already
+        size = stream.log.retained_bytes()
+        self._ended[stream.stream_id] = size
+        self._ended_bytes += size
+        limits = self.settings
+        while self._ended and (len(self._ended) > limits.max_ended_streams
+                               or self._ended_bytes > limits.max_ended_bytes):
+            oldest = next(iter(self._ended))
+            self._forget(self.streams.pop(oldest))
+            self._evicted[oldest] = None
+            if len(self._evicted) > _GONE_REMEMBERED:
+                self._evicted.popitem(last=False)
+            self.metrics.streams_evicted.inc()
+            log.info("ended stream evicted", extra={"stream": oldest})
+        self._gauge()
+
+    def _forget(self, stream: Stream) -> None:
+        """Drop a stream taken out of ``streams``, and its place among the ended ones."""
+        stream.drop()
+        size = self._ended.pop(stream.stream_id, None)
+        if size is not None:
+            self._ended_bytes -= size
 
     def active(self) -> int:
         """Streams not yet ended; an ended one is kept only for late readers."""
-        return sum(1 for s in self.streams.values() if not s.ended)
+        return len(self.streams) - len(self._ended)
 
     def _gauge(self) -> None:
         self.metrics.open_streams.set(self.active())
+        self.metrics.ended_streams.set(len(self._ended))
+        self.metrics.ended_stream_bytes.set(self._ended_bytes)
+
+    def _gone(self, stream_id: str) -> EventsGone:
+        limits = self.settings
+        return EventsGone(
+            f"stream {stream_id!r} ended and was evicted to bound the memory of ended "
+            f"streams (THINKTRANS_MAX_ENDED_STREAMS={limits.max_ended_streams}, "
+            f"THINKTRANS_MAX_ENDED_BYTES={limits.max_ended_bytes}); read ended streams "
+            "sooner, or raise these limits", evicted=True,
+        )
 
     # -- one-shot ------------------------------------------------------------------------
 
@@ -654,20 +780,25 @@ class StreamManager:
         stream = Stream(stream_id, self, target=resolved, chain=chain, backend_name=backend,
                         max_events=self.settings.max_events_retained)
         self.streams[stream_id] = stream
+        self._evicted.pop(stream_id, None)  # the id names this new stream now
         self._gauge()
         return stream, True
 
-    def add_chunks(self, stream_id: str, chunks: Sequence[tuple[int, str]]) -> int:
+    async def add_chunks(self, stream_id: str, chunks: Sequence[tuple[int, str]]) -> int:
         """Accept chunks for a stream (opened with the default target if it is new)."""
         check_chunks(self.settings, [text for _, text in chunks])
         stream = self.streams.get(stream_id)
         if stream is None:
+            if stream_id in self._evicted:
+                raise self._gone(stream_id)  # ended: its chunks must not open a new one
             stream, _ = self.open(stream_id, None, None)
-        return stream.add_chunks(chunks)
+        return await stream.add_chunks(chunks)
 
     def get(self, stream_id: str) -> Stream:
         stream = self.streams.get(stream_id)
         if stream is None:
+            if stream_id in self._evicted:
+                raise self._gone(stream_id)
             raise NotFound(f"no stream {stream_id!r}: it was never opened, was deleted, or "
                            "expired after THINKTRANS_STREAM_IDLE_EXPIRE_S")
         return stream
@@ -675,8 +806,10 @@ class StreamManager:
     def delete(self, stream_id: str) -> None:
         stream = self.streams.pop(stream_id, None)
         if stream is None:
+            if stream_id in self._evicted:
+                raise self._gone(stream_id)
             raise NotFound(f"no stream {stream_id!r}")
-        stream.drop()
+        self._forget(stream)
         self._gauge()
 
     # -- expiry and shutdown -------------------------------------------------------------------
@@ -693,7 +826,7 @@ class StreamManager:
         stale = [s for s in self.streams.values() if s.last_activity < cutoff]
         for stream in stale:
             log.info("stream expired", extra={"stream": stream.stream_id,
-                                              "segments": len(stream.segments)})
+                                              "segments": stream.count})
             self.delete(stream.stream_id)
         return len(stale)
 
@@ -705,7 +838,7 @@ class StreamManager:
             if not stream.closed:
                 stream.held.clear()  # a gap that was never filled cannot be flushed
                 stream.held_chars = 0
-                stream.close()
+                await stream.close()
         until = time.monotonic() + grace_s
         while time.monotonic() < until and not all(s.ended for s in self.streams.values()):
             await asyncio.sleep(0.05)

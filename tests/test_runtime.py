@@ -35,8 +35,8 @@ async def as_stream(runtime: Runtime, sid: str, text: str, cuts: list[int]) -> l
     chunks = [text[a:b] for a, b in itertools.pairwise(bounds) if b > a]
     stream, _ = runtime.streams.open(sid, "zh-CN", None)
     for seq, chunk in enumerate(chunks):
-        runtime.streams.add_chunks(sid, [(seq, chunk)])
-    stream.close()
+        await runtime.streams.add_chunks(sid, [(seq, chunk)])
+    await stream.close()
     await asyncio.wait_for(stream.wait_emitted(), 10)
     return [e.data for e in stream.log.events if isinstance(e, SegmentEvent)]
 

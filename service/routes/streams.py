@@ -29,15 +29,21 @@ from service.schemas import (
     EventsResponse,
     OpenStreamRequest,
     OpenStreamResponse,
+    check_stream_id,
 )
 from service.streams import Stream
 
-router = APIRouter(prefix="/v1", responses=problem_responses(401, 413, 422))
+router = APIRouter(prefix="/v1", responses=problem_responses(401, 408, 413, 415, 422))
 
 # An SSE connection without an event this long gets a keep-alive comment.
 SSE_KEEPALIVE_S = 15.0
 _LAST_EVENT_ID = re.compile(r"-?[0-9]{1,18}")
 _STREAM_ID = re.compile(STREAM_ID_PATTERN)
+# Line ends that JSON leaves raw inside strings but common line splitters cut at
+# (str.splitlines, httpx's aiter_lines): escaped, the JSON means the same and a reader
+# that splits the SSE stream into lines at any of them still gets whole events. JSON
+# escapes every other control character itself.
+_LINE_ENDS_ESCAPED = {0x85: "\\u0085", 0x2028: "\\u2028", 0x2029: "\\u2029"}
 
 
 class _ChunkRoute(APIRoute):
@@ -56,6 +62,12 @@ class _ChunkRoute(APIRoute):
                     "loc": ("path", "stream_id"), "type": "string_pattern_mismatch",
                     "msg": f"String should match pattern '{STREAM_ID_PATTERN}'"}])
             try:
+                check_stream_id(stream_id)
+            except ValueError as exc:
+                raise RequestValidationError([{
+                    "loc": ("path", "stream_id"), "type": "value_error",
+                    "msg": f"Value error, {exc}"}]) from None
+            try:
                 body = ChunksRequest.model_validate_json(await request.body())
             except ValidationError as exc:
                 raise RequestValidationError(
@@ -69,14 +81,15 @@ class _ChunkRoute(APIRoute):
 
 async def post_chunks(stream_id: StreamId, body: ChunksRequest, streams: StreamsDep) -> Response:
     """Accept chunks by seq; returns at once, never waiting for translation."""
-    accepted = streams.add_chunks(stream_id, [(chunk.seq, chunk.text) for chunk in body.chunks])
+    chunks = [(chunk.seq, chunk.text) for chunk in body.chunks]
+    accepted = await streams.add_chunks(stream_id, chunks)
     # Built by hand: the shape is one integer.
     return Response(b'{"accepted_through":%d}' % accepted, media_type="application/json")
 
 
 router.add_api_route(
     "/streams/{stream_id}/chunks", post_chunks, methods=["POST"], response_model=ChunksResponse,
-    responses=problem_responses(409, 429, 503), route_class_override=_ChunkRoute,
+    responses=problem_responses(409, 410, 429, 503), route_class_override=_ChunkRoute,
 )
 
 
@@ -91,13 +104,14 @@ async def open_stream(body: OpenStreamRequest, streams: StreamsDep) -> JSONRespo
 
 
 @router.post("/streams/{stream_id}/close", response_model=CloseResponse,
-             responses=problem_responses(404, 409))
+             responses=problem_responses(404, 409, 410))
 async def close_stream(stream_id: StreamId, streams: StreamsDep) -> CloseResponse:
     """Flush the last segment; `end` follows once every result is out."""
-    return CloseResponse(segments=streams.get(stream_id).close())
+    return CloseResponse(segments=await streams.get(stream_id).close())
 
 
-@router.delete("/streams/{stream_id}", status_code=204, responses=problem_responses(404))
+@router.delete("/streams/{stream_id}", status_code=204,
+                responses=problem_responses(404, 410))
 async def delete_stream(stream_id: StreamId, streams: StreamsDep) -> Response:
     """Drop a stream and its pending work."""
     streams.delete(stream_id)
@@ -164,7 +178,8 @@ async def _sse(stream: Stream, after: int) -> AsyncIterator[bytes]:
             yield KEEPALIVE_COMMENT
             continue
         for event in events:
-            yield format_sse_event(data_str=event.data.model_dump_json(exclude_defaults=True),
+            data = event.data.model_dump_json(exclude_defaults=True)
+            yield format_sse_event(data_str=data.translate(_LINE_ENDS_ESCAPED),
                                    event=event.type, id=str(event.id))
             last = event.id
             if event.type == "end":

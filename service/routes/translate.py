@@ -15,7 +15,7 @@ from service.schemas import (
     TranslateResponse,
 )
 
-router = APIRouter(prefix="/v1", responses=problem_responses(401, 413, 422))
+router = APIRouter(prefix="/v1", responses=problem_responses(401, 408, 413, 415, 422))
 
 
 @router.post("/translate", response_model=TranslateResponse, responses=problem_responses(503))
@@ -34,5 +34,5 @@ async def detect(body: DetectRequest, runtime: RuntimeDep) -> DetectResponse:
     """Detect each text's language."""
     return DetectResponse(results=[
         DetectResult(lang=det.lang, confidence=det.confidence, reliable=det.reliable)
-        for det in runtime.detect_texts(body.texts)
+        for det in await runtime.detect_texts(body.texts)
     ])
