@@ -5,12 +5,14 @@ model answers a JSON object with the same ids. The system prompt is the service'
 fixed text: the thinking text travels only in the user message, framed as data, and the
 target is named from this module's own table of language names, never by the client's raw tag.
 
-An answer is checked before it is used: same count, same ids, non-empty texts, and a
-length plausible for a translation of its source. A malformed answer is retried once
-as a whole; a well-formed answer with a few bad items has only those items retried
-once. Whatever is still bad after that fails the batch with BadOutput (the batch
-contract is all-or-nothing; the pipeline then returns the originals with status
-``error``, or the next backend in the chain serves them).
+An answer is checked before it is used: same count, same ids, non-empty texts, and
+(unless ``LLMConfig.check_items`` is off) each text must keep its source's numbers,
+inline code and URLs and have a length plausible for a translation of it: cheap checks
+that an answer which obeys or answers the text, or swaps items, rarely passes. A
+malformed answer is retried once as a whole; a well-formed answer with a few bad items
+has only those items retried once. Whatever is still bad after that fails the batch
+with BadOutput (the batch contract is all-or-nothing; the pipeline then returns the
+originals with status ``error``, or the next backend in the chain serves them).
 """
 
 from __future__ import annotations
@@ -108,6 +110,22 @@ _THINK_BLOCK = re.compile(r"<think>.*?</think>", re.DOTALL)
 _FENCE = re.compile(r"```(?:json|JSON)?\s*\n?(.*?)```", re.DOTALL)
 
 
+# A number: digits, or 1-3 digits and thousands groups joined by , . ' or a (thin,
+# no-break) space, so "1,000", "1.000" and "1 000" are all 1000. A decimal part is a
+# number of its own ("3.14" and "3,14" are 3 and 14): English and German forms agree.
+_NUMBER_PATTERN = r"(?:\d{1,3}(?:[,.'\u00a0\u2009\u202f ]\d{3}(?!\d))+|\d+)"
+_NUMBER = re.compile(_NUMBER_PATTERN)
+_ORDINAL_SUFFIX = re.compile(r"(?:st|nd|rd|th)\b", re.IGNORECASE)
+# A number with a CJK myriad unit ("1.5万", "3억"): its value counts as a form of it.
+_SCALED = re.compile(rf"({_NUMBER_PATTERN})(?:[.,](\d{{1,2}}))?\s*([万萬亿億만억])")
+_SCALES = {"万": 10**4, "萬": 10**4, "만": 10**4, "亿": 10**8, "億": 10**8, "억": 10**8}
+_INLINE_CODE = re.compile(r"(?<!`)`([^`\n]+)`(?!`)")
+_URL = re.compile(r"\b(?:https?|ftp)://[!-~]+", re.IGNORECASE)
+_URL_TAIL = ".,;:!?'\")]}>*_`"
+# Wording, not code: a translator may rightly translate `Save` or `the config`.
+_PLAIN_WORDS = re.compile(r"[^\W\d_]+(?:[ '-][^\W\d_]+)*")
+
+
 def text_weight(text: str) -> int:
     """Length in Latin-equivalent characters: wide (CJK) characters count 3, spaces 0."""
     return sum(
@@ -115,15 +133,71 @@ def text_weight(text: str) -> int:
     )
 
 
-def item_problem(source: str, translated: object) -> str | None:
-    """Why ``translated`` cannot be a translation of ``source``, or None when it can."""
+def _ascii_digits(token: str) -> str:
+    """The digits of ``token`` in ASCII ("２０" and "٢٠" are "20"), separators dropped."""
+    return "".join(str(unicodedata.decimal(ch)) for ch in token if ch.isdecimal())
+
+
+def number_forms(text: str) -> list[set[str]]:
+    """The numbers that matter in ``text``, each as the set of forms that count as it.
+
+    A number is its digits without separators or leading zeros. Single digits and
+    English ordinals ("2nd") are left out: translations rightly write them as words
+    ("两个", "第二"). A number with a myriad unit counts as its value too ("15万" is 15 or
+    150000; "1.5万" is 15000).
+    """
+    forms: list[set[str]] = []
+    scaled: list[tuple[int, int]] = []
+    for match in _SCALED.finditer(text):
+        whole, fraction = _ascii_digits(match.group(1)), _ascii_digits(match.group(2) or "")
+        value = int(whole + fraction) * _SCALES[match.group(3)] // 10 ** len(fraction)
+        forms.append({str(value)} if fraction else {str(value), str(int(whole))})
+        scaled.append(match.span())
+    for match in _NUMBER.finditer(text):
+        if any(start <= match.start() < end for start, end in scaled):
+            continue
+        digits = _ascii_digits(match.group()).lstrip("0") or "0"
+        if len(digits) < 2 or _ORDINAL_SUFFIX.match(text, match.end()):
+            continue
+        forms.append({digits})
+    return forms
+
+
+def code_spans(text: str) -> list[str]:
+    """Inline code (`...`) that a translation keeps as it is; plain words are left out."""
+    spans = (m.group(1).strip() for m in _INLINE_CODE.finditer(text))
+    return [span for span in spans if span and not _PLAIN_WORDS.fullmatch(span)]
+
+
+def urls(text: str) -> list[str]:
+    """The URLs in ``text``, without the punctuation that usually follows one."""
+    return [m.group().rstrip(_URL_TAIL) for m in _URL.finditer(text)]
+
+
+def item_problem(source: str, translated: object, *, checks: bool = True) -> str | None:
+    """Why ``translated`` cannot be a translation of ``source``, or None when it can.
+
+    Cheap structural checks, not a judgement of quality: an answer that obeys or answers
+    the text, or another item's translation, rarely keeps the source's numbers, code and
+    URLs and its length. The reasons name what failed, never the text. With ``checks``
+    off only emptiness is checked.
+    """
     if not isinstance(translated, str) or not translated.strip():
         return "empty"
+    if not checks:
+        return None
     src, out = text_weight(source), text_weight(translated)
     if out > max(MAX_RATIO * src, src + LONG_SLACK):
         return "far too long"
     if src >= MIN_CHECKED_WEIGHT and out < MIN_RATIO * src:
         return "far too short"
+    if any(url not in translated for url in urls(source)):
+        return "a URL missing"
+    if any(span not in translated for span in code_spans(source)):
+        return "inline code missing"
+    kept = set().union(*number_forms(translated))
+    if any(not forms & kept for forms in number_forms(source)):
+        return "a number missing"
     return None
 
 
@@ -143,31 +217,78 @@ def _load_json(content: str) -> Any:
     return None
 
 
-def parse_answer(content: str | None, count: int) -> dict[int, object] | None:
-    """Map id -> text from an answer, or None when it is malformed as a whole.
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
 
-    Malformed: not JSON, not ``{"translations": [...]}``, a different count, or ids that
-    are not exactly 1..count once each (a shifted or renumbered list would misalign).
+
+class MalformedAnswer(ValueError):
+    """An answer that is unusable as a whole; the message says how, after "the LLM"."""
+
+
+def parse_answer(content: str | None, count: int) -> dict[int, object]:
+    """Map id -> text from an answer; MalformedAnswer when it is malformed as a whole.
+
+    Malformed: no content, not JSON, not ``{"translations": [...]}``, a different count,
+    or ids that are not exactly 1..count once each (a shifted or renumbered list would
+    misalign). Each says which, so an operator can tell a model that cannot count from
+    one that cannot write JSON.
     """
     if not content:
-        return None
+        raise MalformedAnswer(f"answered no content for {_count(count, 'segment')}")
     data = _load_json(content)
+    if data is None:
+        raise MalformedAnswer(f"answered malformed JSON for {_count(count, 'segment')}")
     items = data.get("translations") if isinstance(data, dict) else data
-    if not isinstance(items, list) or len(items) != count:
-        return None
+    if not isinstance(items, list):
+        raise MalformedAnswer("answered JSON without a translations list")
+    if len(items) != count:
+        raise MalformedAnswer(
+            f"returned {_count(len(items), 'item')} for {_count(count, 'segment')}"
+        )
     out: dict[int, object] = {}
     for item in items:
         if not isinstance(item, dict):
-            return None
+            raise MalformedAnswer("returned an item that is not an object")
         ident = item.get("id")
         if isinstance(ident, str) and ident.strip().isdigit():
             ident = int(ident)
-        if not isinstance(ident, int) or isinstance(ident, bool):
-            return None
-        if not 1 <= ident <= count or ident in out:
-            return None
+        if (
+            not isinstance(ident, int)
+            or isinstance(ident, bool)
+            or not 1 <= ident <= count
+            or ident in out
+        ):
+            raise MalformedAnswer(f"returned ids other than 1..{count} once each")
         out[ident] = item.get("text")
     return out
+
+
+# Far above any real request's tokens; a bigger "count" is not one.
+MAX_USAGE_TOKENS = 10**12
+
+
+def usage_count(value: object) -> int | None:
+    """A token count from a vendor's ``usage``, or None when it is not a sane one.
+
+    Bookkeeping never fails a translation: an infinite, NaN, negative, fractional,
+    huge or non-numeric count is ignored, not raised.
+    """
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    if isinstance(value, float):
+        if not value.is_integer():  # also NaN and the infinities
+            return None
+        value = int(value)
+    return value if 0 <= value <= MAX_USAGE_TOKENS else None
+
+
+def _short_int(digits: str) -> int | None:
+    """``parse_int`` for answers: an integer literal too long to be a count is None.
+
+    Python refuses to parse integers over 4,300 digits (ValueError); without this one
+    such number in ``usage`` would make the whole answer unreadable.
+    """
+    return int(digits) if len(digits) <= 30 else None
 
 
 def _safe_url(url: str) -> str:
@@ -190,6 +311,9 @@ class LLMConfig:
     concurrency: int = 4  # requests in flight, and batches the batcher runs at once
     # Not every server has response_format; on only where a setting asks for it.
     json_mode: bool = False
+    # Each item must keep its source's numbers, inline code and URLs, at a plausible
+    # length (item_problem). Off: only non-empty items are required.
+    check_items: bool = True
 
 
 class LLMTranslator(RemoteTranslator):
@@ -208,6 +332,7 @@ class LLMTranslator(RemoteTranslator):
         self._model = config.model or None
         self._timeout_s = config.timeout_s
         self._json_mode = config.json_mode
+        self._check_items = config.check_items
         self.max_concurrency = config.concurrency
         self._semaphore = asyncio.Semaphore(config.concurrency)
         headers = {"Authorization": f"Bearer {config.api_key}"} if config.api_key else {}
@@ -321,28 +446,39 @@ class LLMTranslator(RemoteTranslator):
     ) -> list[str]:
         """One request for ``texts``, and at most one retry of what came back bad."""
         cores = [text.strip() for text in texts]
-        answer = parse_answer(await self._complete(cores, target_name, source_name), len(cores))
-        retried = answer is None
-        if answer is None:
-            log.info("llm answer malformed for %d segments; retrying once", len(cores))
-            self._retries += 1
+        retried = False
+        try:
             answer = parse_answer(await self._complete(cores, target_name, source_name), len(cores))
-            if answer is None:
-                raise BadOutput(f"the LLM answered malformed JSON twice for {len(cores)} segments")
-        results, bad = _judge(cores, list(range(1, len(cores) + 1)), answer)
+        except MalformedAnswer as first:
+            log.info("llm answer unusable (%s); retrying once", first)
+            self._retries += 1
+            retried = True
+            try:
+                answer = parse_answer(
+                    await self._complete(cores, target_name, source_name), len(cores)
+                )
+            except MalformedAnswer as second:
+                how = f"{first}, twice" if str(first) == str(second) else f"{first}, then {second}"
+                raise BadOutput(f"the LLM {how}") from None
+        ids = list(range(1, len(cores) + 1))
+        results, bad = _judge(cores, ids, answer, checks=self._check_items)
         if bad and not retried:
-            log.info("llm answer: %d of %d segments bad; retrying those once", len(bad), len(cores))
+            log.info("llm answer: %d of %d segments bad (%s); retrying those once",
+                     len(bad), len(cores), ", ".join(sorted(set(bad.values()))))  # fmt: skip
             self._retries += 1
             ids = list(bad)
-            again = parse_answer(
-                await self._complete([cores[k - 1] for k in ids], target_name, source_name),
-                len(ids),
-            )
-            if again is None:
-                bad = dict.fromkeys(ids, "malformed")
+            try:
+                again = parse_answer(
+                    await self._complete([cores[k - 1] for k in ids], target_name, source_name),
+                    len(ids),
+                )
+            except MalformedAnswer as exc:
+                bad = dict.fromkeys(ids, f"retry {exc}")
             else:
                 # The retry numbers its segments 1..n; map them back to this group's ids.
-                fixed, bad = _judge(cores, ids, {ids[n - 1]: v for n, v in again.items()})
+                fixed, bad = _judge(
+                    cores, ids, {ids[n - 1]: v for n, v in again.items()}, checks=self._check_items
+                )
                 results.update(fixed)
         if bad:
             raise BadOutput(
@@ -393,14 +529,32 @@ class LLMTranslator(RemoteTranslator):
             (time.monotonic() - started) * 1000,
         )  # fmt: skip
         try:
-            data = response.json()
-            usage = data.get("usage") or {}
-            self._prompt_tokens += int(usage.get("prompt_tokens") or 0)
-            self._completion_tokens += int(usage.get("completion_tokens") or 0)
+            data = response.json(parse_int=_short_int)
             content = data["choices"][0]["message"]["content"]
         except (ValueError, KeyError, IndexError, TypeError, AttributeError):
             return None
+        self._count_usage(data.get("usage"))
         return content if isinstance(content, str) else None
+
+    def _count_usage(self, usage: object) -> None:
+        """Add the answer's token counts to ``info``; what is not a sane count is skipped."""
+        if usage is None:
+            return
+        if not isinstance(usage, dict):
+            log.debug("llm usage ignored: a %s, not an object", type(usage).__name__)
+            return
+        for key in ("prompt_tokens", "completion_tokens"):
+            value = usage.get(key)
+            count = usage_count(value)
+            if count is None:
+                if value is not None:
+                    log.debug("llm usage %s ignored: not a sane count (%s)",
+                              key, type(value).__name__)  # fmt: skip
+                continue
+            if key == "prompt_tokens":
+                self._prompt_tokens += count
+            else:
+                self._completion_tokens += count
 
     def _map_error(self, exc: Exception) -> BackendError:
         """The one place HTTP failures become the service's errors."""
@@ -465,18 +619,19 @@ class LLMTranslator(RemoteTranslator):
             "prompt_tokens": self._prompt_tokens,
             "completion_tokens": self._completion_tokens,
             "json_mode": self._json_mode,
+            "check_items": self._check_items,
         }
 
 
 def _judge(
-    cores: list[str], ids: list[int], answer: dict[int, object]
+    cores: list[str], ids: list[int], answer: dict[int, object], *, checks: bool = True
 ) -> tuple[dict[int, str], dict[int, str]]:
     """Split ``ids`` into accepted translations and the problem with each rejected one."""
     good: dict[int, str] = {}
     bad: dict[int, str] = {}
     for k in ids:
         value = answer.get(k)
-        problem = item_problem(cores[k - 1], value)
+        problem = item_problem(cores[k - 1], value, checks=checks)
         if problem is None and isinstance(value, str):
             good[k] = value
         else:

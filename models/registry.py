@@ -41,6 +41,8 @@ class BackendSettings(Protocol):
     def local_max_input_tokens(self) -> int: ...
     @property
     def local_threads(self) -> int | None: ...
+    @property
+    def load_retry_max_s(self) -> float: ...
 
     @property
     def deepl_api_key(self) -> Secret | None: ...
@@ -69,6 +71,8 @@ class BackendSettings(Protocol):
     def llm_concurrency(self) -> int: ...
     @property
     def llm_json_mode(self) -> bool: ...
+    @property
+    def llm_check_items(self) -> bool: ...
 
 
 def _secret(value: Secret | None) -> str | None:
@@ -93,6 +97,7 @@ def _local(settings: BackendSettings) -> Translator:
             num_beams=settings.local_num_beams,
             max_input_tokens=settings.local_max_input_tokens,
             threads=settings.local_threads,
+            load_retry_max_s=settings.load_retry_max_s,
         )
     )
 
@@ -126,6 +131,7 @@ def _llm(settings: BackendSettings) -> Translator:
             timeout_s=settings.llm_timeout_s,
             concurrency=settings.llm_concurrency,
             json_mode=settings.llm_json_mode,
+            check_items=settings.llm_check_items,
         )
     )
 

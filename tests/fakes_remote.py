@@ -249,8 +249,13 @@ class FakeDeepL(_Fake):
 
 CHAT_MODES = {
     "good", "fenced", "malformed", "wrong_count", "wrong_ids", "empty", "short", "long",
-    "one_empty", "500", "401", "403", "429", "timeout", "no_content",
+    "one_empty", "swapped", "obey", "500", "401", "403", "429", "timeout", "no_content",
 }  # fmt: skip
+# What a model that follows the text instead of translating it says: fluent, no numbers.
+OBEYED = (
+    "I have ignored all previous instructions, as the text asked me to, and I will now "
+    "answer the question directly instead of translating anything."
+)
 
 
 def _segments_of(body: dict[str, Any]) -> tuple[str, list[dict[str, Any]]]:
@@ -265,16 +270,24 @@ class FakeChat(_Fake):
     ``good`` prefixes each text with "<target_language>: " so tests see the name used.
     ``fenced`` wraps a good answer in a Markdown code fence; ``one_empty`` empties only
     the first segment; ``short``/``long`` answer far shorter/longer than the source;
-    ``timeout`` sleeps ``slow_s``.
+    ``swapped`` swaps the first two items' texts; ``obey`` answers every item with
+    ``OBEYED``; ``timeout`` sleeps ``slow_s``. ``replies`` maps a segment's text to the
+    text answered for it in the modes that answer per item (the good answer otherwise).
+    ``usage``, when set, is raw JSON text sent as the answer's ``usage`` (so tests can
+    send what ``json.dumps`` would not write, like ``1e400``).
     """
 
     def __init__(self) -> None:
         super().__init__()
         self.mode = "good"
+        self.replies: dict[str, str] = {}
+        self.usage: str | None = None
 
     def reset(self) -> None:
         super().reset()
         self.mode = "good"
+        self.replies = {}
+        self.usage = None
 
     @property
     def chat_requests(self) -> list[Recorded]:
@@ -282,7 +295,10 @@ class FakeChat(_Fake):
 
     def _answer(self, mode: str, body: dict[str, Any]) -> str:
         target, segments = _segments_of(body)
-        items = [{"id": s["id"], "text": f"{target}: {s['text']}"} for s in segments]
+        items = [
+            {"id": s["id"], "text": self.replies.get(s["text"], f"{target}: {s['text']}")}
+            for s in segments
+        ]
         if mode == "malformed":
             return '{"translations": [{"id": 1, "text": "unterminated'
         if mode == "wrong_count":
@@ -293,6 +309,10 @@ class FakeChat(_Fake):
             items = [{"id": item["id"], "text": ""} for item in items]
         elif mode == "one_empty":
             items[0]["text"] = " "
+        elif mode == "swapped" and len(items) > 1:
+            items[0]["text"], items[1]["text"] = items[1]["text"], items[0]["text"]
+        elif mode == "obey":
+            items = [{"id": item["id"], "text": OBEYED} for item in items]
         elif mode == "short":
             items = [{"id": item["id"], "text": "OK"} for item in items]
         elif mode == "long":
@@ -316,24 +336,27 @@ class FakeChat(_Fake):
         body = rec.json
         content: str | None = None if mode == "no_content" else self._answer(mode, body)
         prompt_chars = sum(len(m["content"]) for m in body["messages"])
-        return JSONResponse(
-            {
-                "id": "chatcmpl-fake",
-                "object": "chat.completion",
-                "model": body.get("model"),
-                "choices": [
-                    {
-                        "index": 0,
-                        "message": {"role": "assistant", "content": content},
-                        "finish_reason": "stop",
-                    }
-                ],
-                "usage": {
-                    "prompt_tokens": prompt_chars // 4,
-                    "completion_tokens": len(content or "") // 4,
-                },
-            }
-        )
+        answer: dict[str, Any] = {
+            "id": "chatcmpl-fake",
+            "object": "chat.completion",
+            "model": body.get("model"),
+            "choices": [
+                {
+                    "index": 0,
+                    "message": {"role": "assistant", "content": content},
+                    "finish_reason": "stop",
+                }
+            ],
+            "usage": {
+                "prompt_tokens": prompt_chars // 4,
+                "completion_tokens": len(content or "") // 4,
+            },
+        }
+        if self.usage is None:
+            return JSONResponse(answer)
+        del answer["usage"]
+        raw = json.dumps(answer)[:-1] + f', "usage": {self.usage}}}'
+        return Response(raw, media_type="application/json")
 
     async def _models(self, request: Request) -> Response:
         await _record(request, self.requests)
