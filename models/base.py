@@ -87,6 +87,12 @@ class Translator(ABC):
         """The targets this backend can serve, as BCP 47 tags; None: any."""
         return None
 
+    def serves_target(self, target: str) -> bool | None:
+        """Whether some source can be translated into ``target``; None: not known yet (a
+        model not loaded). Readiness judges the default target with it; the default asks
+        ``supports`` with an unknown source."""
+        return self.supports(None, target)
+
     def info(self) -> dict[str, object]:
         """Backend-specific facts for ``GET /v1/backends`` (model, device, usage...)."""
         return {}

@@ -23,6 +23,12 @@ is done (or when it failed) ``ready`` is False, ``reason`` says why, ``translate
 ``BackendUnavailable`` and, since the model's languages are not known yet, ``supports`` answers
 True and ``languages`` None. Every batch runs in that same single thread, so the tokenizer's
 per-batch ``src_lang`` needs no lock and batches never contend for the CPU or GPU.
+
+A load that failed is tried again, ``load_retry_initial_s`` (5 s) after the first failure,
+then doubling up to ``load_retry_max_s`` between tries, until it succeeds or the backend is
+closed: a model directory mounted later, or a hub that comes back, is picked up without a
+restart. Meanwhile ``reason`` ends in "retrying in N s (attempt K)". ``wait_ready`` waits only
+for the attempt in flight: it answers False as soon as one has failed.
 """
 
 from __future__ import annotations
@@ -304,6 +310,9 @@ class LocalConfig:
     num_beams: int = 1
     max_input_tokens: int = 256  # longer segments are split and rejoined
     threads: int | None = None  # torch CPU threads; None: torch's default
+    # A failed load is tried again after this long, doubling up to load_retry_max_s.
+    load_retry_initial_s: float = 5.0
+    load_retry_max_s: float = 300.0
 
 
 class LocalTranslator(Translator):
@@ -332,7 +341,11 @@ class LocalTranslator(Translator):
             self._specs.append(_Spec(extra_id, extra_pair, marian_only=True))
         self.model_id = model_id
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="thinktrans-local")
-        self._load_future: asyncio.Future[None] | None = None
+        # The load attempt in flight (None between attempts) and the task that retries.
+        self._attempt: asyncio.Future[bool] | None = None
+        self._loader: asyncio.Task[None] | None = None
+        self.load_attempts = 0
+        self.load_failures = 0
         self._slots: list[_Slot] = []
         self._closed = False
         self.device: str | None = None
@@ -345,20 +358,51 @@ class LocalTranslator(Translator):
     # -- lifecycle ---------------------------------------------------------------------------
 
     async def start(self) -> None:
-        """Begin loading in the worker thread and return at once."""
-        if self._load_future is not None or self._closed:
+        """Begin loading in the worker thread and return at once; retry while it fails."""
+        if self._loader is not None or self._closed:
             return
         self.reason = f"loading model {self.model_id!r}"
         loop = asyncio.get_running_loop()
-        self._load_future = loop.run_in_executor(self._executor, self._load)
+        first = self._begin_attempt(loop)
+        self._loader = loop.create_task(self._load_until_ready(first),
+                                        name="thinktrans-local-load")
+
+    def _begin_attempt(self, loop: asyncio.AbstractEventLoop) -> asyncio.Future[bool]:
+        self.load_attempts += 1
+        attempt = loop.run_in_executor(self._executor, self._load)
+        self._attempt = attempt
+        return attempt
+
+    async def _load_until_ready(self, attempt: asyncio.Future[bool]) -> None:
+        """Await each load attempt; after a failure, wait (5 s, doubling, capped) and retry."""
+        loop = asyncio.get_running_loop()
+        delay = self.config.load_retry_initial_s
+        while not await attempt and not self._closed:
+            self.load_failures += 1
+            self._attempt = None
+            failure = self.reason
+            wait = min(delay, self.config.load_retry_max_s)
+            delay = wait * 2
+            self.reason = f"{failure}; retrying in {wait:g} s (attempt {self.load_attempts + 1})"
+            log.error("local: %s", self.reason)
+            await asyncio.sleep(wait)
+            if self._closed:
+                return
+            self.reason = f"{failure}; trying again now (attempt {self.load_attempts + 1})"
+            try:
+                attempt = self._begin_attempt(loop)
+            except RuntimeError:  # the executor is shut down: closed meanwhile
+                return
 
     async def wait_ready(self, timeout_s: float | None = None) -> bool:
-        """Wait until loading has finished (or failed), starting it if need be; return ``ready``."""
-        if self._load_future is None:
+        """Wait for the load attempt in flight, ``timeout_s`` at most, starting loading if need
+        be; return ``ready``. Between retries (an attempt has failed) it answers False at once:
+        it never waits through the backoff."""
+        if self._loader is None:
             await self.start()
-        future = self._load_future
-        if future is None:  # closed before it started
-            return False
+        future = self._attempt
+        if future is None:  # closed before it started, or waiting to retry
+            return self.ready
         try:
             await asyncio.wait_for(asyncio.shield(future), timeout_s)
         except TimeoutError:
@@ -371,13 +415,18 @@ class LocalTranslator(Translator):
         return self.ready
 
     async def aclose(self) -> None:
-        """Stop the worker thread; a batch already running finishes, queued ones are dropped."""
+        """Stop retrying and stop the worker thread; a batch or load already running finishes,
+        queued ones are dropped."""
         self._closed = True
         self.ready = False
         self.reason = "the local backend is closed"
         self._slots = []
         # No wait: a running generate cannot be interrupted and must not block the loop.
         self._executor.shutdown(wait=False, cancel_futures=True)
+        loader = self._loader
+        if loader is not None and not loader.done():
+            loader.cancel()
+            await asyncio.gather(loader, return_exceptions=True)
 
     # -- what it serves ----------------------------------------------------------------------
 
@@ -389,6 +438,14 @@ class LocalTranslator(Translator):
         for slot in self._slots:
             keys.update(slot.codes)
         return sorted(keys)
+
+    def serves_target(self, target: str) -> bool | None:
+        """Whether a loaded checkpoint translates into ``target`` (from any source); None
+        until loaded."""
+        if not self.ready:
+            return None
+        tag = canonical(target)
+        return tag is not None and table_key(tag) in (self.languages() or [])
 
     def supports(self, source: str | None, target: str) -> bool:
         """Whether the pair is servable; True until loaded, as the languages are not known yet."""
@@ -418,6 +475,8 @@ class LocalTranslator(Translator):
             ],
             "num_beams": self.config.num_beams,
             "load_s": self.load_s,
+            "load_attempts": self.load_attempts,
+            "load_failures": self.load_failures,
             "ready": self.ready,
             "reason": self.reason,
         }
@@ -606,21 +665,21 @@ class LocalTranslator(Translator):
 
     # -- loading -----------------------------------------------------------------------------
 
-    def _load(self) -> None:
-        """Runs in the worker: load every checkpoint, warm up, then flip ``ready``."""
+    def _load(self) -> bool:
+        """Runs in the worker: load every checkpoint, warm up, then flip ``ready``. On failure
+        ``reason`` says why (the caller logs it) and the answer is False."""
         started = time.perf_counter()
         try:
             slots = self._load_all()
         except _LoadError as exc:
             self.reason = str(exc)
-            log.error("local: %s", exc)
-            return
+            return False
         except Exception as exc:  # never let a bad checkpoint take the service down
             self.reason = f"loading model {self.model_id!r} failed: {_short(exc)}"
             log.exception("local: loading %r failed", self.model_id)
-            return
+            return False
         if self._closed:
-            return
+            return False
         self._slots = slots
         self.load_s = round(time.perf_counter() - started, 2)
         self.reason = None
@@ -630,6 +689,7 @@ class LocalTranslator(Translator):
             self.load_s, self.model_id, slots[0].family, self.device, self.dtype,
             len(self.languages() or []),
         )
+        return True
 
     def _load_all(self) -> list[_Slot]:
         try:

@@ -21,8 +21,11 @@ async def healthz() -> dict[str, str]:
 async def readyz(request: Request) -> JSONResponse:
     """Ready when the default chain can serve: at least one of its backends is ready.
 
-    ``status`` is ``ready`` (all of them), ``degraded`` (some: the chain falls through)
-    or ``not_ready`` (none; 503), with each backend's reason.
+    ``status`` is ``ready`` (all of them, each able to translate into the default target),
+    ``degraded`` (some: the chain falls through; or none of the ready ones translates into
+    the default target, while they still serve other targets) or ``not_ready`` (none;
+    503), with each backend's reason and, unless ``ready``, a ``reason`` for the whole.
+    A model that failed to load is retried with backoff; its reason says when.
     """
     runtime: Runtime | None = getattr(request.app.state, "runtime", None)
     if runtime is None:

@@ -1,0 +1,244 @@
+"""Readiness that means it: the default target, and a model that failed to load.
+
+- A chain whose ready backends cannot translate into ``THINKTRANS_DEFAULT_LOCALE`` is
+  ``degraded``, with the reason, and the start log warns (a model is judged once loaded).
+- A model that failed to load is tried again with backoff, and ``/readyz`` turns ready once
+  the checkpoint appears, without a restart; ``wait_ready`` still fails fast, and ``aclose``
+  stops the retries.
+
+Real tiny checkpoints (``service.tools.testmodel``), the app in-process; the hub is off.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+from models.local import LocalConfig, LocalTranslator
+from models.passthrough import PassthroughTranslator
+from service.tools.testmodel import make_test_model
+from tests.conftest import Running, app_with
+from tests.test_local import _offline, make_backend  # noqa: F401 - _offline: autouse fixture
+
+pytestmark = pytest.mark.filterwarnings("ignore:Recommended. pip install sacremoses")
+
+
+@pytest.fixture(scope="module")
+def marian(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """An en-de Marian checkpoint: it translates into German only."""
+    return make_test_model("marian", tmp_path_factory.mktemp("models") / "marian-en-de")
+
+
+def with_passthrough(local: LocalTranslator) -> dict[str, Any]:
+    return {"local": local, "passthrough": PassthroughTranslator()}
+
+
+async def until(check: Callable[[], Any], timeout_s: float, what: str) -> Any:
+    """Poll ``check`` (a coroutine function) until it answers something truthy."""
+    give_up = time.monotonic() + timeout_s
+    while True:
+        got = await check()
+        if got:
+            return got
+        assert time.monotonic() < give_up, f"{what} not within {timeout_s} s"
+        await asyncio.sleep(0.05)
+
+
+async def readyz(app: Running) -> tuple[int, dict[str, Any]]:
+    r = await app.client.get("/readyz")
+    return r.status_code, r.json()
+
+
+# -- the default target ---------------------------------------------------------------------
+
+
+async def test_a_model_without_the_default_target_is_degraded_with_the_reason_and_a_warning(
+    marian: Path, caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.WARNING, logger="thinktrans.runtime")
+    local = make_backend(marian)
+    gate = threading.Event()
+    local._executor.submit(gate.wait, 30)  # hold the load: not judged before it is loaded
+    async with app_with(backends=with_passthrough(local), backend="local",
+                        default_locale="zh-CN") as app:
+        status, body = await readyz(app)
+        assert status == 503 and body["status"] == "not_ready", body
+        assert "loading model" in body["backends"]["local"]["reason"]
+        assert "zh-CN" not in str(body)
+        gate.set()
+        assert await local.wait_ready(60), local.reason
+
+        status, body = await readyz(app)
+        assert status == 200, body
+        assert body["status"] == "degraded"
+        assert body["backends"]["local"]["ready"] is True
+        reason = body["backends"]["local"]["reason"]
+        assert "default target zh-CN" in reason and "it serves de" in reason, reason
+        assert "THINKTRANS_DEFAULT_LOCALE" in body["reason"], body
+        # The backend itself is up: its gauge stays 1.
+        assert await app.metric("thinktrans_backend_ready", backend="local") == 1.0
+        listed = {b["name"]: b for b in (await app.client.get("/v1/backends")).json()["backends"]}
+        assert listed["local"]["serves_default_target"] is False
+        assert "default target zh-CN" in listed["local"]["reason"]
+        # What readiness warns of: segments for the default target fail...
+        r = await app.client.post("/v1/translate", json={"texts": ["The user said hello."]})
+        [seg] = r.json()["results"][0]["segments"]
+        assert seg["status"] == "error", seg
+        # ...while the targets the model has still work.
+        r = await app.client.post("/v1/translate",
+                                  json={"texts": ["The user said hello."], "target": "de"})
+        [seg] = r.json()["results"][0]["segments"]
+        assert (seg["status"], seg["backend"]) == ("translated", "local"), seg
+
+        async def warned() -> list[str]:
+            return [r.getMessage() for r in caplog.records
+                    if r.name == "thinktrans.runtime" and r.levelno == logging.WARNING]
+
+        [line] = await until(warned, 10, "the start-up warning")
+        assert "'local'" in line and "zh-CN" in line and "it serves de" in line, line
+        assert "\n" not in line
+
+
+@pytest.mark.parametrize(
+    ("chain", "default", "status", "needle"),
+    [
+        # Another backend of the chain serves the default target: the chain falls through.
+        ("local,passthrough", "zh-CN", "degraded", "falls through to passthrough"),
+        # The model has the default target: nothing to say.
+        ("local", "de", "ready", None),
+        ("local,passthrough", "de-AT", "ready", None),
+    ],
+)
+async def test_readiness_judges_the_default_target_of_each_loaded_backend(
+    marian: Path, chain: str, default: str, status: str, needle: str | None,
+) -> None:
+    local = make_backend(marian)
+    async with app_with(backends=with_passthrough(local), backend=chain,
+                        default_locale=default) as app:
+        assert await local.wait_ready(60), local.reason
+        code, body = await readyz(app)
+    assert (code, body["status"]) == (200, status), body
+    if needle is None:
+        assert body["backends"]["local"] == {"ready": True, "reason": None}
+        assert "reason" not in body
+    else:
+        assert needle in body["reason"], body
+        assert "default target" in body["backends"]["local"]["reason"]
+
+
+async def test_no_default_target_judges_nothing(marian: Path) -> None:
+    local = make_backend(marian)
+    async with app_with(backends=with_passthrough(local), backend="local") as app:
+        assert await local.wait_ready(60), local.reason
+        code, body = await readyz(app)
+    assert (code, body) == (200, {"status": "ready",
+                                  "backends": {"local": {"ready": True, "reason": None}}})
+
+
+# -- a model that failed to load ------------------------------------------------------------
+
+
+def test_the_registry_passes_the_retry_cap_to_the_local_backend(marian: Path) -> None:
+    assert make_backend(marian, load_retry_max_s=42.0).config.load_retry_max_s == 42.0
+    assert make_backend(marian).config.load_retry_initial_s == 5.0
+
+
+async def test_a_model_that_appears_later_is_loaded_without_a_restart(
+    marian: Path, tmp_path: Path,
+) -> None:
+    missing = tmp_path / "mounted-later"
+    local = LocalTranslator(LocalConfig(model=str(missing), load_retry_initial_s=0.2,
+                                        load_retry_max_s=0.8))
+    async with app_with(backends=with_passthrough(local), backend="local") as app:
+
+        async def retrying() -> dict[str, Any] | None:
+            code, body = await readyz(app)
+            assert code == 503, body
+            reason = body["backends"]["local"]["reason"]
+            return body if "retrying in" in reason and "attempt 3" in reason else None
+
+        body = await until(retrying, 10, "the second failed attempt")
+        reason = body["backends"]["local"]["reason"]
+        assert "does not exist" in reason and "retrying in 0.4 s (attempt 3)" in reason, reason
+        assert (await app.client.get("/healthz")).status_code == 200
+
+        # The volume is mounted: the checkpoint appears whole, as a rename.
+        staged = tmp_path / "staged"
+        make_test_model("marian", staged)
+        staged.rename(missing)
+
+        async def ready() -> bool:
+            code, body = await readyz(app)
+            return code == 200 and body["status"] == "ready"
+
+        await until(ready, 15, "readyz 200 after the model appeared")
+        info = {b["name"]: b for b in (await app.client.get("/v1/backends")).json()[
+            "backends"]}["local"]["info"]
+        assert info["load_failures"] >= 2 and info["load_attempts"] == info["load_failures"] + 1
+        r = await app.client.post("/v1/translate",
+                                  json={"texts": ["The user said hello."], "target": "de"})
+        [seg] = r.json()["results"][0]["segments"]
+        assert (seg["status"], seg["backend"]) == ("translated", "local"), seg
+
+
+def _load_tasks() -> list[asyncio.Task[Any]]:
+    return [t for t in asyncio.all_tasks() if t.get_name() == "thinktrans-local-load"]
+
+
+def _worker_threads() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name.startswith("thinktrans-local")]
+
+
+async def test_wait_ready_fails_fast_and_aclose_stops_the_retries(tmp_path: Path) -> None:
+    # The default first delay (5 s): wait_ready must not sit through it.
+    local = LocalTranslator(LocalConfig(model=str(tmp_path / "nothing-here")))
+    began = time.monotonic()
+    assert await local.wait_ready(timeout_s=60) is False
+    assert time.monotonic() - began < 4.0
+    await asyncio.sleep(0.05)  # the retry task has taken over the failure
+    assert "retrying in 5 s (attempt 2)" in (local.reason or ""), local.reason
+    began = time.monotonic()
+    assert await local.wait_ready(timeout_s=60) is False  # between attempts: at once
+    assert time.monotonic() - began < 0.5
+    assert _load_tasks() and _worker_threads()
+
+    await local.aclose()
+    assert not _load_tasks(), "the retry task is left pending"
+    attempts = local.load_attempts
+    give_up = time.monotonic() + 5
+    while _worker_threads():
+        assert time.monotonic() < give_up, "the worker thread outlived aclose"
+        await asyncio.sleep(0.02)
+    assert local.reason == "the local backend is closed"
+    assert await local.wait_ready(timeout_s=1) is False
+    assert local.load_attempts == attempts == 1
+
+
+async def test_aclose_while_a_retry_attempt_runs(tmp_path: Path) -> None:
+    local = LocalTranslator(LocalConfig(model=str(tmp_path / "gone"), load_retry_initial_s=0.05))
+    await local.start()
+    assert await local.wait_ready(timeout_s=30) is False
+    gate = threading.Event()
+
+    async def second_attempt_queued() -> bool:
+        return local.load_attempts >= 2
+
+    local._executor.submit(gate.wait, 30)  # the next attempt queues behind this
+    await until(second_attempt_queued, 5, "the second attempt")
+    waiter = asyncio.create_task(local.wait_ready(timeout_s=30))
+    await asyncio.sleep(0.05)
+    assert not waiter.done()  # it waits for the attempt in flight
+    await local.aclose()
+    gate.set()
+    assert await asyncio.wait_for(waiter, 5) is False
+    assert not _load_tasks()
