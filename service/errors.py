@@ -9,6 +9,8 @@
     │   ├── LocaleNotAllowed     valid tag outside allowed_locales (422)
     │   ├── UnknownBackend       backend name not configured (422)
     │   ├── PayloadTooLarge      a named size or count limit was passed (413)
+    │   ├── UnsupportedMediaType a request body that is not JSON (415)
+    │   ├── RequestTimeout       a request body not complete in time (408)
     │   ├── NotFound             no such stream (404)
     │   ├── EventsGone           a stream's events were no longer retained (410)
     │   └── Conflict             the request contradicts accepted state (409)
@@ -73,6 +75,18 @@ class PayloadTooLarge(InputError):
     status = 413
     slug = "payload-too-large"
     title = "Payload too large"
+
+
+class UnsupportedMediaType(InputError):
+    status = 415
+    slug = "unsupported-media-type"
+    title = "Unsupported media type"
+
+
+class RequestTimeout(InputError):
+    status = 408
+    slug = "request-timeout"
+    title = "Request timeout"
 
 
 class NotFound(InputError):

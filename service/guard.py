@@ -1,24 +1,31 @@
-"""The ASGI guard in front of the app: the bearer token, the body size limit, the access
-log and request metrics.
+"""The ASGI guard in front of the app: the bearer token, the body's media type, size limit
+and time limit, the access log and request metrics.
 
-Pure ASGI, so that both checks happen before the body is parsed: a client without the
-token gets 401 whatever it sent, and an oversized body gets 413, not a parse error.
+Pure ASGI, so that the checks happen before the body is parsed: a client without the
+token gets 401 whatever it sent, a body that is not JSON 415, an oversized body 413, not a
+parse error, and a body not complete within ``body_timeout_s`` of its headers 408. A
+refusal sent before the body was read closes the connection: the server does not wait for
+(or read) the rest of a body it will not use.
 """
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import logging
 import time
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
-from service.errors import PayloadTooLarge
+from service.errors import PayloadTooLarge, RequestTimeout, UnsupportedMediaType
 from service.metrics import Metrics
 from service.problems import problem
 
 access_log = logging.getLogger("thinktrans.access")
 QUIET_ROUTES = frozenset({"/v1/streams/{stream_id}/chunks"})
+# Methods whose body /v1 reads as JSON.
+BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
+CLOSE = {"Connection": "close"}
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -31,11 +38,14 @@ class Guard:
     """Request metrics and the access log around every request; the bearer token on /v1;
     the body size limit."""
 
-    def __init__(self, app: ASGIApp, max_bytes: int, token: str | None, metrics: Metrics) -> None:
+    def __init__(self, app: ASGIApp, max_bytes: int, token: str | None, metrics: Metrics,
+                 body_timeout_s: float | None = None) -> None:
         self.app = app
         self.max_bytes = max_bytes
         self.token = token.encode() if token else None
         self.metrics = metrics
+        # None: the app's settings say (app.state.settings.body_timeout_s), else 30 s.
+        self.body_timeout_s = body_timeout_s
         self._observed: dict[tuple[str, str, int], tuple[Any, Any]] = {}
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -80,51 +90,106 @@ class Guard:
 
     async def _guarded(self, scope: Scope, receive: Receive, send: Send) -> None:
         headers = dict(scope.get("headers", []))
-        if self.token is not None and self._needs_token(scope):
+        declared = headers.get(b"content-length")
+        chunked = b"transfer-encoding" in headers
+        # A body the server has not read: a refusal closes the connection after it.
+        unread = {**CLOSE} if chunked or (declared is not None and declared != b"0") else {}
+        on_v1 = self._on_v1(scope)
+        if self.token is not None and on_v1:
             scheme, _, given = headers.get(b"authorization", b"").partition(b" ")
             if scheme.lower() != b"bearer" or not hmac.compare_digest(given.strip(), self.token):
                 await problem(
                     401, "Unauthorized", "send 'Authorization: Bearer <THINKTRANS_API_TOKEN>'",
-                    "unauthorized", headers={"WWW-Authenticate": "Bearer"},
+                    "unauthorized", headers={"WWW-Authenticate": "Bearer", **unread},
                 )(scope, receive, send)
                 return
-        declared = headers.get(b"content-length")
-        if declared is not None:
-            if not declared.isdigit() or int(declared) > self.max_bytes:
-                await self._too_big()(scope, receive, send)
-                return
-            await self.app(scope, receive, send)
+        if declared is not None and (not declared.isdigit() or int(declared) > self.max_bytes):
+            await self._too_big(unread)(scope, receive, send)
             return
-        # No length given (chunked): read the body up to the limit, then replay it.
+        check_type = on_v1 and scope.get("method") in BODY_METHODS
+        content_type = headers.get(b"content-type")
+        if check_type and declared not in (None, b"0") and not _is_json(content_type):
+            await _not_json(content_type, unread)(scope, receive, send)
+            return
+        if declared is None and not chunked:
+            await self.app(scope, receive, send)  # no body (RFC 9112 6.3)
+            return
+        # Read the whole body here: within the size limit and the time limit, then replay it.
         body = bytearray()
-        more = True
-        while more:
-            message = await receive()
-            if message["type"] != "http.request":
-                await self.app(scope, _replay([message]), send)
-                return
-            body += message.get("body", b"")
-            more = message.get("more_body", False)
-            if len(body) > self.max_bytes:
-                await self._too_big()(scope, receive, send)
-                return
-        await self.app(scope, _replay([{"type": "http.request", "body": bytes(body)}], receive),
-                       send)
+        try:
+            async with asyncio.timeout(self._body_timeout(scope)):
+                while True:
+                    message = await receive()
+                    if message["type"] != "http.request":
+                        await self.app(scope, _replay([message]), send)
+                        return
+                    more = message.get("more_body", False)
+                    if not body and not more:
+                        break  # the whole body in one message: no copy
+                    body += message.get("body", b"")
+                    if len(body) > self.max_bytes:
+                        await self._too_big(CLOSE)(scope, receive, send)
+                        return
+                    if not more:
+                        message = {"type": "http.request", "body": bytes(body)}
+                        break
+        except TimeoutError:
+            await self._timed_out(scope, declared, len(body))(scope, receive, send)
+            return
+        if check_type and message.get("body") and not _is_json(content_type):
+            await _not_json(content_type, {})(scope, receive, send)
+            return
+        await self.app(scope, _replay([message], receive), send)
+
+    def _body_timeout(self, scope: Scope) -> float:
+        if self.body_timeout_s is None:
+            settings = getattr(getattr(scope.get("app"), "state", None), "settings", None)
+            self.body_timeout_s = float(getattr(settings, "body_timeout_s", 30.0))
+        return self.body_timeout_s
+
+    def _timed_out(self, scope: Scope, declared: bytes | None, got: int) -> ASGIApp:
+        expected = f"{int(declared)} bytes declared by Content-Length, " if declared else ""
+        return problem(
+            408, RequestTimeout.title,
+            f"the request body was not complete {self._body_timeout(scope):g} s after its "
+            f"headers ({expected}{got} received; THINKTRANS_BODY_TIMEOUT_S); send the whole "
+            "body at once, with a Content-Length that matches it", RequestTimeout.slug,
+            headers=CLOSE,
+        )
 
     @staticmethod
-    def _needs_token(scope: Scope) -> bool:
+    def _on_v1(scope: Scope) -> bool:
         path = scope["path"]
         root = scope.get("root_path", "")
         if root and path.startswith(root):
             path = path[len(root):]  # served under a proxy prefix
         return path == "/v1" or path.startswith("/v1/")
 
-    def _too_big(self) -> ASGIApp:
+    def _too_big(self, headers: dict[str, str]) -> ASGIApp:
         return problem(
             413, PayloadTooLarge.title,
             f"request body is over THINKTRANS_MAX_REQUEST_BYTES={self.max_bytes} bytes; "
-            "send fewer or shorter texts per request", PayloadTooLarge.slug,
+            "send fewer or shorter texts per request", PayloadTooLarge.slug, headers=headers,
         )
+
+
+def _is_json(content_type: bytes | None) -> bool:
+    """``application/json`` or ``application/<anything>+json``, parameters (charset) allowed."""
+    if content_type is None:
+        return False
+    media = content_type.partition(b";")[0].strip().lower()
+    kind, _, subtype = media.partition(b"/")
+    return kind == b"application" and (subtype == b"json" or subtype.endswith(b"+json"))
+
+
+def _not_json(content_type: bytes | None, headers: dict[str, str]) -> ASGIApp:
+    given = (f"Content-Type {content_type.decode('latin-1')!r}" if content_type is not None
+             else "no Content-Type")
+    return problem(
+        415, UnsupportedMediaType.title,
+        f"the request body is JSON: send 'Content-Type: application/json' ({given} given)",
+        UnsupportedMediaType.slug, headers={"Accept-Post": "application/json", **headers},
+    )
 
 
 def _replay(messages: list[Message], then: Receive | None = None) -> Receive:

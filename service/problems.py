@@ -56,6 +56,8 @@ async def _invalid(request: Request, exc: Exception) -> JSONResponse:
     first = errors[0] if errors else {"loc": [], "msg": "invalid request"}
     where = ".".join(first["loc"][1:] if first["loc"][:1] == ["body"] else first["loc"])
     detail = f"{where}: {first['msg']}" if where else str(first["msg"])
+    if first["loc"] == ["body"] and first.get("type") == "missing":
+        detail = "the request has no body: send a JSON object with 'Content-Type: application/json'"
     return problem(422, "Invalid request", detail, "invalid-request", errors=errors)
 
 

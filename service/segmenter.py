@@ -8,13 +8,18 @@ Whitespace after a boundary stays with the segment before it.
 Boundaries: a sentence end (``.!?…`` followed by whitespace, ``。！？`` with or without),
 a newline before more text, a code fence (one segment from its opening line through
 its closing line), and the size bound (cut at the last whitespace before it).
+
+A code fence is held until its closing line comes. One without its closing line within
+``max_fence_chars`` characters of its opening fence was a stray fence: its opening line
+becomes a segment of its own (kind ``code``) and the text after it is cut into sentences
+again, so that one stray fence cannot make the rest of a stream code.
 Not boundaries: decimals, versions and file names (no whitespace after the dot),
 abbreviations (``e.g.``, ``Mr.``), a dot before a lowercase word, ``1.`` list markers.
 """
 
 from __future__ import annotations
 
-import functools
+import bisect
 import re
 from dataclasses import dataclass
 from typing import Literal
@@ -24,10 +29,16 @@ Kind = Literal["text", "code", "blank"]
 _CLOSERS = "\"'”’)\\]」』）》"
 _BOUNDARY = re.compile(
     r"(?:\.\.\.|[.!?…])+[" + _CLOSERS + r"]*\s+(?=\S)"  # Latin-style end: whitespace needed
-    r"|[。！？]+[" + _CLOSERS + r"]*\s*(?=\S)"  # CJK end: whitespace optional
+    # CJK end: whitespace optional, so the closers are taken whole before it is one (a
+    # delta that ends in "。" before its "」" must not cut between them).
+    r"|[。！？]+[" + _CLOSERS + r"]*\s*(?=[^\s" + _CLOSERS + r"])"
     r"|\n\s*(?=\S)"  # a newline before more text
 )
 _FENCE_OPEN = re.compile(r"[ ]{0,3}(`{3,}|~{3,})")
+# A line that closes a fence of its character at most as long as its run.
+_CLOSER = re.compile(r"^[ ]{0,3}(`{3,}|~{3,})[ \t\r]*\n", re.M)
+# The start of a line that may still become one.
+_CLOSER_HEAD = re.compile(r"[ ]{0,3}(?:(?:`+|~+)[ \t\r]*)?")
 _ABBREVIATIONS = frozenset(
     "e.g i.e cf vs mr mrs ms dr prof sr jr st no fig approx ca z.b d.h u.a bzw usw "
     "p.ex c.-à-d".split()
@@ -45,11 +56,96 @@ class Piece:
     kind: Kind
 
 
-@functools.lru_cache(maxsize=16)
-def _fence_close(fence: str) -> re.Pattern[str]:
-    return re.compile(
-        r"^[ ]{0,3}" + re.escape(fence[0]) + "{" + str(len(fence)) + r",}[ \t]*(?:\n|$)", re.M
-    )
+class _Closers:
+    """Lines that could close a fence (a run of 3+ backticks or tildes alone on its line),
+    found once each as the text goes by, per fence character, so that a stray fence
+    answered by another one is not a rescan of the text after it.
+
+    Each line links to the next one with a longer run: the first line after a position
+    whose run is at least n long is found in a few jumps, however many shorter ones lie
+    between. Positions are offsets in the whole text fed.
+    """
+
+    def __init__(self) -> None:
+        self.frontier = 0  # lines starting before it have been looked at
+        self.head = ""  # the start of the line at the frontier when it lies before the buffer
+        self.checked = 0  # no newline between the frontier and here
+        self._runs: dict[str, _Runs] = {"`": _Runs(), "~": _Runs()}
+
+    def scan(self, buf: str, base: int, upto: int) -> None:
+        """Look at the lines of ``buf`` (at offset ``base``) that end by ``upto``."""
+        start = self.frontier - base
+        stop = min(upto - base, len(buf))
+        if start < 0:  # an idle flush took the start of this line: finish it first
+            newline = buf.find("\n", max(self.checked - base, 0), stop)
+            if newline < 0:
+                self.checked = max(self.checked, base + stop)
+                return
+            line = self.head + buf[: newline + 1]
+            m = _CLOSER.fullmatch(line)
+            if m:
+                self._runs[m.group(1)[0]].add(self.frontier, base + newline + 1, len(m.group(1)))
+            self.head = ""
+            start = newline + 1
+            self.frontier = base + start
+        # Only a newline that came since the last look completes a line.
+        newline = buf.rfind("\n", max(start, self.checked - base), stop)
+        self.checked = max(self.checked, base + stop)
+        if newline < 0:
+            return
+        for m in _CLOSER.finditer(buf, start, newline + 1):
+            self._runs[m.group(1)[0]].add(base + m.start(), base + m.end(), len(m.group(1)))
+        self.frontier = base + newline + 1
+
+    def first(self, fence: str, after: int) -> int | None:
+        """Where the first line at or after ``after`` that closes ``fence`` ends."""
+        return self._runs[fence[0]].first(after, len(fence))
+
+    def keep_head(self, buf: str, base: int) -> None:
+        """An idle flush takes ``buf``: keep the start of its last line while it could still
+        become a closing line."""
+        line = self.head + buf if self.frontier < base else buf[self.frontier - base :]
+        self.head = line if _CLOSER_HEAD.fullmatch(line) else "\0"
+
+
+class _Runs:
+    """One fence character's closing lines, in order; ``longer[i]``: the next one with a
+    longer run than line i (-1: none yet)."""
+
+    __slots__ = ("end", "longer", "pos", "size", "waiting")
+
+    def __init__(self) -> None:
+        self.pos: list[int] = []
+        self.end: list[int] = []
+        self.size: list[int] = []
+        self.longer: list[int] = []
+        self.waiting: list[int] = []  # lines without a longer one yet; runs not increasing
+
+    def add(self, pos: int, end: int, size: int) -> None:
+        i = len(self.pos)
+        self.pos.append(pos)
+        self.end.append(end)
+        self.size.append(size)
+        self.longer.append(-1)
+        while self.waiting and self.size[self.waiting[-1]] < size:
+            self.longer[self.waiting.pop()] = i
+        self.waiting.append(i)
+
+    def first(self, after: int, size: int) -> int | None:
+        i = bisect.bisect_left(self.pos, after)
+        if i > 64 and 2 * i > len(self.pos):
+            self._drop(i)  # lines before a fence's body are never asked for again
+            i = 0
+        while 0 <= i < len(self.pos):
+            if self.size[i] >= size:
+                return self.end[i]
+            i = self.longer[i]
+        return None
+
+    def _drop(self, n: int) -> None:
+        del self.pos[:n], self.end[:n], self.size[:n], self.longer[:n]
+        self.longer = [j - n if j >= 0 else -1 for j in self.longer]
+        self.waiting = [j - n for j in self.waiting if j >= n]
 
 
 def _kind_of(text: str) -> Kind:
@@ -59,14 +155,25 @@ def _kind_of(text: str) -> Kind:
 class Segmenter:
     """Incremental sentence segmenter; one per stream (or per one-shot text)."""
 
-    def __init__(self, max_chars: int = 400) -> None:
+    def __init__(self, max_chars: int = 400, *, max_fence_chars: int = 20_000) -> None:
         if max_chars < 16:
             raise ValueError(f"max_chars must be >= 16, got {max_chars}")
+        if max_fence_chars < 8:
+            raise ValueError(f"max_fence_chars must be >= 8, got {max_fence_chars}")
         self.max_chars = max_chars
+        self.max_fence_chars = max_fence_chars
         self._buf = ""
-        self._fence: str | None = None  # the fence marker while inside a code block
-        self._scan_from = 0  # no boundary starts before this offset of _buf
-        self._body_start = 0  # inside a fence: where its body (after the opening line) starts
+        self._base = 0  # offset of _buf in the whole text fed
+        self._scan_from = 0  # prose: no boundary starts before this offset of _buf
+        self._closers = _Closers()
+        # Inside a fence (offsets in the whole text fed):
+        self._fence: str | None = None  # its marker, e.g. "```"
+        self._fence_end = 0  # the end of the marker
+        self._window_end = 0  # its closing line must end by here
+        self._line_scan = 0  # the opening line has no newline before this
+        self._body_start = -1  # after its opening line; -1: that line is not complete yet
+        self._close_end = -1  # after its closing line; -1: not found yet
+        self._shown = False  # an idle flush gave out its start already
 
     @property
     def pending(self) -> str:
@@ -92,22 +199,55 @@ class Segmenter:
         rest of the code block that arrives later is still code, not prose.
         """
         if not self._buf:
+            if final:
+                self._reset()
             return []
-        kind: Kind = "code" if self._fence is not None else _kind_of(self._buf)
-        out = [Piece(self._buf, kind)]
-        self._buf = ""
-        self._scan_from = 0
+        if self._fence is None:
+            stripped = self._buf.lstrip(" \t\n\r")
+            m = _FENCE_OPEN.match(stripped)
+            if m:  # a fence marker the text ends in
+                self._open_fence(len(self._buf) - len(stripped), m)
+        if self._fence is None:
+            out = [self._take(len(self._buf), _kind_of(self._buf))]
+        else:
+            if not final and self._body_start >= 0 and self._close_end < 0:
+                # The line in progress may be the closing line: keep its start.
+                self._closers.scan(self._buf, self._base, self._window_end)
+                self._closers.keep_head(self._buf, self._base)
+            out = []
+            bound = self.max_chars * _CODE_BOUND_FACTOR
+            while len(self._buf) > bound:
+                out.append(self._take(self._code_cut(bound), "code"))
+            out.append(self._take(len(self._buf), "code"))
+            if self._close_end >= 0:
+                self._fence = None
+            self._shown = True
         if final:
-            self._fence = None
-        elif self._fence is not None:
-            self._body_start = 0
+            self._reset()
         return out
+
+    def _reset(self) -> None:
+        self._fence = None
+        self._closers = _Closers()
+        self._closers.frontier = self._base
 
     def _take(self, end: int, kind: Kind) -> Piece:
         piece = Piece(self._buf[:end], kind)
         self._buf = self._buf[end:]
+        self._base += end
         self._scan_from = 0
         return piece
+
+    def _code_cut(self, bound: int) -> int:
+        cut = self._buf.rfind("\n", 0, bound)
+        return cut + 1 if cut > 0 else bound
+
+    def _open_fence(self, lead: int, m: re.Match[str]) -> None:
+        self._fence = m.group(1)
+        self._fence_end = self._line_scan = self._base + lead + len(m.group(0))
+        self._window_end = self._base + lead + self.max_fence_chars
+        self._body_start = self._close_end = -1
+        self._shown = False
 
     def _next_piece(self) -> Piece | None:
         buf = self._buf
@@ -117,9 +257,9 @@ class Segmenter:
             stripped = buf.lstrip(" \t\n\r")
             m = _FENCE_OPEN.match(stripped)
             if m:
-                self._fence = m.group(1)
-                self._body_start = -1  # the opening line is not complete yet
-                self._scan_from = len(buf) - len(stripped) + len(m.group(0))
+                if m.end() == len(stripped):
+                    return None  # the marker may go on: "```" then "`" is a "````" fence
+                self._open_fence(len(buf) - len(stripped), m)
             elif stripped and len(stripped) < 3 and not stripped.strip("`~"):
                 return None  # "``" could still become a fence: wait for more
         if self._fence is not None:
@@ -129,13 +269,13 @@ class Segmenter:
     def _next_text_piece(self) -> Piece | None:
         buf = self._buf
         lead = len(buf) - len(buf.lstrip())
-        for m in _BOUNDARY.finditer(buf, self._scan_from):
+        # A boundary at or past the size bound is not taken: the search ends there, not at
+        # the end of a long text fed at once.
+        for m in _BOUNDARY.finditer(buf, self._scan_from, self.max_chars):
             if m.start() < lead:
                 continue  # leading whitespace belongs to the segment it leads
             if self._is_false_end(buf, m):
                 continue
-            if m.end() >= self.max_chars:
-                break  # at or past the size bound: cut there, as deltas would have
             return self._take(m.end(), "text")
         # No boundary yet: a later one needs its terminator and whitespace, so the
         # next scan restarts shortly before the end instead of at the start.
@@ -145,34 +285,44 @@ class Segmenter:
         return None
 
     def _next_code_piece(self) -> Piece | None:
-        buf = self._buf
-        fence = self._fence
+        buf, base, fence = self._buf, self._base, self._fence
         assert fence is not None
-        if self._body_start < 0:
-            newline = buf.find("\n", self._scan_from)
-            if newline < 0:
-                self._scan_from = len(buf)
-                return None
-            self._body_start = self._scan_from = newline + 1
-        close = _fence_close(fence)
+        end = base + len(buf)
+        if self._close_end < 0:
+            if self._body_start < 0:
+                newline = buf.find("\n", max(self._line_scan - base, 0), self._window_end - base)
+                if newline >= 0:
+                    self._body_start = base + newline + 1
+                else:
+                    self._line_scan = min(end, self._window_end)
+            if self._body_start >= 0:
+                if self._closers.frontier < self._body_start:
+                    self._closers.frontier, self._closers.head = self._body_start, ""
+                self._closers.scan(buf, base, self._window_end)
+                close = self._closers.first(fence, self._body_start)
+                if close is not None and close <= self._window_end:
+                    self._close_end = close
+            if self._close_end < 0:
+                if end < self._window_end:
+                    return None  # the closing line may still come
+                return self._stray_fence()
         bound = self.max_chars * _CODE_BOUND_FACTOR
-        m = close.search(buf, max(self._scan_from, self._body_start))
-        if m is not None and m.end() > bound:
-            m = None  # past the code bound: cut there, as deltas would have
-        if m is not None and m.group(0).endswith("\n"):
-            stripped = buf[m.end() :].lstrip()
-            if not stripped:
-                self._scan_from = m.start()
-                return None  # whitespace may go on; it joins the code segment
-            self._fence = None
-            return self._take(len(buf) - len(stripped), "code")
-        if len(buf) >= bound:
-            cut = buf.rfind("\n", 0, bound)
-            piece = self._take(cut + 1 if cut > 0 else bound, "code")
-            self._body_start = 0  # still inside the fence, now at a line start
-            return piece
-        self._scan_from = max(self._body_start, buf.rfind("\n") + 1)
-        return None
+        if self._close_end - base > bound:
+            return self._take(self._code_cut(bound), "code")  # a long block: in parts
+        stripped = buf[self._close_end - base :].lstrip()
+        if not stripped:
+            return None  # whitespace may go on; it joins the code segment
+        self._fence = None
+        return self._take(len(buf) - len(stripped), "code")
+
+    def _stray_fence(self) -> Piece | None:
+        """No closing line within max_fence_chars: the opening line is a segment of its
+        own and what follows it is prose."""
+        self._fence = None
+        if self._shown:
+            return self._next_piece()  # the opening line is out already (an idle flush)
+        line_end = self._body_start if self._body_start >= 0 else self._fence_end
+        return self._take(line_end - self._base, "code")
 
     @staticmethod
     def _is_false_end(buf: str, m: re.Match[str]) -> bool:
@@ -207,9 +357,9 @@ class Segmenter:
         return bound
 
 
-def segment(text: str, max_chars: int = 400) -> list[Piece]:
+def segment(text: str, max_chars: int = 400, *, max_fence_chars: int = 20_000) -> list[Piece]:
     """Cut a whole text into segments."""
-    seg = Segmenter(max_chars)
+    seg = Segmenter(max_chars, max_fence_chars=max_fence_chars)
     return [*seg.feed(text), *seg.flush()]
 
 

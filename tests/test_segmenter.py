@@ -17,7 +17,14 @@ SAMPLES = [
     "Wait... really? \"Yes.\" OK.\n- item one\n- item two\n",
     "\n\n   \t",
     "~~~\ncode ~~~ not closed here\n~~~\nx",
+    "他说：“好。”然后走了。「对。」」",
 ]
+# Stray and nested fences, and closing-line look-alikes, for the fence bound.
+FENCES = ["```\n", "````\n", "~~~\n", "```py\n", "``", "`\n", "   ```  \n", "```x", "\n"]
+fenced = st.lists(
+    st.one_of(st.sampled_from(SAMPLES), st.sampled_from(FENCES), st.text(max_size=20)),
+    max_size=14,
+).map("".join)
 texts = st.lists(
     st.one_of(st.sampled_from(SAMPLES), st.text(max_size=40)), max_size=8
 ).map("".join)
@@ -59,6 +66,156 @@ def test_chunking_does_not_change_the_cut(text: str, sizes: list[int]) -> None:
         pieces += seg.feed(chunk)
     pieces += seg.flush()
     assert [p.text for p in pieces] == [p.text for p in whole]
+
+
+@settings(max_examples=500, deadline=None)
+@given(text=fenced, sizes=st.lists(st.integers(1, 9), max_size=300),
+       max_chars=st.integers(16, 60), max_fence=st.integers(8, 90))
+def test_fence_bound_does_not_depend_on_the_chunking(
+    text: str, sizes: list[int], max_chars: int, max_fence: int
+) -> None:
+    """Whether a fence is closed within max_fence_chars, and so whether it is code or a stray
+    fence, comes out the same whether the text arrives whole or in deltas."""
+    whole = segment(text, max_chars, max_fence_chars=max_fence)
+    seg = Segmenter(max_chars, max_fence_chars=max_fence)
+    pieces: list[Piece] = []
+    for chunk in chunked(sizes, text):
+        pieces += seg.feed(chunk)
+    pieces += seg.flush()
+    assert [(p.text, p.kind) for p in pieces] == [(p.text, p.kind) for p in whole]
+    assert "".join(p.text for p in pieces) == text
+    assert all(p.text for p in pieces)
+
+
+@settings(max_examples=300, deadline=None)
+@given(text=fenced, sizes=st.lists(st.integers(1, 9), max_size=300),
+       idle=st.sets(st.integers(0, 40), max_size=6), max_fence=st.integers(8, 90))
+def test_idle_flushes_lose_and_repeat_nothing(
+    text: str, sizes: list[int], idle: set[int], max_fence: int
+) -> None:
+    """Idle flushes between deltas (final=False) cut where they come, but every character
+    still comes out once, in order."""
+    seg = Segmenter(16, max_fence_chars=max_fence)
+    pieces: list[Piece] = []
+    for i, chunk in enumerate(chunked(sizes, text)):
+        pieces += seg.feed(chunk)
+        if i in idle:
+            pieces += seg.flush(final=False)
+            assert seg.pending == ""
+    pieces += seg.flush()
+    assert "".join(p.text for p in pieces) == text
+    assert all(p.text for p in pieces)
+
+
+PROSE = "".join(f"Sentence number {i} is prose. " for i in range(12))
+
+
+def test_a_stray_fence_is_prose_past_the_fence_bound() -> None:
+    text = "Look at this:\n```python\n" + PROSE
+    pieces = [(p.text, p.kind) for p in segment(text, 400, max_fence_chars=64)]
+    assert pieces[:4] == [
+        ("Look at this:\n", "text"), ("```python\n", "code"),
+        ("Sentence number 0 is prose. ", "text"), ("Sentence number 1 is prose. ", "text")]
+    assert len(pieces) == 2 + 12
+
+
+def test_a_stray_fence_in_deltas_releases_the_prose_held_behind_it() -> None:
+    seg = Segmenter(400, max_fence_chars=64)
+    out: list[Piece] = []
+    for ch in "```\n" + PROSE[:59]:
+        out += seg.feed(ch)
+    assert out == [] and len(seg.pending) == 63  # held: the fence may still close
+    out += seg.feed(PROSE[59])
+    assert [p.kind for p in out] == ["code", "text", "text"]
+    assert out[0].text == "```\n"
+
+
+def test_a_fence_closed_within_the_bound_is_one_code_segment() -> None:
+    code = "```\n" + "x = 1\n" * 8 + "```\n"
+    assert [(p.text, p.kind) for p in segment(code + "Then prose. ", 400, max_fence_chars=60)
+            ] == [(code, "code"), ("Then prose. ", "text")]
+
+
+def test_a_fence_closed_past_the_bound_is_prose_and_its_close_opens_the_next() -> None:
+    code = "```\n" + "x = 1\n" * 12 + "```\n"
+    pieces = segment(code + "Then prose.", 400, max_fence_chars=60)
+    assert pieces[0] == Piece("```\n", "code")
+    assert pieces[1] == Piece("x = 1\n", "text")
+    assert pieces[-1] == Piece("```\nThen prose.", "code")  # a fence again, flushed at the end
+
+
+def test_the_opening_line_of_a_stray_fence_without_a_newline() -> None:
+    text = "```" + "x" * 100
+    assert segment(text, 400, max_fence_chars=32)[0] == Piece("```", "code")
+
+
+def test_an_idle_flush_before_the_newline_of_the_closing_line_keeps_the_close() -> None:
+    seg = Segmenter(400, max_fence_chars=200)
+    out = seg.feed("```py\nx = 1\n``")
+    out += seg.flush(final=False)  # the agent pauses mid-way through the closing fence
+    out += seg.feed("`\nNow prose. More")
+    out += seg.flush()
+    assert [(p.text, p.kind) for p in out] == [
+        ("```py\nx = 1\n``", "code"), ("`\n", "code"), ("Now prose. ", "text"),
+        ("More", "text")]
+
+
+def test_an_idle_flush_after_the_closing_line_ends_the_fence() -> None:
+    seg = Segmenter(400)
+    out = seg.feed("```py\nx = 1\n```\n") + seg.flush(final=False)
+    out += seg.feed("Now prose. More") + seg.flush()
+    assert [p.kind for p in out] == ["code", "text", "text"]
+
+
+def test_an_idle_flush_inside_a_stray_fence_still_ends_it_at_the_bound() -> None:
+    seg = Segmenter(400, max_fence_chars=64)
+    out = seg.feed("```\nSo. ") + seg.flush(final=False)
+    assert [p.kind for p in out] == ["code"]
+    out = seg.feed(PROSE)
+    assert out and all(p.kind == "text" for p in out)
+    assert "".join(p.text for p in [*out, *seg.flush()]) == PROSE
+
+
+def test_a_fence_marker_at_the_end_of_a_delta_waits_for_its_length() -> None:
+    """"```" then "`": a "````" fence, which "```" does not close."""
+    text = "````\ncode\n```\nstill code\n````\nProse. "
+    seg = Segmenter(400)
+    pieces = [*seg.feed("```"), *seg.feed(text[3:]), *seg.flush()]
+    assert [p.text for p in pieces] == [p.text for p in segment(text)]
+    assert pieces[0] == Piece("````\ncode\n```\nstill code\n````\n", "code")
+
+
+def test_fence_and_size_bounds_stay_linear() -> None:
+    """Stray fences answered by other fences, long lines and texts without a boundary are
+    each looked at once: a quadratic rescan takes seconds here, not milliseconds."""
+    import time
+
+    texts = [
+        "````a\n" * 3000 + "```\n" * 5000,  # stray fences over many shorter closing lines
+        "".join("`" * k + "a\n" for k in range(200, 3, -1)) * 20,  # ever shorter stray fences
+        "```\n" + "x" * 100_000,  # one long line inside a stray fence
+        "word " * 60_000,  # no sentence end: cut at the size bound
+    ]
+    for text in texts:
+        started = time.perf_counter()
+        assert "".join(p.text for p in segment(text)) == text
+        seg = Segmenter(400)
+        fed = [p for i in range(0, len(text), 5) for p in seg.feed(text[i:i + 5])]
+        assert "".join(p.text for p in [*fed, *seg.flush()]) == text
+        assert time.perf_counter() - started < 3.0, text[:20]
+
+
+def test_max_fence_chars_is_checked() -> None:
+    import pytest
+
+    with pytest.raises(ValueError, match="max_fence_chars must be >= 8, got 4"):
+        Segmenter(400, max_fence_chars=4)
+
+
+def test_cjk_closer_at_the_end_of_a_delta_stays_with_its_sentence() -> None:
+    seg = Segmenter(400)
+    pieces = [*seg.feed("好。」"), *seg.feed("然后"), *seg.flush()]
+    assert [p.text for p in pieces] == ["好。」", "然后"] == texts_of("好。」然后")
 
 
 def texts_of(text: str, max_chars: int = 400) -> list[str]:

@@ -1,0 +1,233 @@
+"""HTTP at its edges: request bodies that are not JSON, that never finish, that are too big.
+
+Timeouts and connection closes are checked against a real server on 127.0.0.1 over raw
+sockets; media types against the app in-process.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+
+from service.app import create_app
+from tests.conftest import PROBLEM, Running, Server, assert_problem, make_settings, served
+
+BODY_TIMEOUT_S = 1.0
+MARGIN_S = 3.0
+TRANSLATE = b'{"texts": ["Hello there."], "target": "de"}'
+
+
+# -- media types (in-process) ------------------------------------------------------------------
+
+JSON_ROUTES = [
+    ("/v1/translate", TRANSLATE),
+    ("/v1/detect", b'{"texts": ["Hello there."]}'),
+    ("/v1/streams", b'{"stream_id": "m1", "target": "de"}'),
+    ("/v1/streams/m1/chunks", b'{"chunks": [{"seq": 0, "text": "Hi. "}]}'),
+    ("/v1/streams/m1/close", b"{}"),
+]
+
+
+@pytest.mark.parametrize("content_type", [None, "text/plain", "application/x-www-form-urlencoded",
+                                          "application/jsonx", "json"])
+@pytest.mark.parametrize(("path", "body"), JSON_ROUTES)
+async def test_a_body_that_is_not_json_gets_415_saying_what_to_send(
+    passthrough_app: Running, path: str, body: bytes, content_type: str | None
+) -> None:
+    headers = {"content-type": content_type} if content_type else {}
+    resp = await passthrough_app.client.post(path, content=body, headers=headers)
+    problem = assert_problem(resp, 415, "Content-Type: application/json")
+    assert problem["type"] == "urn:thinktrans:problem:unsupported-media-type"
+    assert (repr(content_type) if content_type else "no Content-Type") in problem["detail"]
+    assert resp.headers["accept-post"] == "application/json"
+
+
+@pytest.mark.parametrize("content_type", [
+    "application/json", "application/json; charset=utf-8", "Application/JSON;charset=UTF-8",
+    "application/vnd.thinktrans+json", " application/json ",
+])
+async def test_json_with_parameters_or_a_json_suffix_is_json(
+    passthrough_app: Running, content_type: str
+) -> None:
+    c = passthrough_app.client
+    resp = await c.post("/v1/translate", content=TRANSLATE, headers={"content-type": content_type})
+    assert resp.status_code == 200, resp.text
+    resp = await c.post("/v1/streams/j1/chunks", content=b'{"chunks": [{"seq": 0, "text": "Hi"}]}',
+                        headers={"content-type": content_type})
+    assert resp.status_code == 200, resp.text
+
+
+async def test_a_post_without_a_body_needs_no_content_type(passthrough_app: Running) -> None:
+    c = passthrough_app.client
+    resp = await c.post("/v1/streams", json={"stream_id": "e1", "target": "de"})
+    assert resp.status_code == 201
+    assert (await c.post("/v1/streams/e1/close")).status_code == 200
+    resp = await c.post("/v1/streams/e1/close", content=b"", headers={"content-type": "text/plain"})
+    assert resp.status_code == 200, resp.text
+    resp = await c.post("/v1/translate")  # no body, no type: the body's fields are missing
+    assert_problem(resp, 422, "no body", "Content-Type: application/json")
+
+
+async def test_a_chunked_body_that_is_not_json_gets_415(passthrough_app: Running) -> None:
+    async def body() -> Any:
+        yield TRANSLATE
+
+    resp = await passthrough_app.client.post("/v1/translate", content=body(),
+                                             headers={"content-type": "text/plain"})
+    assert_problem(resp, 415, "Content-Type: application/json")
+
+
+async def test_the_token_is_checked_before_the_media_type() -> None:
+    app = create_app(make_settings(api_token="s3cret"))
+    transport = httpx.ASGITransport(app=app)
+    async with httpx.AsyncClient(transport=transport, base_url="http://test") as c:
+        resp = await c.post("/v1/translate", content=TRANSLATE, headers={"content-type": "text/x"})
+    assert_problem(resp, 401)
+
+
+async def test_a_body_that_stops_midway_times_out_in_process() -> None:
+    """The guard's clock, without a server: the rest of the body never comes."""
+    import asyncio
+
+    app = create_app(make_settings(body_timeout_s=0.2))
+    scope = {"type": "http", "method": "POST", "path": "/v1/translate", "raw_path": b"",
+             "root_path": "", "query_string": b"", "http_version": "1.1", "scheme": "http",
+             "server": ("test", 80), "client": ("test", 1), "app": app,
+             "headers": [(b"content-type", b"application/json"), (b"content-length", b"100")]}
+    parts = [{"type": "http.request", "body": TRANSLATE[:10], "more_body": True}]
+    sent: list[dict[str, Any]] = []
+
+    async def receive() -> dict[str, Any]:
+        if parts:
+            return parts.pop()
+        await asyncio.sleep(3600)
+        raise AssertionError("not reached")
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+
+    async with app.router.lifespan_context(app):
+        await asyncio.wait_for(app(scope, receive, send), 5)  # a TimeoutError fails the test
+    assert sent[0]["status"] == 408
+    headers = dict(sent[0]["headers"])
+    assert headers[b"content-type"] == PROBLEM.encode() and headers[b"connection"] == b"close"
+    detail = json.loads(sent[1]["body"])["detail"]
+    assert "100 bytes declared by Content-Length, 10 received" in detail
+    assert "THINKTRANS_BODY_TIMEOUT_S" in detail
+
+
+# -- a real server, raw sockets ----------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[Server]:
+    with served(THINKTRANS_BODY_TIMEOUT_S=str(BODY_TIMEOUT_S),
+                THINKTRANS_DEFAULT_LOCALE="de") as srv:
+        yield srv
+
+
+def _connect(server: Server) -> socket.socket:
+    host, port = server.url.removeprefix("http://").split(":")
+    sock = socket.create_connection((host, int(port)), timeout=BODY_TIMEOUT_S + MARGIN_S)
+    return sock
+
+
+def _read_to_eof(sock: socket.socket) -> bytes:
+    """Everything until the server closes the connection (a socket timeout fails the test)."""
+    data = b""
+    while True:
+        got = sock.recv(65536)
+        if not got:
+            return data
+        data += got
+
+
+def _parse(raw: bytes) -> tuple[int, dict[str, str], bytes]:
+    head, _, body = raw.partition(b"\r\n\r\n")
+    lines = head.decode("latin-1").split("\r\n")
+    headers = dict(line.lower().split(": ", 1) for line in lines[1:])
+    return int(lines[0].split()[1]), headers, body
+
+
+def _head(path: str, *extra: str) -> bytes:
+    lines = [f"POST {path} HTTP/1.1", "Host: 127.0.0.1", *extra, "", ""]
+    return "\r\n".join(lines).encode()
+
+
+def test_a_body_that_stops_midway_gets_408_and_the_connection_is_closed(server: Server) -> None:
+    with _connect(server) as sock:
+        sock.sendall(_head("/v1/translate", "Content-Type: application/json",
+                           "Content-Length: 100") + TRANSLATE[:10])
+        started = time.monotonic()
+        raw = _read_to_eof(sock)  # EOF: the server closed the connection
+        elapsed = time.monotonic() - started
+    status, headers, body = _parse(raw)
+    assert status == 408, raw
+    assert headers["content-type"] == PROBLEM
+    assert headers["connection"] == "close"
+    problem = json.loads(body)
+    assert problem["status"] == 408 and problem["type"] == "urn:thinktrans:problem:request-timeout"
+    assert "THINKTRANS_BODY_TIMEOUT_S" in problem["detail"]
+    assert BODY_TIMEOUT_S * 0.8 <= elapsed < BODY_TIMEOUT_S + MARGIN_S
+
+
+def test_a_chunked_body_that_stops_midway_gets_408(server: Server) -> None:
+    with _connect(server) as sock:
+        sock.sendall(_head("/v1/streams/t2/chunks", "Content-Type: application/json",
+                           "Transfer-Encoding: chunked") + b"5\r\n{\"chu\r\n")
+        started = time.monotonic()
+        raw = _read_to_eof(sock)
+    status, headers, _ = _parse(raw)
+    assert status == 408, raw
+    assert headers["connection"] == "close"
+    assert time.monotonic() - started < BODY_TIMEOUT_S + MARGIN_S
+
+
+def test_a_slow_body_complete_in_time_is_served(server: Server) -> None:
+    with _connect(server) as sock:
+        sock.sendall(_head("/v1/translate", "Content-Type: application/json",
+                           f"Content-Length: {len(TRANSLATE)}", "Connection: close"))
+        for i in range(0, len(TRANSLATE), 10):
+            time.sleep(BODY_TIMEOUT_S / 10)
+            sock.sendall(TRANSLATE[i:i + 10])
+        status, _, body = _parse(_read_to_eof(sock))
+    assert status == 200, body
+    assert json.loads(body)["results"][0]["segments"]
+
+
+def test_a_request_without_a_body_is_not_on_the_body_clock(server: Server) -> None:
+    """A long-poll outlives body_timeout_s: the clock is for bodies, not for answers."""
+    assert httpx.post(f"{server.url}/v1/streams", json={"stream_id": "lp"}).status_code == 201
+    wait_ms = int(BODY_TIMEOUT_S * 2500)
+    started = time.monotonic()
+    resp = httpx.get(f"{server.url}/v1/streams/lp/events", params={"wait_ms": wait_ms},
+                     timeout=30)
+    assert resp.status_code == 200, resp.text
+    assert time.monotonic() - started >= wait_ms / 1000 * 0.9
+
+
+def test_an_oversized_body_gets_413_without_being_read(server: Server) -> None:
+    with _connect(server) as sock:
+        sock.sendall(_head("/v1/translate", "Content-Type: application/json",
+                           "Content-Length: 1000000000") + b'{"texts": [')
+        started = time.monotonic()
+        status, headers, _ = _parse(_read_to_eof(sock))
+    assert status == 413
+    assert headers["connection"] == "close"
+    assert time.monotonic() - started < BODY_TIMEOUT_S  # not waiting for the body
+
+
+def test_a_body_that_is_not_json_gets_415_and_the_connection_is_closed(server: Server) -> None:
+    with _connect(server) as sock:
+        sock.sendall(_head("/v1/translate", "Content-Type: text/plain",
+                           f"Content-Length: {len(TRANSLATE)}") + TRANSLATE)
+        status, headers, body = _parse(_read_to_eof(sock))
+    assert status == 415, body
+    assert headers["content-type"] == PROBLEM
+    assert "Content-Type: application/json" in json.loads(body)["detail"]
