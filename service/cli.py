@@ -6,7 +6,10 @@ Errors become one line on stderr and a non-zero exit code, never a traceback.
 from __future__ import annotations
 
 import asyncio
+import errno
 import json
+import re
+import socket
 import sys
 from enum import StrEnum
 from pathlib import Path
@@ -14,7 +17,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from service.errors import ConfigError, InputError, ThinktransError
+from service.errors import BackendUnavailable, ConfigError, InputError, ThinktransError
 from service.settings import Settings, load_settings
 
 if TYPE_CHECKING:
@@ -29,6 +32,26 @@ app = typer.Typer(
 ConfigOpt = Annotated[
     Path | None, typer.Option("--config", help="YAML settings file (THINKTRANS_* variables win).")
 ]
+
+
+def _version(value: bool) -> None:
+    if value:
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            typer.echo(f"thinktrans {version('thinktrans')}")
+        except PackageNotFoundError:
+            typer.echo("thinktrans (not installed: running from a source tree)")
+        raise typer.Exit()
+
+
+@app.callback()
+def _main(
+    show_version: Annotated[bool, typer.Option(
+        "--version", callback=_version, is_eager=True, metavar="",
+        help="Print the installed version and exit.")] = False,
+) -> None:
+    """thinktrans: translate an agent's streamed thinking into the user's language."""
 
 
 def _fail(message: str, code: int) -> typer.Exit:
@@ -67,25 +90,66 @@ def serve(
     """Start the HTTP service."""
     import uvicorn
 
+    from models.registry import build_backends
     from service.app import create_app
+    from service.detect import get_detector
+    from service.logs import configure
 
+    # JSON from the first line on: the settings may warn (an unknown variable).
+    configure("info", transformers=False)
     settings = _settings(config)
     try:
         settings = settings.with_flags(backend=backend, host=host, port=port)
     except ConfigError as exc:
         raise _fail(exc.detail, 2) from None
-    from service.logs import configure
-
-    configure(settings.log_level, log_text=settings.log_text)
+    # Only the local backend loads transformers; importing it for nothing costs 0.7 s.
+    configure(settings.log_level, log_text=settings.log_text,
+              transformers="local" in settings.all_backends())
     try:
-        application = create_app(settings)
+        # Checked here, not in the app's lifespan (where a failure is a traceback and
+        # uvicorn's exit 3), and before a model loads for minutes.
+        _check_port(settings.host, settings.port)
+        get_detector(settings.detector)
+        application = create_app(settings, backends=build_backends(settings), freeze_gc=True)
     except ThinktransError as exc:
         raise _fail(exc.detail, _exit_code(exc)) from None
     uv_config = uvicorn.Config(application, host=settings.host, port=settings.port,
                             log_level=settings.log_level, log_config=None, access_log=False,
-                            timeout_graceful_shutdown=int(settings.shutdown_grace_s) + 5)
+                            timeout_graceful_shutdown=int(settings.shutdown_grace_s) + 5,
+                            # An idle keep-alive connection closes 5 s after its last response;
+                            # uvicorn has no limit on a request head (see docs/reliability.md).
+                            timeout_keep_alive=5)
     server = _DrainingServer(uv_config)
     server.run()
+
+
+def _check_port(host: str, port: int) -> None:
+    """Bind and release ``host:port`` as uvicorn will; ConfigError in one line if it cannot."""
+    try:
+        addresses = socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM,
+                                       flags=socket.AI_PASSIVE)
+    except socket.gaierror as exc:
+        raise ConfigError(f"cannot resolve host {host!r} ({exc.strerror}); "
+                          "set --host or THINKTRANS_HOST") from None
+    for family, kind, proto, _, address in addresses:
+        try:
+            sock = socket.socket(family, kind, proto)
+        except OSError:
+            continue  # a family this machine lacks: asyncio skips it too
+        with sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as asyncio does
+            if family == socket.AF_INET6:
+                sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+            try:
+                sock.bind(address)
+            except OSError as exc:
+                if exc.errno == errno.EADDRINUSE:
+                    raise ConfigError(
+                        f"port {port} on {host} is already in use; stop what listens there "
+                        "or choose another port with --port or THINKTRANS_PORT") from None
+                raise ConfigError(
+                    f"cannot listen on {host}:{port} ({exc.strerror}); check --host/--port "
+                    "(THINKTRANS_HOST/THINKTRANS_PORT)") from None
 
 
 class _DrainingServer:
@@ -121,10 +185,20 @@ async def _translate(settings: Settings, text: str, target: str, source: str | N
     from service.runtime import Runtime
 
     async with Runtime(settings) as runtime:
-        # The backends load or check in the background; a one-shot command waits for that.
-        await runtime.wait_ready(timeout_s=600.0)
+        # The backends load or check in the background; a one-shot command waits for that,
+        # and stops at once when it failed: a service would wait for a retry, a command not.
+        if not await runtime.wait_ready(timeout_s=600.0):
+            reasons = [f"backend {name!r} is not ready: {_reason(runtime.backends[name])}"
+                       for name in settings.backend]
+            raise BackendUnavailable("; ".join(reasons))
         [result] = await runtime.translate([text], target=target, source=source)
         return result
+
+
+def _reason(translator: Any) -> str:
+    """Why a backend is not ready, less the service's "retrying in N s": a command stops."""
+    reason = translator.reason or "no reason given"
+    return re.sub(r"; retrying in [^;]*$", "", reason)
 
 
 @app.command()
@@ -133,14 +207,24 @@ def translate(
     text: Annotated[str | None, typer.Argument(help="Text, or - for standard input.")] = None,
     backend: Annotated[str | None, typer.Option(help="Backend or chain.")] = None,
     source: Annotated[str | None, typer.Option(help="Source locale (default: detect).")] = None,
-    as_json: Annotated[bool, typer.Option("--json", help="Print segment results as JSON.")] = False,
+    # metavar "": a flag takes no value, and the help should not suggest one.
+    as_json: Annotated[bool, typer.Option(
+        "--json", metavar="", help="Print segment results as JSON.")] = False,
     config: ConfigOpt = None,
 ) -> None:
-    """Translate text in-process (no server needed)."""
+    """Translate text in-process (no server needed).
+
+    Exits 4, with the reason on stderr, when a backend is not ready or a segment that
+    needed translating was not translated (the original is printed in its place).
+    """
     try:
         settings = _settings(config).with_flags(backend=backend)
     except ConfigError as exc:
         raise _fail(exc.detail, 2) from None
+    from service.logs import quiet
+
+    # The command reports a failed load itself, in one line; the log would say it twice.
+    quiet(transformers="local" in settings.all_backends())
     body = _read_text(text)
     try:
         result = asyncio.run(_translate(settings, body, to, source))
@@ -150,11 +234,13 @@ def translate(
         typer.echo(result.model_dump_json(exclude_defaults=True, indent=2))
     else:
         typer.echo(result.text, nl=not result.text.endswith("\n"))
-        failed = [s for s in result.segments if s.status in ("error", "deadline")]
-        if failed:
-            reason = failed[0].error or failed[0].status
-            typer.echo(f"thinktrans: {len(failed)} segment(s) left untranslated: {reason}",
-                       err=True)
+    failed = [s for s in result.segments if s.status in ("error", "deadline")]
+    if failed:
+        first = failed[0]
+        reason = first.error or (
+            f"not translated within the deadline ({settings.deadline_ms:g} ms); "
+            "raise THINKTRANS_DEADLINE_MS" if first.status == "deadline" else first.status)
+        raise _fail(f"{len(failed)} segment(s) left untranslated: {reason}", 4)
 
 
 @app.command()
@@ -220,7 +306,7 @@ def compare(
     from service.tools import report as rep
 
     settings = _settings(config)
-    cmp.quiet_logs()
+    cmp.quiet_logs(transformers=any("local" in label for label in backend))
     try:
         cfg = cmp.make_config(settings, target=to, labels=backend, corpus=corpus, refs=refs,
                               concurrency=concurrency, deadline_ms=deadline_ms,
@@ -264,7 +350,9 @@ def bench(
     streams: Annotated[int, typer.Option(help="Concurrent streams.")] = 20,
     duration: Annotated[float, typer.Option(help="Seconds to start new streams for.")] = 5.0,
     rate: Annotated[float, typer.Option(help="Deltas per second per stream.")] = 50.0,
-    post_interval_ms: Annotated[float, typer.Option(help="Deltas gathered per POST.")] = 100.0,
+    post_interval_ms: Annotated[float, typer.Option(
+        help="Milliseconds between a stream's POSTs; the deltas due are sent together.")
+    ] = 100.0,
     corpus: Annotated[Path | None, typer.Option(help="Text, .jsonl or .tsv corpus.")] = None,
     to: Annotated[str | None, typer.Option("--to", help="Stream target locale.")] = "zh-CN",
     token: Annotated[str | None, typer.Option(envvar="THINKTRANS_API_TOKEN",
@@ -273,7 +361,10 @@ def bench(
     ] = BenchFormat.table,
 ) -> None:
     """Load-test a running server with concurrent streams; checks every stream's originals."""
-    from service.tools.bench import BenchConfig, run_bench
+    try:
+        from service.tools.bench import BenchConfig, run_bench
+    except ModuleNotFoundError as exc:
+        raise _fail(f"bench needs {exc.name!r}: pip install 'thinktrans[bench]'", 2) from None
     from service.tools.corpus import load_corpus
     from service.tools.report import format_bench_table
 
@@ -298,16 +389,35 @@ def bench(
 def make_test_model(
     outdir: Annotated[Path, typer.Argument(help="Directory to write the checkpoint to.")],
     family: Annotated[str, typer.Option(help="nllb, m2m100 or marian.")] = "nllb",
+    source: Annotated[str, typer.Option(
+        "--source", help="Source language of the pair (BCP 47); Marian serves only its pair.")
+    ] = "en",
+    target: Annotated[str, typer.Option(
+        "--target", help="Target language of the pair (BCP 47).")] = "de",
 ) -> None:
-    """Write a tiny random-weight checkpoint of a real model family (for tests, smoke runs)."""
+    """Write a tiny random-weight checkpoint of a real model family (for tests, smoke runs).
+
+    Its files are readable by all (0644/0755), so a container's user can load it.
+    """
     try:
+        from service.tools.testmodel import FAMILIES, language_code
         from service.tools.testmodel import make_test_model as build
     except ModuleNotFoundError as exc:
         raise _fail(f"make-test-model needs {exc.name!r}: pip install 'thinktrans[local]'",
                     2) from None
-    if family not in ("nllb", "m2m100", "marian"):
+    if family not in FAMILIES:
         raise _fail(f"unknown family {family!r}; choose nllb, m2m100 or marian", 3)
-    path = build(family, outdir)
+    for option, tag in (("--source", source), ("--target", target)):
+        try:
+            language_code(family, tag)
+        except ValueError as exc:
+            raise _fail(f"{option}: {exc}", 3) from None
+    try:
+        path = build(family, outdir, source_lang=source, target_lang=target)
+    except ModuleNotFoundError as exc:
+        raise _fail(str(exc), 2) from None
+    except OSError as exc:
+        raise _fail(f"cannot write {str(outdir)!r}: {exc.strerror or exc}", 3) from None
     typer.echo(str(path))
 
 

@@ -3,13 +3,19 @@
 Records carry their fields in ``extra={...}``; the formatter writes them beside the
 message. Text appears only as its length and a short hash (``text_fields``), unless
 ``THINKTRANS_LOG_TEXT`` asks for the text too, for debugging.
+
+Other writers to stderr are brought into line: Python ``warnings``, and the loggers of
+huggingface_hub and transformers, which install their own plain-text handlers; their
+progress bars are switched off, as a bar is not a log line.
 """
 
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import json
 import logging
+import sys
 import time
 from typing import Any
 
@@ -38,8 +44,13 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(out, ensure_ascii=False, default=str)
 
 
-def configure(level: str, *, log_text: bool = False) -> None:
-    """Send every logger (uvicorn's too) through the JSON formatter on stderr."""
+def configure(level: str, *, log_text: bool = False, transformers: bool = True) -> None:
+    """Send every logger (uvicorn's, huggingface_hub's, Python warnings) through the JSON
+    formatter on stderr.
+
+    ``transformers``: take over its logger now, importing it if installed (about 0.7 s, no
+    torch); pass False where nothing will load it, as it installs its own handler on import.
+    """
     global _log_text
     _log_text = log_text
     handler = logging.StreamHandler()
@@ -48,9 +59,53 @@ def configure(level: str, *, log_text: bool = False) -> None:
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
     for name in ("uvicorn", "uvicorn.error", "uvicorn.access"):
+        _propagate(name)
+    logging.captureWarnings(True)
+    if _installed("huggingface_hub"):
+        import huggingface_hub.utils.logging  # noqa: F401 - adds its handler, dropped below
+        from huggingface_hub.utils import disable_progress_bars
+
+        disable_progress_bars()  # transformers reads this when it is imported
+        _propagate("huggingface_hub")
+    if "transformers" in sys.modules or (transformers and _installed("transformers")):
+        from transformers.utils import logging as transformers_logging
+
+        transformers_logging.disable_progress_bar()
+        _propagate("transformers")
+
+
+def quiet(*, transformers: bool = False) -> None:
+    """Keep log lines off a command's terminal; the command reports failures itself.
+
+    With no handler configured, Python prints warnings, and a failed model load's
+    traceback, to stderr, and huggingface_hub and transformers print theirs through their
+    own handlers. A handler that drops the service's records stops the first, and leaves
+    logging set up by an embedding program alone; the libraries keep only their errors.
+    ``transformers`` as in ``configure``. Progress bars (a model download) stay.
+    """
+    for name in ("thinktrans", "models"):  # the service's and the backends' loggers
         logger = logging.getLogger(name)
-        logger.handlers[:] = []
-        logger.propagate = True
+        if not logger.handlers:
+            logger.addHandler(logging.NullHandler())
+    if _installed("huggingface_hub"):
+        from huggingface_hub.utils import logging as hub_logging  # adds its handler on import
+
+        hub_logging.set_verbosity_error()
+    if "transformers" in sys.modules or (transformers and _installed("transformers")):
+        from transformers.utils import logging as transformers_logging
+
+        transformers_logging.set_verbosity_error()
+
+
+def _propagate(name: str) -> None:
+    """Records of ``name`` go to the root's JSON handler only, not to a handler of its own."""
+    logger = logging.getLogger(name)
+    logger.handlers[:] = []
+    logger.propagate = True
+
+
+def _installed(name: str) -> bool:
+    return name in sys.modules or importlib.util.find_spec(name) is not None
 
 
 def text_fields(text: str, prefix: str = "text") -> dict[str, Any]:

@@ -6,6 +6,10 @@ every field below; keep each field's description true, it is the documentation.
 
 from __future__ import annotations
 
+import difflib
+import logging
+import os
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -28,6 +32,8 @@ from pydantic_settings import (
 
 from service.errors import ConfigError, InvalidLocale, ThinktransError
 from service.locale import canonicalize, check_allowed
+
+log = logging.getLogger("thinktrans.settings")
 
 CommaList = Annotated[list[str], NoDecode]
 
@@ -161,9 +167,10 @@ class Settings(BaseSettings):
         256, ge=0, description="Most ended streams kept for late readers; past it the oldest "
         "ended stream is evicted and reads of it get 410."
     )
-    max_ended_chars: int = Field(
-        16_000_000, ge=0, description="Most characters of event text kept across ended "
-        "streams; past it the oldest ended stream is evicted and reads of it get 410."
+    max_ended_bytes: int = Field(
+        128 * 1024 * 1024, ge=0, description="Most memory (estimated from the events kept) "
+        "held by ended streams; past it the oldest ended stream is evicted and reads of it "
+        "get 410."
     )
     shutdown_grace_s: float = Field(
         10.0, ge=0, le=600,
@@ -227,6 +234,11 @@ class Settings(BaseSettings):
     llm_json_mode: bool = Field(
         False, description="Send `response_format: json_object` (only servers that support it)."
     )
+    llm_check_items: bool = Field(
+        True, description="Refuse an answer item that drops its source's numbers, inline code "
+        "or URLs, or whose length is far from its source's (the chain's next backend serves "
+        "it); see docs/backends.md."
+    )
 
     # -- prices (compare) ------------------------------------------------------------------
     price_per_million_chars: dict[str, float] = Field(
@@ -247,6 +259,17 @@ class Settings(BaseSettings):
             # Kubernetes' service links set THINKTRANS_PORT for a Service named thinktrans.
             raise ValueError("looks like a Kubernetes service link; set enableServiceLinks: "
                              "false in the pod spec, or name the Service otherwise")
+        return value
+
+    @field_validator("api_token", mode="before")
+    @classmethod
+    def _token(cls, value: Any) -> Any:
+        raw = value.get_secret_value() if isinstance(value, SecretStr) else value
+        if isinstance(raw, str) and not raw.strip():
+            # Compose's ${THINKTRANS_API_TOKEN} is empty when the host variable is unset:
+            # read as "no token", that would turn authentication off without a word.
+            raise ValueError("is set but empty; set a token, or unset the variable to run "
+                             "without authentication")
         return value
 
     @field_validator("default_locale")
@@ -327,13 +350,63 @@ class Settings(BaseSettings):
 
 
 
+# THINKTRANS_* variables that are not settings: read by the agent-side tools and the tests.
+NOT_SETTINGS = frozenset({
+    "THINKTRANS_URL",  # examples/agent_standin.py: where thinktrans is
+    "THINKTRANS_FUZZ_EXAMPLES",  # tests/test_fuzz.py: how long the fuzz tests run
+})
+
+
+def variable_names(settings_cls: type[Settings] = Settings) -> set[str]:
+    """The environment variables settings read: the prefixed names, the upper-case aliases."""
+    prefix = str(settings_cls.model_config.get("env_prefix", ""))
+    names = set()
+    for name, info in settings_cls.model_fields.items():
+        names.add(f"{prefix}{name.upper()}")
+        alias = info.validation_alias
+        choices = alias.choices if isinstance(alias, AliasChoices) else [alias]
+        names.update(c for c in choices if isinstance(c, str) and c.isupper())
+    return names
+
+
+def _suggest(name: str, choices: list[str], prefix: str = "") -> str:
+    """The "did you mean" hint: the choice closest to ``name``, compared without ``prefix``
+    (which every choice shares, and would make any two names look alike)."""
+    close = difflib.get_close_matches(name.removeprefix(prefix),
+                                      [c.removeprefix(prefix) for c in choices], n=1)
+    return f"; did you mean {prefix}{close[0]}?" if close else ""
+
+
+def unknown_variables(environ: Mapping[str, str]) -> list[str]:
+    """One line per ``THINKTRANS_*`` variable that no setting reads (a typo, most often),
+    naming the closest setting. Warned about, not refused: the environment is shared."""
+    known = variable_names()
+    prefixed = sorted(n for n in known if n.startswith("THINKTRANS_"))
+    lines = []
+    for name in sorted(environ):
+        upper = name.upper()  # the settings read variables case-insensitively
+        if upper.startswith("THINKTRANS_") and upper not in known and upper not in NOT_SETTINGS:
+            hint = _suggest(upper, prefixed, "THINKTRANS_")
+            lines.append(f"unknown setting {name} ignored{hint}")
+    return lines
+
+
+_SECRETS = frozenset(name for name, info in Settings.model_fields.items()
+                     if "SecretStr" in str(info.annotation))
+
+
 def _describe(exc: ValidationError) -> str:
     parts = []
     for err in exc.errors():
         field = ".".join(str(p) for p in err["loc"]) or "settings"
+        if err["type"] == "extra_forbidden" and len(err["loc"]) == 1:
+            # A key of the YAML file (or an argument) that is no setting: a typo, most often.
+            parts.append(f"unknown setting {field!r}{_suggest(field, list(Settings.model_fields))}")
+            continue
         env = f"THINKTRANS_{str(err['loc'][0]).upper()}" if err["loc"] else ""
         given = err.get("input")
-        shown = "" if isinstance(given, dict) or given is None else f", got {given!r}"
+        secret = field in _SECRETS
+        shown = "" if isinstance(given, dict) or given is None or secret else f", got {given!r}"
         msg = err["msg"].removeprefix("Value error, ")
         parts.append(f"{field} ({env}): {msg}{shown}" if env else f"{field}: {msg}{shown}")
     return "; ".join(parts)
@@ -356,6 +429,8 @@ def _with_file(path: Path) -> type[Settings]:
 def load_settings(config_file: str | Path | None = None, **overrides: Any) -> Settings:
     """Settings from ``overrides``, the environment and the YAML file (if any), in that order
     of precedence; or ConfigError with one line naming the setting."""
+    for line in unknown_variables(os.environ):
+        log.warning(line)
     cls = Settings if config_file is None else _with_file(Path(config_file))
     try:
         return cls(**overrides)

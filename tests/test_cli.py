@@ -1,8 +1,16 @@
 from __future__ import annotations
 
+import importlib.metadata
 import json
+import os
 import re
+import socket
+import stat
+import subprocess
+import sys
+import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import httpx
 import pytest
@@ -10,7 +18,7 @@ from typer.testing import CliRunner
 
 from service.cli import app
 from tests.conftest import served
-from tests.fakes_remote import closed_port_url
+from tests.fakes_remote import FakeChat, closed_port_url
 
 runner = CliRunner()
 
@@ -86,3 +94,263 @@ def test_serve_over_real_http(server: str) -> None:
     assert segments[0]["target"] == "zh-CN"
     assert httpx.get(f"{server}/healthz").json() == {"status": "ok"}
     assert "thinktrans_segments_total" in httpx.get(f"{server}/metrics").text
+
+
+# -- failures are one line and a non-zero exit ---------------------------------------------
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def run_cli(*args: str, timeout_s: float = 60, **env: str) -> subprocess.CompletedProcess[str]:
+    """`python -m service.cli ARGS` in its own process, as a user runs it."""
+    return subprocess.run(
+        [sys.executable, "-m", "service.cli", *args], env={**os.environ, **env}, cwd=ROOT,
+        capture_output=True, text=True, timeout=timeout_s,
+    )
+
+
+def one_line(stderr: str) -> str:
+    assert "Traceback" not in stderr, stderr
+    lines = stderr.strip().splitlines()
+    assert len(lines) == 1, stderr
+    return lines[0]
+
+
+@pytest.mark.parametrize(
+    ("env", "words"),
+    [({"THINKTRANS_BACKEND": "nope"}, ["unknown backend 'nope'", "passthrough"]),
+     ({"THINKTRANS_BACKEND": "passthrough", "THINKTRANS_API_TOKEN": ""},
+      ["THINKTRANS_API_TOKEN", "set but empty"]),
+     ({"THINKTRANS_BACKEND": "passthrough", "THINKTRANS_DETECTOR": "nope"},
+      ["unknown detector 'nope'"])],
+)
+def test_serve_refuses_bad_config_in_one_line(env: dict[str, str], words: list[str]) -> None:
+    port = str(closed_port_url().rsplit(":", 1)[1])
+    result = run_cli("serve", "--port", port, **env)
+    assert result.returncode == 2, result.stderr
+    line = one_line(result.stderr)
+    for word in words:
+        assert word in line
+
+
+def test_serve_port_in_use_is_one_line() -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = run_cli("serve", "--port", str(port), THINKTRANS_BACKEND="passthrough")
+    assert result.returncode != 0
+    line = one_line(result.stderr)
+    assert f"port {port}" in line and "in use" in line
+    assert "--port" in line and "THINKTRANS_PORT" in line
+
+
+def test_translate_with_a_backend_not_ready_fails_at_once(monkeypatch: pytest.MonkeyPatch
+                                                          ) -> None:
+    monkeypatch.setenv("THINKTRANS_BACKEND", "llm")  # no endpoint configured
+    result = runner.invoke(app, ["translate", "--to", "zh-CN", "Let me check the total."])
+    assert result.exit_code == 4, result.output
+    assert result.stdout == ""
+    line = one_line(result.stderr)
+    assert "backend 'llm' is not ready" in line and "THINKTRANS_LLM_BASE_URL" in line
+
+
+def test_translate_without_a_loadable_model_fails_at_once(tmp_path: Path) -> None:
+    """The default local backend with no model here: no wait through retries, no original
+    printed as if it were the translation, exit 4."""
+    pytest.importorskip("transformers")
+    started = time.monotonic()
+    result = run_cli("translate", "--to", "zh-CN", "Let me check the total time again.",
+                     THINKTRANS_LOCAL_MODEL=str(tmp_path / "no-model-here"), HF_HUB_OFFLINE="1")
+    assert result.returncode == 4, result.stderr
+    assert result.stdout == ""
+    line = one_line(result.stderr)
+    assert "backend 'local' is not ready" in line and "no-model-here" in line
+    assert "retrying" not in line
+    assert time.monotonic() - started < 25
+
+
+@pytest.mark.parametrize("as_json", [False, True])
+def test_translate_with_error_segments_exits_non_zero(
+    monkeypatch: pytest.MonkeyPatch, chat_server: FakeChat, as_json: bool
+) -> None:
+    chat_server.reset()
+    chat_server.mode = "malformed"  # the endpoint is up; its answers are not translations
+    monkeypatch.setenv("THINKTRANS_BACKEND", "llm")
+    monkeypatch.setenv("THINKTRANS_LLM_BASE_URL", f"{chat_server.origin}/v1")
+    monkeypatch.setenv("THINKTRANS_LLM_MODEL", "fake-model")
+    text = "Let me check the total time again."
+    args = ["translate", "--to", "zh-CN", *(["--json"] if as_json else []), text]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 4, result.output
+    if as_json:
+        assert json.loads(result.stdout)["segments"][0]["status"] == "error"
+    else:
+        assert result.stdout == text + "\n"  # the original, in its place
+    line = one_line(result.stderr)
+    assert "1 segment(s) left untranslated" in line and "llm" in line
+
+
+# -- bench -----------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def token_server() -> Iterator[str]:
+    with served(THINKTRANS_API_TOKEN="s3cret", THINKTRANS_DEFAULT_LOCALE="zh-CN") as srv:
+        yield srv.url
+
+
+@pytest.mark.parametrize(("token", "words"), [(None, "needs a token (401)"),
+                                              ("wrong", "refused the token (401)")])
+def test_bench_stops_at_a_refused_token(token_server: str, token: str | None, words: str
+                                        ) -> None:
+    pytest.importorskip("aiohttp")
+    args = ["bench", "--url", token_server, "--duration", "30", "--streams", "4"]
+    started = time.monotonic()
+    result = runner.invoke(app, [*args, *(["--token", token] if token else [])])
+    assert result.exit_code == 3, result.output
+    assert time.monotonic() - started < 10
+    line = one_line(result.stderr)
+    assert words in line and "--token" in line and "THINKTRANS_API_TOKEN" in line
+    # No stream was tried: the token was checked first.
+    metrics = httpx.get(f"{token_server}/metrics", timeout=5).text
+    assert 'method="POST",route="/v1/streams"' not in metrics, metrics
+
+
+def test_bench_with_the_token_runs(token_server: str) -> None:
+    pytest.importorskip("aiohttp")
+    result = runner.invoke(app, ["bench", "--url", token_server, "--duration", "0.3",
+                                 "--streams", "2", "--token", "s3cret", "--format", "json"])
+    assert result.exit_code == 0, result.output
+    summary = json.loads(result.stdout)
+    assert summary["streams"] >= 2 and summary["errors"] == 0 and summary["violations"] == 0
+
+
+@pytest.mark.parametrize(
+    ("module", "extra", "args"),
+    [("aiohttp", "bench", ["bench", "--url", "http://127.0.0.1:9"]),
+     ("matplotlib", "compare", ["compare", "--to", "de", "--backend", "passthrough",
+                                "--plot", "plot.png"])],
+)
+def test_missing_extra_is_one_line(tmp_path: Path, module: str, extra: str, args: list[str]
+                                   ) -> None:
+    # The extra's package made unimportable, as where it is not installed.
+    code = (f"import sys; sys.modules[{module!r}] = None; sys.argv[0] = 'thinktrans'; "
+            f"sys.path.insert(0, {str(ROOT)!r}); from service.cli import main; main()")
+    result = subprocess.run(
+        [sys.executable, "-c", code, *args], cwd=tmp_path, capture_output=True, text=True,
+        timeout=60, env={**os.environ, "THINKTRANS_BACKEND": "passthrough"},
+    )
+    assert result.returncode == 2, result.stderr
+    line = one_line(result.stderr)
+    assert f"'{module}'" in line and f"thinktrans[{extra}]" in line
+
+
+# -- logs ------------------------------------------------------------------------------------
+
+
+def json_lines(text: str) -> list[dict[str, object]]:
+    out = []
+    for line in text.splitlines():
+        try:
+            out.append(json.loads(line))
+        except ValueError:
+            raise AssertionError(f"not a JSON log line: {line!r}") from None
+    return out
+
+
+def test_json_logs_take_in_warnings_and_hub_logs() -> None:
+    pytest.importorskip("huggingface_hub")
+    code = (
+        "import logging, warnings\n"
+        "from service.logs import configure\n"
+        "configure('info', transformers=False)\n"
+        "warnings.warn('a library is unhappy')\n"
+        "logging.getLogger('huggingface_hub.file_download').warning('hub says hi')\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
+                            text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    records = json_lines(result.stderr)
+    assert [(r["logger"], r["level"]) for r in records] == [
+        ("py.warnings", "warning"), ("huggingface_hub.file_download", "warning")]
+
+
+@pytest.fixture(scope="module")
+def tiny_nllb(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    pytest.importorskip("sentencepiece")
+    from service.tools.testmodel import make_test_model
+
+    return make_test_model("nllb", tmp_path_factory.mktemp("models") / "nllb")
+
+
+def test_serve_logs_are_json_lines_with_a_model(tiny_nllb: Path) -> None:
+    """Loading a checkpoint draws transformers' progress bar unless the logs take it over;
+    an unknown variable is warned about, in JSON too."""
+    env = {"THINKTRANS_BACKEND": "local", "THINKTRANS_LOCAL_MODEL": str(tiny_nllb),
+           "HF_HUB_OFFLINE": "1", "THINKTRANS_MAX_QUEU_SIZE": "8"}
+    with served(**env) as srv:
+        r = httpx.post(f"{srv.url}/v1/translate", timeout=30,
+                       json={"target": "de", "texts": ["Let me check the total time."]})
+        assert r.status_code == 200
+        srv.terminate(30)
+        records = json_lines(srv.log())
+    messages = [str(r["msg"]) for r in records]
+    assert any(m.startswith("local: ready") for m in messages), messages
+    assert ("unknown setting THINKTRANS_MAX_QUEU_SIZE ignored; "
+            "did you mean THINKTRANS_MAX_QUEUE_SIZE?") in messages
+
+
+# -- help, version, make-test-model ------------------------------------------------------------
+
+
+def test_version() -> None:
+    result = runner.invoke(app, ["--version"])
+    assert result.exit_code == 0
+    assert result.stdout.strip() == f"thinktrans {importlib.metadata.version('thinktrans')}"
+
+
+def test_help_shows_flags_as_flags() -> None:
+    result = runner.invoke(app, ["translate", "--help"], env={"COLUMNS": "120"})
+    [line] = [line for line in result.stdout.splitlines() if "--json" in line]
+    assert "<bool>" not in line, line
+    result = runner.invoke(app, ["bench", "--help"], env={"COLUMNS": "160"})
+    [line] = [line for line in result.stdout.splitlines() if "--post-interval-ms" in line]
+    assert "Milliseconds between" in line, line
+
+
+@pytest.mark.parametrize(
+    ("family", "keys", "source", "target"),
+    [("nllb", ("src_lang", "tgt_lang"), "fra_Latn", "jpn_Jpan"),
+     ("m2m100", ("src_lang", "tgt_lang"), "fr", "ja"),
+     ("marian", ("source_lang", "target_lang"), "fr", "ja")],
+)
+def test_make_test_model_pair_and_modes(
+    tmp_path: Path, family: str, keys: tuple[str, str], source: str, target: str
+) -> None:
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    pytest.importorskip("sentencepiece")
+    out = tmp_path / "new" / family
+    old = os.umask(0o077)  # a strict umask: the files must be readable anyway
+    try:
+        result = runner.invoke(app, ["make-test-model", str(out), "--family", family,
+                                     "--source", "fr", "--target", "ja"])
+    finally:
+        os.umask(old)
+    assert result.exit_code == 0, result.output
+    saved = json.loads((out / "tokenizer_config.json").read_text(encoding="utf-8"))
+    assert (saved[keys[0]], saved[keys[1]]) == (source, target)
+    for path in [tmp_path / "new", *out.rglob("*"), out]:
+        mode = stat.S_IMODE(path.stat().st_mode)
+        want = 0o755 if path.is_dir() else 0o644
+        assert mode & want == want, f"{path}: {oct(mode)}"
+
+
+def test_make_test_model_unknown_language_is_one_line(tmp_path: Path) -> None:
+    result = runner.invoke(app, ["make-test-model", str(tmp_path / "m"), "--target", "tlh"])
+    assert result.exit_code == 3, result.output
+    line = one_line(result.stderr)
+    assert line.startswith("thinktrans: --target:") and "'tlh'" in line

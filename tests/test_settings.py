@@ -81,3 +81,41 @@ def test_deepl_auth_key_is_accepted(monkeypatch: pytest.MonkeyPatch) -> None:
     s = load_settings()
     assert s.deepl_api_key is not None
     assert s.deepl_api_key.get_secret_value() == "abc:fx"
+
+
+@pytest.mark.parametrize("value", ["", "   "])
+def test_empty_token_is_refused(monkeypatch: pytest.MonkeyPatch, value: str) -> None:
+    # Compose passes ${THINKTRANS_API_TOKEN} as "" when the host variable is unset.
+    monkeypatch.setenv("THINKTRANS_API_TOKEN", value)
+    with pytest.raises(ConfigError) as exc:
+        load_settings()
+    detail = exc.value.detail
+    assert "THINKTRANS_API_TOKEN" in detail and "set but empty" in detail
+    assert "unset the variable" in detail and "\n" not in detail
+
+
+def test_unknown_variable_warns_with_the_closest_name(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setenv("THINKTRANS_MAX_QUEU_SIZE", "8")
+    # Read by the project, not settings: no warning for these.
+    monkeypatch.setenv("THINKTRANS_URL", "http://127.0.0.1:8088")
+    monkeypatch.setenv("THINKTRANS_DEEPL_API_KEY", "abc:fx")
+    monkeypatch.setenv("DEEPL_AUTH_KEY", "abc:fx")
+    monkeypatch.setenv("THINKTRANS_FUZZ_EXAMPLES", "5")
+    with caplog.at_level("WARNING", logger="thinktrans.settings"):
+        s = load_settings()
+    assert s.max_queue_size == 4096
+    assert [r.getMessage() for r in caplog.records] == [
+        "unknown setting THINKTRANS_MAX_QUEU_SIZE ignored; "
+        "did you mean THINKTRANS_MAX_QUEUE_SIZE?"
+    ]
+
+
+def test_unknown_yaml_key_names_the_closest_setting(tmp_path: Path) -> None:
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("max_batch_sise: 4\n")
+    with pytest.raises(ConfigError) as exc:
+        load_settings(cfg)
+    assert "unknown setting 'max_batch_sise'; did you mean max_batch_size?" in exc.value.detail
+    assert "Extra inputs" not in exc.value.detail

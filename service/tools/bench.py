@@ -4,7 +4,8 @@ N concurrent streams post realistic deltas (1-6 characters, 1-2 for Chinese and
 Japanese) at ``rate`` deltas per second each, gathered into one POST every
 ``post_interval_ms``, and read their events over SSE. Every stream is checked: the
 originals of its segments, joined in index order, must equal what it sent. The run stops
-by itself after ``duration_s`` (streams under way finish their text).
+by itself after ``duration_s`` (streams under way finish their text), and at once when the
+server refuses the token (401/403): no stream could succeed.
 """
 
 from __future__ import annotations
@@ -24,6 +25,15 @@ from service.errors import InputError
 from service.metrics import percentile
 
 _CJK = re.compile(r"[\u3040-\u30ff\u3400-\u9fff\uac00-\ud7af]")
+_DENIED = (401, 403)
+
+
+def _denied(url: str, status: int, token: str | None) -> str:
+    """The one line for a refused token: what to set."""
+    if token:
+        return (f"{url} refused the token ({status}); give the server's token with --token "
+                "or THINKTRANS_API_TOKEN")
+    return (f"{url} needs a token ({status}); give it with --token or THINKTRANS_API_TOKEN")
 
 
 @dataclass
@@ -107,6 +117,7 @@ class _Run:
         self.report = BenchReport()
         self.run_id = uuid.uuid4().hex[:8]
         self.stop_at = 0.0
+        self.denied: str | None = None  # set by the first 401/403: the run stops
         self.headers = {"Authorization": f"Bearer {cfg.token}"} if cfg.token else {}
 
     def session(self) -> aiohttp.ClientSession:
@@ -131,6 +142,9 @@ class _Run:
         report.streams += 1
         base = f"{self.cfg.url}/v1/streams"
         async with session.post(base, json={"stream_id": sid, "target": self.cfg.target}) as r:
+            if r.status in _DENIED:
+                self.deny(r.status)
+                return
             if r.status not in (200, 201):
                 report.errors.append(f"{sid}: open -> {r.status} {(await r.text())[:120]}")
                 return
@@ -140,6 +154,10 @@ class _Run:
         started = time.monotonic()
         interval = self.cfg.post_interval_ms / 1000.0
         while sent < len(deltas):
+            if self.denied is not None:
+                reader.cancel()
+                await asyncio.gather(reader, return_exceptions=True)
+                return
             due = min(len(deltas), int((time.monotonic() - started) * self.cfg.rate) + 1)
             if due > sent:
                 chunks = [{"seq": s, "text": deltas[s]} for s in range(sent, due)]
@@ -186,9 +204,18 @@ class _Run:
             if status == 503:
                 await asyncio.sleep(float(retry_after))
                 continue
+            if status in _DENIED:
+                self.deny(status)
+                return False
             self.report.errors.append(f"{sid}: chunks -> {status} {body[:120]!r}")
             return False
         return False
+
+    def deny(self, status: int) -> None:
+        """Stop every worker: with the token refused, no stream can succeed."""
+        if self.denied is None:
+            self.denied = _denied(self.cfg.url, status, self.cfg.token)
+        self.stop_at = 0.0
 
     async def read(self, session: aiohttp.ClientSession, sid: str) -> list[str] | None:
         """Read SSE until `end`; return the originals in index order."""
@@ -230,7 +257,8 @@ class _Run:
 
 
 async def run_bench(cfg: BenchConfig) -> BenchReport:
-    """Run the load; raises InputError when the server cannot be reached."""
+    """Run the load; raises InputError when the server cannot be reached or refuses the
+    token."""
     if cfg.streams < 1 or cfg.duration_s <= 0 or cfg.rate <= 0:
         raise InputError("--streams, --duration and --rate must be positive")
     if not cfg.texts:
@@ -245,10 +273,21 @@ async def run_bench(cfg: BenchConfig) -> BenchReport:
             raise InputError(f"cannot reach {cfg.url}: {type(exc).__name__}") from None
         if status != 200:
             raise InputError(f"{cfg.url}/healthz answered {status}")
+        # /healthz needs no token; a /v1 route does: refused now, not once per stream.
+        try:
+            async with session.get(f"{cfg.url}/v1/backends",
+                                   timeout=aiohttp.ClientTimeout(total=5)) as backends:
+                status = backends.status
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            raise InputError(f"cannot reach {cfg.url}/v1: {type(exc).__name__}") from None
+        if status in _DENIED:
+            raise InputError(_denied(cfg.url, status, cfg.token))
         cpu0 = await _server_cpu(session, cfg.url)
         started = time.monotonic()
         run.stop_at = started + cfg.duration_s
         await asyncio.gather(*(run.worker(i) for i in range(cfg.streams)))
+        if run.denied is not None:
+            raise InputError(run.denied)
         run.report.wall_s = time.monotonic() - started
         cpu1 = await _server_cpu(session, cfg.url)
     if cpu0 is not None and cpu1 is not None:

@@ -18,7 +18,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import importlib.util
-import logging
 import math
 import os
 import platform
@@ -65,17 +64,12 @@ class _NoProgress:
         pass
 
 
-def quiet_logs() -> None:
-    """Keep the service's log lines off compare's terminal.
+def quiet_logs(*, transformers: bool = False) -> None:
+    """Keep the service's log lines off compare's terminal: compare reports each failure
+    itself, in one line (see ``service.logs.quiet``)."""
+    from service.logs import quiet
 
-    With no handler configured, Python prints warnings, and a failed model load's
-    traceback, to stderr; compare reports each failure itself, in one line. A handler
-    that drops them stops that, and leaves logging set up by an embedding program alone.
-    """
-    for name in ("thinktrans", "models"):  # service.* and models.* loggers
-        logger = logging.getLogger(name)
-        if not logger.handlers:
-            logger.addHandler(logging.NullHandler())
+    quiet(transformers=transformers)
 
 
 def check_scoring() -> None:

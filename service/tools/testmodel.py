@@ -8,7 +8,13 @@ and the weights are random, so translations are garbage, but never empty: the ch
 ``generation_config.json`` bans special tokens and holds EOS back for a few tokens, which a real
 checkpoint would not need. Building one takes about a second.
 
-Command line: ``python -m service.tools.testmodel --family nllb OUTDIR``.
+``source``/``target`` (BCP 47) are the checkpoint's pair: a Marian checkpoint serves only that
+pair; NLLB and M2M-100 save them as the tokenizer's default ``src_lang``/``tgt_lang`` (in the
+family's codes: ``eng_Latn``, ``__en__``), and serve every language of the table anyway.
+Files are written readable by all (0644, directories 0755), as a container's user is not
+the one who wrote them.
+
+Command line: ``python -m service.tools.testmodel --family nllb --source en --target de OUTDIR``.
 """
 
 from __future__ import annotations
@@ -16,6 +22,8 @@ from __future__ import annotations
 import argparse
 import io
 import json
+import os
+import stat
 import sys
 import tempfile
 from collections.abc import Sequence
@@ -117,7 +125,26 @@ def _seed() -> None:
     torch.manual_seed(0)
 
 
-def _make_nllb(outdir: Path) -> None:
+def language_code(family: str, tag: str) -> str:
+    """The code of BCP 47 ``tag`` in ``family``: ``eng_Latn`` (NLLB), ``en`` (M2M-100's
+    ``__en__`` token), ``en`` (Marian, the tag itself); ValueError naming what is known."""
+    from models.languages import canonical, table_key
+    from models.local import M2M_CODES, NLLB_CODES
+
+    standard = canonical(tag)
+    if standard is None:
+        raise ValueError(f"{tag!r} is not a BCP 47 language tag, e.g. en, de, zh-CN")
+    if family == "marian":
+        return standard
+    codes = NLLB_CODES if family == "nllb" else M2M_CODES
+    code = codes.get(table_key(standard))
+    if code is None:
+        raise ValueError(f"{tag!r} is not in the local backend's language table; "
+                         f"choose from {', '.join(sorted(codes))}")
+    return code
+
+
+def _make_nllb(outdir: Path, source_lang: str, target_lang: str) -> None:
     from transformers import M2M100Config, M2M100ForConditionalGeneration, NllbTokenizer
     from transformers.models.nllb.tokenization_nllb import FAIRSEQ_LANGUAGE_CODES
 
@@ -125,7 +152,8 @@ def _make_nllb(outdir: Path) -> None:
         (Path(tmp) / "sentencepiece.bpe.model").write_bytes(_train_spm("bpe", 400))
         # Loading from the .model file runs the library's own slow-to-fast conversion.
         tokenizer = NllbTokenizer.from_pretrained(
-            tmp, extra_special_tokens=list(FAIRSEQ_LANGUAGE_CODES), src_lang="eng_Latn"
+            tmp, extra_special_tokens=list(FAIRSEQ_LANGUAGE_CODES), src_lang=source_lang,
+            tgt_lang=target_lang,
         )
         tokenizer.save_pretrained(outdir)
     eos = tokenizer.eos_token_id
@@ -146,7 +174,7 @@ def _make_nllb(outdir: Path) -> None:
     model.save_pretrained(outdir)
 
 
-def _make_m2m100(outdir: Path) -> None:
+def _make_m2m100(outdir: Path, source_lang: str, target_lang: str) -> None:
     from transformers import M2M100Config, M2M100ForConditionalGeneration, M2M100Tokenizer
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -161,7 +189,8 @@ def _make_m2m100(outdir: Path) -> None:
             vocab.setdefault(processor.id_to_piece(i), len(vocab))
         vocab_path = Path(tmp) / "vocab.json"
         vocab_path.write_text(json.dumps(vocab, ensure_ascii=False), encoding="utf-8")
-        tokenizer = M2M100Tokenizer(vocab_file=str(vocab_path), spm_file=str(spm_path))
+        tokenizer = M2M100Tokenizer(vocab_file=str(vocab_path), spm_file=str(spm_path),
+                                    src_lang=source_lang, tgt_lang=target_lang)
         tokenizer.save_pretrained(outdir)
     eos = tokenizer.eos_token_id
     # The real vocabulary also ends in the language ids and eight "madeup" words.
@@ -232,10 +261,13 @@ def make_test_model(
 ) -> Path:
     """Write a tiny random-weight checkpoint of ``family`` (nllb|m2m100|marian) to ``outdir``.
 
-    ``source_lang``/``target_lang`` name the pair of a Marian checkpoint (ignored otherwise).
+    ``source_lang``/``target_lang`` (BCP 47) name its pair (see the module docstring);
+    ValueError for an unknown family or language.
     """
     if family not in FAMILIES:
         raise ValueError(f"family must be one of {', '.join(FAMILIES)}, got {family!r}")
+    source = language_code(family, source_lang)
+    target = language_code(family, target_lang)
     try:
         import sentencepiece  # noqa: F401
         import torch  # noqa: F401
@@ -245,14 +277,32 @@ def make_test_model(
             f"make-test-model needs {exc.name!r}: pip install 'thinktrans[local]'", name=exc.name
         ) from exc
     out = Path(outdir)
+    created = [d for d in (out, *out.parents) if not d.exists()]
     out.mkdir(parents=True, exist_ok=True)
     if family == "nllb":
-        _make_nllb(out)
+        _make_nllb(out, source, target)
     elif family == "m2m100":
-        _make_m2m100(out)
+        _make_m2m100(out, source, target)
     else:
-        _make_marian(out, source_lang, target_lang)
+        _make_marian(out, source, target)
+    _readable(out, created)
     return out
+
+
+def _readable(out: Path, created: Sequence[Path]) -> None:
+    """Files 0644 and directories 0755 at least: save_pretrained writes the weights 0600,
+    which the image's user (uid 10001) cannot read from a mounted directory."""
+    for directory in created:
+        directory.chmod(directory.stat().st_mode | 0o755)
+    for root, dirs, files in os.walk(out):
+        for name in dirs:
+            path = Path(root, name)
+            path.chmod(path.stat().st_mode | 0o755)
+        for name in files:
+            path = Path(root, name)
+            mode = path.lstat().st_mode
+            if stat.S_ISREG(mode):
+                path.chmod(mode | 0o644)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -262,13 +312,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         description="Write a tiny random-weight translation checkpoint for tests.",
     )
     parser.add_argument("--family", choices=FAMILIES, required=True)
-    parser.add_argument("--source-lang", default="en", help="Marian only: the pair's source")
-    parser.add_argument("--target-lang", default="de", help="Marian only: the pair's target")
+    parser.add_argument("--source", "--source-lang", dest="source", default="en",
+                        help="the pair's source language (BCP 47)")
+    parser.add_argument("--target", "--target-lang", dest="target", default="de",
+                        help="the pair's target language (BCP 47)")
     parser.add_argument("outdir")
     args = parser.parse_args(argv)
-    path = make_test_model(
-        args.family, args.outdir, source_lang=args.source_lang, target_lang=args.target_lang
-    )
+    try:
+        path = make_test_model(
+            args.family, args.outdir, source_lang=args.source, target_lang=args.target
+        )
+    except ValueError as exc:
+        parser.error(str(exc))
     print(path)
     return 0
 
