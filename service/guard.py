@@ -47,6 +47,7 @@ class Guard:
         # None: the app's settings say (app.state.settings.body_timeout_s), else 30 s.
         self.body_timeout_s = body_timeout_s
         self._observed: dict[tuple[str, str, int], tuple[Any, Any]] = {}
+        self._clock = _BodyClock()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -116,26 +117,32 @@ class Guard:
             return
         # Read the whole body here: within the size limit and the time limit, then replay it.
         body = bytearray()
+        task = asyncio.current_task()
+        assert task is not None
+        self._clock.start(task, self._body_timeout(scope))
         try:
-            async with asyncio.timeout(self._body_timeout(scope)):
-                while True:
-                    message = await receive()
-                    if message["type"] != "http.request":
-                        await self.app(scope, _replay([message]), send)
-                        return
-                    more = message.get("more_body", False)
-                    if not body and not more:
-                        break  # the whole body in one message: no copy
-                    body += message.get("body", b"")
-                    if len(body) > self.max_bytes:
-                        await self._too_big(CLOSE)(scope, receive, send)
-                        return
-                    if not more:
-                        message = {"type": "http.request", "body": bytes(body)}
-                        break
-        except TimeoutError:
+            while True:
+                message = await receive()
+                if message["type"] != "http.request":
+                    await self.app(scope, _replay([message]), send)
+                    return
+                more = message.get("more_body", False)
+                if not body and not more:
+                    break  # the whole body in one message: no copy
+                body += message.get("body", b"")
+                if len(body) > self.max_bytes:
+                    await self._too_big(CLOSE)(scope, receive, send)
+                    return
+                if not more:
+                    message = {"type": "http.request", "body": bytes(body)}
+                    break
+        except asyncio.CancelledError:
+            if not self._clock.expired(task):
+                raise
             await self._timed_out(scope, declared, len(body))(scope, receive, send)
             return
+        finally:
+            self._clock.stop(task)
         if check_type and message.get("body") and not _is_json(content_type):
             await _not_json(content_type, {})(scope, receive, send)
             return
@@ -171,6 +178,46 @@ class Guard:
             f"request body is over THINKTRANS_MAX_REQUEST_BYTES={self.max_bytes} bytes; "
             "send fewer or shorter texts per request", PayloadTooLarge.slug, headers=headers,
         )
+
+
+class _BodyClock:
+    """The body time limit of every request being read, kept by one timer that looks every
+    ``TICK_S`` and cancels the reads past their time: a timer per request cost a few
+    microseconds on every chunk POST, whose body is almost always there already."""
+
+    TICK_S = 0.25
+
+    def __init__(self) -> None:
+        self._until: dict[asyncio.Task[Any], float] = {}
+        self._expired: set[asyncio.Task[Any]] = set()
+        self._timer: asyncio.TimerHandle | None = None
+
+    def start(self, task: asyncio.Task[Any], timeout_s: float) -> None:
+        loop = asyncio.get_running_loop()
+        self._until[task] = loop.time() + timeout_s
+        if self._timer is None:
+            self._timer = loop.call_later(self.TICK_S, self._tick)
+
+    def stop(self, task: asyncio.Task[Any]) -> None:
+        self._until.pop(task, None)
+
+    def expired(self, task: asyncio.Task[Any]) -> bool:
+        """Whether the cancellation ``task`` got was this clock's; if so, it is taken back."""
+        if task not in self._expired:
+            return False
+        self._expired.discard(task)
+        task.uncancel()
+        return True
+
+    def _tick(self) -> None:
+        loop = asyncio.get_running_loop()
+        now = loop.time()
+        for task, until in list(self._until.items()):
+            if now >= until:
+                del self._until[task]
+                self._expired.add(task)
+                task.cancel()
+        self._timer = loop.call_later(self.TICK_S, self._tick) if self._until else None
 
 
 def _is_json(content_type: bytes | None) -> bool:
