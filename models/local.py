@@ -38,6 +38,7 @@ import logging
 import math
 import os
 import re
+import socket
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -45,6 +46,7 @@ from dataclasses import dataclass, field
 from importlib.util import find_spec
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from models.base import Translator
 from models.languages import canonical, table_key
@@ -266,6 +268,26 @@ def _halve(text: str, count_tokens: Callable[[str], int], max_tokens: int) -> li
 def _short(exc: BaseException) -> str:
     first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
     return first if len(first) <= 200 else first[:197] + "..."
+
+
+def _hub_unreachable(model_id: str, timeout_s: float = 3.0) -> bool:
+    """Whether ``model_id`` names a hub repository while the hub cannot be reached (its
+    name does not resolve, or no connection within ``timeout_s``)."""
+    if model_id.startswith(("/", "./", "../", "~")) or Path(model_id).expanduser().exists():
+        return False  # a local directory
+    from huggingface_hub import constants
+
+    if constants.HF_HUB_OFFLINE:
+        return False  # already offline: the hub client does not try the network
+    endpoint = urlsplit(constants.ENDPOINT)
+    port = endpoint.port or (443 if endpoint.scheme == "https" else 80)
+    try:
+        socket.create_connection((endpoint.hostname or "", port), timeout=timeout_s).close()
+    except OSError:
+        log.warning("local: the model hub %s is unreachable; loading %r from the local cache "
+                    "only", constants.ENDPOINT, model_id)
+        return True
+    return False
 
 
 def _not_found_reason(model_id: str, exc: BaseException) -> str:
@@ -737,9 +759,12 @@ class LocalTranslator(Translator):
         from transformers import AutoConfig, AutoModelForSeq2SeqLM, AutoTokenizer
 
         log.info("local: loading %s", spec.model_id)
+        # Without the hub at hand, load from the local cache only, at once: the hub
+        # client's own retries take half a minute to give up on an unreachable hub.
+        offline = _hub_unreachable(spec.model_id)
         try:
-            config = AutoConfig.from_pretrained(spec.model_id)
-            tokenizer = AutoTokenizer.from_pretrained(spec.model_id)
+            config = AutoConfig.from_pretrained(spec.model_id, local_files_only=offline)
+            tokenizer = AutoTokenizer.from_pretrained(spec.model_id, local_files_only=offline)
         except ImportError as exc:  # e.g. a tokenizer that needs sentencepiece or protobuf
             raise _LoadError(
                 f"loading {spec.model_id!r} needs {exc.name or 'a missing package'!r}: "
@@ -759,7 +784,8 @@ class LocalTranslator(Translator):
                 "not a Marian one; name it in THINKTRANS_LOCAL_MODEL instead"
             )
         try:
-            model = AutoModelForSeq2SeqLM.from_pretrained(spec.model_id, dtype=dtype)
+            model = AutoModelForSeq2SeqLM.from_pretrained(spec.model_id, dtype=dtype,
+                                                          local_files_only=offline)
         except (OSError, ValueError) as exc:  # weights missing or not a seq2seq model
             raise _LoadError(_not_found_reason(spec.model_id, exc)) from exc
         model = model.to(self.device).eval()

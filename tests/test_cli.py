@@ -170,6 +170,24 @@ def test_translate_without_a_loadable_model_fails_at_once(tmp_path: Path) -> Non
     assert time.monotonic() - started < 25
 
 
+def test_translate_with_a_hub_model_and_no_hub_fails_in_seconds(tmp_path: Path) -> None:
+    """A hub id, an empty cache and a hub that refuses connections: the hub client's own
+    retries took half a minute to give up; a quick probe loads from the cache only."""
+    pytest.importorskip("transformers")
+    started = time.monotonic()
+    env = {name: value for name, value in os.environ.items() if not name.startswith("HF_")}
+    result = subprocess.run(
+        [sys.executable, "-m", "service.cli", "translate", "--to", "de", "Check it again."],
+        env={**env, "HF_HOME": str(tmp_path), "HF_ENDPOINT": closed_port_url(),
+             "THINKTRANS_LOCAL_MODEL": "thinktrans-tests/no-such-model"},
+        cwd=ROOT, capture_output=True, text=True, timeout=120,
+    )
+    elapsed = time.monotonic() - started
+    assert result.returncode == 4, result.stderr
+    assert "hub is unreachable" in result.stderr and "no-such-model" in result.stderr
+    assert elapsed < 15, f"took {elapsed:.1f} s"
+
+
 @pytest.mark.parametrize("as_json", [False, True])
 def test_translate_with_error_segments_exits_non_zero(
     monkeypatch: pytest.MonkeyPatch, chat_server: FakeChat, as_json: bool
