@@ -373,8 +373,8 @@ class Stream:
                 self._add_segment(piece)
                 if time.monotonic() >= pacer.at:  # checked inline: no coroutine per piece
                     await pacer.pause()
-            if self.dropped:
-                return  # deleted while this request was cut: nobody reads it
+                    if self.dropped:
+                        return  # deleted while this request was cut: nobody reads it
 
     def touch(self) -> None:
         self.last_activity = time.monotonic()
