@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Annotated, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+from pydantic_core import PydanticCustomError
 
 Status = Literal["translated", "same_language", "skipped", "deadline", "error", "no_target"]
 UpdateStatus = Literal["translated", "error"]
@@ -24,9 +25,10 @@ def check_stream_id(value: str) -> str:
     """Refuse the ids that no client can address: curl, httpx and browsers remove ``.``
     and ``..`` path segments, so ``/v1/streams/../events`` never reaches the stream."""
     if value in _DOT_SEGMENTS:
-        raise ValueError(f"{value!r} cannot be a stream id: HTTP clients remove '.' and '..' "
-                         "from URL paths, so the stream could never be reached; choose "
-                         "another id")
+        raise PydanticCustomError(
+            "stream_id_unreachable",
+            "'{value}' cannot be a stream id: HTTP clients remove '.' and '..' from URL paths, "
+            "so the stream could never be reached; choose another id", {"value": value})
     return value
 
 

@@ -15,6 +15,7 @@ from fastapi.responses import JSONResponse, Response
 from fastapi.routing import APIRoute
 from fastapi.sse import KEEPALIVE_COMMENT, EventSourceResponse, format_sse_event
 from pydantic import ValidationError
+from pydantic_core import PydanticCustomError
 from starlette.routing import Match
 from starlette.types import Scope
 
@@ -63,10 +64,10 @@ class _ChunkRoute(APIRoute):
                     "msg": f"String should match pattern '{STREAM_ID_PATTERN}'"}])
             try:
                 check_stream_id(stream_id)
-            except ValueError as exc:
+            except PydanticCustomError as exc:
                 raise RequestValidationError([{
-                    "loc": ("path", "stream_id"), "type": "value_error",
-                    "msg": f"Value error, {exc}"}]) from None
+                    "loc": ("path", "stream_id"), "type": exc.type,
+                    "msg": exc.message()}]) from None
             try:
                 body = ChunksRequest.model_validate_json(await request.body())
             except ValidationError as exc:
