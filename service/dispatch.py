@@ -69,6 +69,9 @@ class Dispatcher:
         self.detector = detector
         self.default_chain = list(default_chain)
         self.check_output_language = check_output_language
+        # Characters streams have accepted and not cut yet: each may still become a segment
+        # to queue, so admission counts a place for each (service/streams.py).
+        self.uncut = 0
 
     def chain(self, backend: str | None) -> list[str]:
         """The chain a request asked for (a name or ``a,b``), else the configured one."""
@@ -116,7 +119,7 @@ class Dispatcher:
                 f"most THINKTRANS_MAX_QUEUE_SIZE={limit}: send fewer or shorter texts per "
                 "request"
             )
-        room = self.room(chain)
+        room = max(0, self.room(chain) - self.uncut)
         if wanted > room:
             raise Overloaded(
                 f"the {','.join(chain)!r} queue has room for {room} segments, this request "

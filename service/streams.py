@@ -279,30 +279,37 @@ class Stream:
                         self._accept_seq(held)
                     if self._unfed_chars >= FEED_BATCH_CHARS:
                         await self._feed_unfed()
+                        self._slack = -1  # others may have taken places meanwhile
         finally:
             await self._feed_unfed()
 
     async def _make_room(self, chars: int) -> None:
         """Before accepting a chunk of ``chars`` characters: 503 while the chain's queues
-        are full. Cheap while they have room for a segment per character of everything
-        not yet cut; near the bound, the waiting text is cut first and the room counted
-        exactly, so a queue overshoots by at most the segments of one chunk."""
+        are full.
+
+        Text accepted anywhere and not yet cut counts a place per character (no more
+        segments can come of it) until it is cut. So while the queues have room for that,
+        the chunk is taken at the cost of one lookup per request; near the bound this
+        stream's waiting text is cut first and the room counted again, and the chunk is
+        taken while any is left: the queues overshoot by at most one chunk's segments,
+        whatever the number of streams."""
         self._slack -= chars
         if self._slack >= 0:
             return
-        room = self.manager.dispatcher.room(self.chain)
-        self._slack = room - len(self.segmenter.pending) - self._unfed_chars - chars
+        dispatcher = self.manager.dispatcher
+        free = dispatcher.room(self.chain) - dispatcher.uncut - len(self.segmenter.pending)
+        self._slack = free - chars
         if self._slack >= 0:
             return
         await self._feed_unfed()  # its segments take their places now
-        room = self.manager.dispatcher.room(self.chain)
-        if room <= 0:
+        free = dispatcher.room(self.chain) - dispatcher.uncut
+        if free <= 0:
             raise Overloaded(
                 f"the queue of backend {','.join(self.chain)!r} is full; the chunks through "
                 f"seq {self.next_seq - 1} were accepted, resend from seq {self.next_seq} "
                 "after Retry-After", retry_after_s=1,
             )
-        self._slack = room - len(self.segmenter.pending) - chars
+        self._slack = -1  # the next chunk looks again
 
     def _take_chunk(self, seq: int, text: str) -> bool:
         """Check one chunk: True when it is the next seq (accepted), else held or a retry."""
@@ -350,31 +357,47 @@ class Stream:
         # it cuts the same whatever the chunking, and one call per delta costs.
         self._unfed.append(text)
         self._unfed_chars += len(text)
+        self.manager.dispatcher.uncut += len(text)
 
     async def _feed_unfed(self) -> None:
         if self._unfed:
             text = "".join(self._unfed)
             self._unfed.clear()
             self._unfed_chars = 0
-            await self._feed(text)
+            await self._feed(text, counted=True)
 
     async def feed(self, text: str, pacer: Pacer) -> None:
         """Add text in order (a one-shot text is fed this way, without seqs), paced by the
         request's ``pacer``."""
         self._pacer = pacer
-        await self._feed(text)
+        await self._feed(text, counted=False)
 
-    async def _feed(self, text: str) -> None:
+    async def _feed(self, text: str, *, counted: bool) -> None:
         """Cut, detect and start ``text``'s segments, giving the event loop back as the
-        request's pacer says: a large request never holds other streams up for long."""
+        request's pacer says: a large request never holds other streams up for long.
+        ``counted``: the text is in the dispatcher's ``uncut`` until each slice is cut."""
         pacer = self._pacer
-        for start in range(0, len(text), FEED_BATCH_CHARS):
-            for piece in self.segmenter.feed(text[start : start + FEED_BATCH_CHARS]):
-                self._add_segment(piece)
-                if time.monotonic() >= pacer.at:  # checked inline: no coroutine per piece
-                    await pacer.pause()
-                    if self.dropped:
-                        return  # deleted while this request was cut: nobody reads it
+        dispatcher = self.manager.dispatcher
+        left = len(text) if counted else 0  # still in dispatcher.uncut
+        try:
+            for start in range(0, len(text), FEED_BATCH_CHARS):
+                part = text[start : start + FEED_BATCH_CHARS]
+                slice_left = len(part) if counted else 0
+                for piece in self.segmenter.feed(part):
+                    self._add_segment(piece)
+                    if slice_left:  # its characters are queued (or decided) now
+                        taken = min(len(piece.text), slice_left)
+                        slice_left -= taken
+                        left -= taken
+                        dispatcher.uncut -= taken
+                    if time.monotonic() >= pacer.at:  # checked inline: no coroutine a piece
+                        await pacer.pause()
+                        if self.dropped:
+                            return  # deleted while this request was cut: nobody reads it
+                left -= slice_left  # the rest waits in the segmenter, counted by its stream
+                dispatcher.uncut -= slice_left
+        finally:
+            dispatcher.uncut -= left
 
     def touch(self) -> None:
         self.last_activity = time.monotonic()

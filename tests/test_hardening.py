@@ -116,6 +116,36 @@ async def test_a_burst_past_the_queue_takes_what_fits_and_loses_nothing() -> Non
         assert {s["status"] for s in segments(events)} == {"translated"}
 
 
+async def test_streams_bursting_together_overshoot_the_queue_by_one_chunk_at_most() -> None:
+    """Eight streams post four 16 KiB chunks each at once: text accepted and not cut yet
+    counts against everyone's room, so the queue runs past its bound by one chunk's
+    segments at most, not one per stream."""
+    gate = asyncio.Event()
+    fake = FakeTranslator(gate=gate, concurrency=1)
+    async with app_with(fake, default_locale="de", max_queue_size=1500, deadline_ms=60_000,
+                        max_batch_size=32) as run:
+        c = run.client
+        dispatcher = run.runtime.dispatcher
+        batcher = dispatcher.batchers["fake"]
+        await post_chunks(c, "warm", [(0, "Warm up the backend now. ")])
+        await asyncio.wait_for(fake.started.wait(), 2)
+        deepest = 0
+
+        async def watch() -> None:
+            nonlocal deepest
+            while True:
+                deepest = max(deepest, batcher.queue_size)
+                await asyncio.sleep(0)
+
+        watcher = asyncio.create_task(watch())
+        chunks = [(seq, CHUNK) for seq in range(4)]
+        answers = await asyncio.gather(*(post_chunks(c, f"s{i}", chunks) for i in range(8)))
+        watcher.cancel()
+        assert deepest <= 1500 + len(CHUNK) // len(SHORT) + 1, deepest
+        assert all(r.status_code == 503 for r in answers)
+        assert getattr(dispatcher, "uncut", 0) == 0
+
+
 async def test_a_request_on_a_full_queue_accepts_nothing() -> None:
     gate = asyncio.Event()
     fake = FakeTranslator(gate=gate)
