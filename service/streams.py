@@ -63,6 +63,8 @@ YIELD_EVERY_S = 0.01
 # Memory an event takes beside its strings (its models and their fields), measured with
 # tracemalloc on a segment event; the estimate behind THINKTRANS_MAX_ENDED_BYTES.
 EVENT_OVERHEAD_BYTES = 1600
+# Segments one emission step sends out before it lets the loop turn.
+EMIT_BATCH = 64
 # Evicted ended streams remembered (for 410 instead of 404), oldest forgotten first.
 _GONE_REMEMBERED = 4096
 
@@ -109,7 +111,6 @@ class _Segment:
     ready_at: float
     context: str | None = None  # the stream's preceding text, for backends that use it
     task: asyncio.Future[Translation] | None = None
-    timer: asyncio.TimerHandle | None = None
     late: bool = False  # emitted as `deadline`; an update is owed
 
 
@@ -229,6 +230,11 @@ class Stream:
         self.ended = False
         self.dropped = False
         self.idle_timer: asyncio.TimerHandle | None = None
+        # One deadline timer per stream, for the head segment: emission is in order, so
+        # no segment behind it can go out first.
+        self._deadline_timer: asyncio.TimerHandle | None = None
+        self._deadline_of: _Segment | None = None
+        self._advance_soon = False
         # One-shot: segments are cut first and started together, after admission.
         self._unstarted: list[_Segment] | None = [] if deferred else None
         self._all_out: asyncio.Future[None] | None = None
@@ -446,11 +452,11 @@ class Stream:
         now = time.monotonic()
         for seg in waiting:
             seg.ready_at = now
-            self._start(seg)
+            self._submit(seg)
+        self._advance()  # arms the head's deadline
 
     def _start(self, seg: _Segment) -> None:
         self._submit(seg)
-        self._arm_deadline(seg)
 
     def _submit(self, seg: _Segment) -> None:
         """Queue a segment's translation. The text that carried it is accepted, so it is
@@ -488,29 +494,32 @@ class Stream:
     def _on_task_done(self, seg: _Segment, _task: asyncio.Future[Translation]) -> None:
         if self.dropped:
             return
-        if seg.timer is not None:
-            seg.timer.cancel()
-            seg.timer = None
         if seg.late:
             self._emit_update(seg)
-        else:
-            self._advance()
+        elif self._waiting and self._waiting[0] is seg:
+            self._advance()  # a segment behind the head goes out when the head does
 
-    def _on_deadline(self, seg: _Segment) -> None:
-        seg.timer = None
-        if self.dropped:
-            return
-        if not self._resolvable(seg):
-            # The loop's clock and ours may differ by a hair: re-arm for what is left.
-            self._arm_deadline(seg)
-            return
-        self._advance()
+    def _on_deadline(self) -> None:
+        self._deadline_timer = self._deadline_of = None
+        if not self.dropped:
+            self._advance()  # re-arms, should the loop's clock be a hair early
 
-    def _arm_deadline(self, seg: _Segment) -> None:
+    def _arm_deadline(self, head: _Segment) -> None:
+        """The stream's one deadline timer, set for its head segment."""
+        if self._deadline_of is head or self._unstarted is not None:
+            return  # armed already; or not started: its deadline has not begun
+        if self._deadline_timer is not None:
+            self._deadline_timer.cancel()
         loop = asyncio.get_running_loop()
-        deadline = seg.ready_at + self.deadline_s
-        seg.timer = loop.call_at(loop.time() + max(0.0, deadline - time.monotonic()),
-                                 self._on_deadline, seg)
+        deadline = head.ready_at + self.deadline_s
+        self._deadline_of = head
+        self._deadline_timer = loop.call_at(
+            loop.time() + max(0.0, deadline - time.monotonic()), self._on_deadline)
+
+    def _advance_later(self) -> None:
+        self._advance_soon = False
+        if not self.dropped:
+            self._advance()
 
     def _resolvable(self, seg: _Segment) -> bool:
         if seg.decision.status is not None or (seg.task is not None and seg.task.done()):
@@ -522,12 +531,22 @@ class Stream:
     # -- emitting ------------------------------------------------------------------------
 
     def _advance(self) -> None:
-        """Emit, in order, every segment from the head that can go out now."""
+        """Emit, in order, every segment from the head that can go out now, EMIT_BATCH at
+        a time (the rest on the loop's next turn: a thousand segments due at once do not
+        hold the loop); then wait for the head, by its translation or its deadline."""
         waiting = self._waiting
+        emitted = 0
         while waiting:
             seg = waiting[0]
             if not self._resolvable(seg):
+                self._arm_deadline(seg)
                 break
+            if emitted == EMIT_BATCH:
+                if not self._advance_soon:
+                    self._advance_soon = True
+                    asyncio.get_running_loop().call_soon(self._advance_later)
+                return
+            emitted += 1
             waiting.popleft()
             result = self._result(seg)
             if result.status == "deadline":
@@ -654,11 +673,10 @@ class Stream:
         """Cancel timers and work (of ``segments`` too: ones taken out already); wake
         readers. Nothing is emitted after this."""
         self.dropped = True
-        if self.idle_timer is not None:
-            self.idle_timer.cancel()
+        for timer in (self.idle_timer, self._deadline_timer):
+            if timer is not None:
+                timer.cancel()
         for seg in itertools.chain(segments, self._waiting, self._late.values()):
-            if seg.timer is not None:
-                seg.timer.cancel()
             if seg.task is not None and not seg.task.done():
                 seg.task.cancel()
         self.ended = True

@@ -10,6 +10,7 @@ request that held every other stream; stream ids no client can address.
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 import time
 from collections.abc import AsyncIterator
@@ -37,6 +38,10 @@ SSE = {"Accept": "text/event-stream"}
 async def loop_lag() -> AsyncIterator[list[float]]:
     """The longest the event loop was held, seen by a task that asks every 5 ms."""
     worst = [0.0]
+    # As `thinktrans serve` does once started: what the process holds already (in a test
+    # run, every earlier test's leftovers) is left out of the collector's full passes.
+    gc.collect()
+    gc.freeze()
 
     async def tick() -> None:
         while True:
@@ -51,6 +56,7 @@ async def loop_lag() -> AsyncIterator[list[float]]:
     finally:
         await asyncio.sleep(0.02)  # the tick that spanned the last hold reports it
         task.cancel()
+        gc.unfreeze()
 
 
 async def healthz_ms(client: httpx.AsyncClient) -> float:
@@ -94,9 +100,9 @@ async def test_a_burst_past_the_queue_takes_what_fits_and_loses_nothing() -> Non
             assert await healthz_ms(c) < 1000
         assert lag[0] < 0.5, f"the event loop was held for {lag[0]:.2f} s"
         assert post_s < 5
-        # A deadline timer per segment cut, and no retry timers beside them.
+        # One deadline timer per stream, and no retry timer per segment.
         timers = asyncio.get_running_loop()._scheduled  # type: ignore[attr-defined]
-        assert len(timers) < depth + 50, len(timers)
+        assert len(timers) < 50, len(timers)
         gate.set()
         todo = chunks[1:]
         give_up = time.monotonic() + 60
