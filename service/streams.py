@@ -43,14 +43,11 @@ from service.limits import check_chunks, check_encodable
 from service.locale import ResolvedTarget, resolve_target
 from service.metrics import Metrics
 from service.schemas import (
-    EndEvent,
-    SegmentEvent,
     SegmentResult,
     SegmentUpdate,
     Status,
     StreamEnd,
     TextResult,
-    UpdateEvent,
 )
 from service.segmenter import Piece, Segmenter
 from service.settings import Settings
@@ -60,15 +57,19 @@ FEED_BATCH_CHARS = 4096
 # Cutting and detecting a large request gives the event loop back this often, so that
 # other streams' deadlines and /healthz never wait long behind it.
 YIELD_EVERY_S = 0.01
-# Memory an event takes beside its strings (its models and their fields), measured with
-# tracemalloc on a segment event; the estimate behind THINKTRANS_MAX_ENDED_BYTES.
-EVENT_OVERHEAD_BYTES = 1600
+# Memory an event takes beside its JSON (the tuple, its id, the deque's slot), as
+# tracemalloc measures it; with the JSON's own size, the measure behind
+# THINKTRANS_MAX_ENDED_BYTES.
+EVENT_OVERHEAD_BYTES = 140
 # Segments one emission step sends out before it lets the loop turn.
 EMIT_BATCH = 64
 # Evicted ended streams remembered (for 410 instead of 404), oldest forgotten first.
 _GONE_REMEMBERED = 4096
 
-Event: TypeAlias = SegmentEvent | UpdateEvent | EndEvent
+# An event as kept: (id, type, its data as JSON). Serialised once, when published: readers
+# send the JSON as it is, and a tuple of an int and strings is cheap to keep and is left
+# alone by the garbage collector, unlike the models it was made from.
+Event: TypeAlias = tuple[int, str, str]
 
 
 class Pacer:
@@ -118,23 +119,29 @@ class EventLog:
     """A stream's events, ids rising from 0; the last ``max_retained`` (None: all) are kept
     for SSE resume and long-poll."""
 
-    def __init__(self, stream_id: str, max_retained: int | None) -> None:
+    def __init__(self, stream_id: str, max_retained: int | None, *,
+                 keep_results: bool = False) -> None:
         self.stream_id = stream_id
         self.max_retained = max_retained
         self.events: deque[Event] = deque()
         self.next_id = 0
         self._changed: asyncio.Future[None] | None = None
+        # A one-shot text's answer is built from its results, kept as they are; nobody
+        # reads its events.
+        self.results: list[SegmentResult] | None = [] if keep_results else None
 
     def publish(self, data: SegmentResult | SegmentUpdate | StreamEnd) -> None:
-        event: Event
+        if self.results is not None:
+            if isinstance(data, SegmentResult):
+                self.results.append(data)
+            self.next_id += 1
+            return
         if isinstance(data, SegmentResult):
-            event = SegmentEvent(id=self.next_id, type="segment", data=data)
-        elif isinstance(data, SegmentUpdate):
-            event = UpdateEvent(id=self.next_id, type="update", data=data)
+            kind = "segment"
         else:
-            event = EndEvent(id=self.next_id, type="end", data=data)
+            kind = "update" if isinstance(data, SegmentUpdate) else "end"
+        self.events.append((self.next_id, kind, data.model_dump_json(exclude_defaults=True)))
         self.next_id += 1
-        self.events.append(event)
         if self.max_retained is not None:
             while len(self.events) > self.max_retained:
                 self.events.popleft()
@@ -149,7 +156,7 @@ class EventLog:
         """Events with id > after; raises EventsGone if some were already dropped."""
         if not self.events:
             return []
-        first = self.events[0].id
+        first = self.events[0][0]
         if after + 1 < first:
             raise EventsGone(
                 f"events {after + 1}..{first - 1} of stream {self.stream_id!r} are no longer "
@@ -160,15 +167,9 @@ class EventLog:
         return [self.events[i] for i in range(start, len(self.events))]
 
     def retained_bytes(self) -> int:
-        """An estimate of the memory the kept events hold: their strings, and a measured
-        overhead per event for the objects around them."""
-        total = 0
-        for event in self.events:
-            data = event.data
-            if isinstance(data, SegmentResult):
-                total += sys.getsizeof(data.original) + sys.getsizeof(data.text)
-            elif isinstance(data, SegmentUpdate):
-                total += sys.getsizeof(data.text)
+        """The memory the kept events hold: their JSON, and the tuple and deque slot
+        around each (EVENT_OVERHEAD_BYTES)."""
+        total = sum(sys.getsizeof(data) for _, _, data in self.events)
         return total + EVENT_OVERHEAD_BYTES * len(self.events)
 
     async def wait(self, after: int, timeout_s: float, *, ended: bool) -> list[Event]:
@@ -210,7 +211,7 @@ class Stream:
         self.source = source  # the request's own source language (one-shot only)
         self.segmenter = Segmenter(settings.max_segment_chars,
                                    max_fence_chars=settings.max_fence_chars)
-        self.log = EventLog(stream_id, max_events)
+        self.log = EventLog(stream_id, max_events, keep_results=deferred)
         self.deadline_s = settings.deadline_ms / 1000.0
         self.last_activity = time.monotonic()
         self.next_seq = 0
@@ -628,7 +629,7 @@ class Stream:
 
     def text_result(self) -> TextResult:
         """Every segment out so far, joined: a one-shot request's answer."""
-        segments = [event.data for event in self.log.events if isinstance(event, SegmentEvent)]
+        segments = self.log.results or []
         return TextResult(text="".join(s.text for s in segments), segments=segments)
 
     async def wait_events(self, after: int, timeout_s: float) -> list[Event]:

@@ -211,13 +211,13 @@ async def test_ended_streams_past_the_count_are_evicted_oldest_first_and_read_41
 
 
 async def test_ended_streams_past_the_byte_bound_are_evicted() -> None:
-    text = "A sentence of some length to keep around. " * 50  # 50 events, ~90 KB estimated
-    async with app_with(default_locale="de", max_ended_bytes=200_000) as run:
+    text = "A sentence of some length to keep around. " * 50  # 50 events, ~25 KB
+    async with app_with(default_locale="de", max_ended_bytes=60_000) as run:
         c = run.client
         for i in range(4):
             await _ended(c, f"b{i}", text)
         kept = await run.metric("thinktrans_ended_stream_bytes")
-        assert 0 < kept <= 200_000
+        assert 40_000 < kept <= 60_000
         assert_problem(await c.get("/v1/streams/b0/events"), 410, "THINKTRANS_MAX_ENDED_BYTES")
         assert (await c.get("/v1/streams/b3/events")).status_code == 200
         assert await run.metric("thinktrans_ended_streams") == 2

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from models.passthrough import PassthroughTranslator
 from service.runtime import Runtime
-from service.schemas import SegmentEvent, SegmentResult
+from service.schemas import SegmentResult
 from tests.conftest import make_settings
 from tests.fakes import FakeTranslator
 
@@ -38,7 +38,8 @@ async def as_stream(runtime: Runtime, sid: str, text: str, cuts: list[int]) -> l
         await runtime.streams.add_chunks(sid, [(seq, chunk)])
     await stream.close()
     await asyncio.wait_for(stream.wait_emitted(), 10)
-    return [e.data for e in stream.log.events if isinstance(e, SegmentEvent)]
+    return [SegmentResult.model_validate_json(data)
+            for _, kind, data in stream.log.events if kind == "segment"]
 
 
 def shape(results: list[SegmentResult]) -> list[tuple[Any, ...]]:

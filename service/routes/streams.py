@@ -178,12 +178,11 @@ async def _sse(stream: Stream, after: int) -> AsyncIterator[bytes]:
                 return  # dropped or expired
             yield KEEPALIVE_COMMENT
             continue
-        for event in events:
-            data = event.data.model_dump_json(exclude_defaults=True)
-            yield format_sse_event(data_str=data.translate(_LINE_ENDS_ESCAPED),
-                                   event=event.type, id=str(event.id))
-            last = event.id
-            if event.type == "end":
+        for event_id, kind, data in events:
+            yield format_sse_event(data_str=data.translate(_LINE_ENDS_ESCAPED), event=kind,
+                                   id=str(event_id))
+            last = event_id
+            if kind == "end":
                 return
 
 
@@ -225,5 +224,7 @@ async def stream_events(
     stream, after = cursor
     max_wait_ms = stream.manager.settings.max_wait_poll_ms
     events = await stream.wait_events(after, min(wait_ms, max_wait_ms) / 1000.0)
-    body = EventsResponse(events=events).model_dump_json(exclude_defaults=True)
-    return Response(body, media_type="application/json")
+    # Built from each event's JSON as kept (EventsResponse's shape, serialised once).
+    body = ",".join(f'{{"id":{event_id},"type":"{kind}","data":{data}}}'
+                    for event_id, kind, data in events)
+    return Response(f'{{"events":[{body}]}}', media_type="application/json")
