@@ -211,6 +211,12 @@ def stop(proc: subprocess.Popen[bytes]) -> None:
             proc.wait()
 
 
+def cpu_s(pid: int) -> float:
+    """User + system CPU seconds of a process, from /proc."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def proc_status(pid: int, field: str) -> int | None:
     """A kB field of /proc/PID/status, in bytes."""
     try:
@@ -231,7 +237,8 @@ QUEUE_DEPTH = re.compile(r"^thinktrans_queue_depth(?:\{[^}]*\})? ([0-9.eE+-]+)$"
 async def run_burst(url: str, args: argparse.Namespace, state: dict) -> None:
     """The streams; fills ``state`` as it goes so that a timed-out run still reports."""
     chunk = SENTENCE * (args.chunk_chars // len(SENTENCE))
-    state.update(post_ms=[], n503=0, other_errors=[], queue_depth_max=0.0, streams={},
+    state.update(post_ms=[], n503=0, other_errors=[], connection_errors=0,
+                 queue_depth_max=0.0, streams={},
                  metrics_failed=0)
     headers = {"content-type": "application/json"}
     timeout = aiohttp.ClientTimeout(total=None)
@@ -277,20 +284,25 @@ async def run_burst(url: str, args: argparse.Namespace, state: dict) -> None:
             while nxt < args.chunks:
                 body = {"chunks": [{"seq": s, "text": chunk} for s in range(nxt, args.chunks)]}
                 t0 = time.monotonic()
-                async with http.post(f"{url}/v1/streams/{sid}/chunks", data=json.dumps(body),
-                                     headers=headers) as resp:
-                    answer = await resp.json(content_type=None)
-                    state["post_ms"].append((time.monotonic() - t0) * 1000)
-                    if resp.status == 200:
+                try:
+                    async with http.post(f"{url}/v1/streams/{sid}/chunks",
+                                         data=json.dumps(body), headers=headers) as resp:
+                        answer = await resp.json(content_type=None)
+                except aiohttp.ClientError:  # a reset under load: counted, resent
+                    state["connection_errors"] += 1
+                    await asyncio.sleep(args.retry_sleep)
+                    continue
+                state["post_ms"].append((time.monotonic() - t0) * 1000)
+                if resp.status == 200:
+                    nxt = answer["accepted_through"] + 1
+                elif resp.status == 503:
+                    state["n503"] += 1
+                    if "accepted_through" in answer:
                         nxt = answer["accepted_through"] + 1
-                    elif resp.status == 503:
-                        state["n503"] += 1
-                        if "accepted_through" in answer:
-                            nxt = answer["accepted_through"] + 1
-                        await asyncio.sleep(args.retry_sleep)
-                    else:
-                        state["other_errors"].append(f"{resp.status} {str(answer)[:200]}")
-                        return
+                    await asyncio.sleep(args.retry_sleep)
+                else:
+                    state["other_errors"].append(f"{resp.status} {str(answer)[:200]}")
+                    return
                 st["accepted"] = nxt
             async with http.post(f"{url}/v1/streams/{sid}/close") as resp:
                 await resp.read()
@@ -312,10 +324,17 @@ async def run_burst(url: str, args: argparse.Namespace, state: dict) -> None:
                         reader = asyncio.create_task(read(sid, st))
                     else:
                         await asyncio.sleep(0.02)
-            await poster
-            if reader is None:
-                reader = asyncio.create_task(read(sid, st))
-            await reader
+            try:
+                await poster
+                if reader is None:
+                    reader = asyncio.create_task(read(sid, st))
+                await reader
+            finally:  # at the budget's end, nothing is left running
+                for task in (poster, reader):
+                    if task is not None and not task.done():
+                        task.cancel()
+                        with contextlib.suppress(asyncio.CancelledError, aiohttp.ClientError):
+                            await task
 
         scraper = asyncio.create_task(scrape())
         try:
@@ -353,6 +372,7 @@ def measure(name: str, checkout: Path, args: argparse.Namespace, chat_url: str |
                               stdout=subprocess.PIPE)
     pin(prober.pid, LOAD_CPU)
     state: dict = {}
+    cpu0 = cpu_s(server.pid)
     t0 = time.monotonic()
     timed_out = False
     try:
@@ -364,6 +384,7 @@ def measure(name: str, checkout: Path, args: argparse.Namespace, chat_url: str |
         stop_file.touch()
         probed = json.loads(prober.communicate(timeout=30)[0])
         hwm = proc_status(server.pid, "VmHWM")
+        cpu = cpu_s(server.pid) - cpu0
     finally:
         if prober.poll() is None:
             prober.kill()
@@ -403,6 +424,7 @@ def measure(name: str, checkout: Path, args: argparse.Namespace, chat_url: str |
         "in_order": in_order,
         "read_errors": [st["read_error"] for st in streams.values() if "read_error" in st],
         "post_errors": state.get("other_errors", []),
+        "connection_errors": state.get("connection_errors", 0),
         "healthz_ms": {"probes": len(health), "p50": _r(pct(health, 0.5)),
                        "p99": _r(pct(health, 0.99)), "max": _r(max(health, default=None)),
                        "pending_at_end": _r(probed["pending_ms"])},
@@ -413,6 +435,7 @@ def measure(name: str, checkout: Path, args: argparse.Namespace, chat_url: str |
         "queue_depth_max": state.get("queue_depth_max"),
         "metrics_failed": state.get("metrics_failed", 0),
         "peak_rss_mb": round(hwm / 2**20, 1) if hwm else None,
+        "server_cpu_s": round(cpu, 1),
     }
 
 
@@ -434,6 +457,7 @@ def table(results: dict[str, dict]) -> str:
         ("segments read (updates)", lambda r: f"{r['segments_read']} ({r['updates_read']})"),
         ("statuses", lambda r: ", ".join(f"{k} {v}" for k, v in sorted(r["statuses"].items()))),
         ("in order, nothing lost", lambda r: "yes" if r["in_order"] else "NO"),
+        ("server CPU s", lambda r: f"{r['server_cpu_s']}"),
         ("wall s (timed out)", lambda r: f"{r['wall_s']}" + (" (yes)" if r["timed_out"] else "")),
     ]
     names = list(results)
@@ -460,7 +484,7 @@ def main() -> None:
     parser.add_argument("--probe-ms", type=float, default=50.0, help="/healthz probe interval.")
     parser.add_argument("--retry-sleep", type=float, default=0.25,
                         help="Seconds a client waits after a 503 before resending.")
-    parser.add_argument("--budget-s", type=float, default=90.0,
+    parser.add_argument("--budget-s", type=float, default=180.0,
                         help="Cap on each server's run; what it reached by then is reported.")
     parser.add_argument("--json", action="store_true", help="Print the results as JSON.")
     parser.add_argument("--serve-chat", nargs=2, metavar=("PORT", "DELAY_MS"),
