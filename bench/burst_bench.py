@@ -45,7 +45,6 @@ import contextlib
 import json
 import os
 import re
-import signal
 import socket
 import statistics
 import subprocess
@@ -57,9 +56,18 @@ from http.client import HTTPConnection
 from pathlib import Path
 
 import aiohttp
+from checkouts import (
+    LOAD_CPU,
+    cpu_s,
+    free_port,
+    pin,
+    proc_status,
+    served_package,
+    start_server,
+    stop,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
-SERVER_CPU, LOAD_CPU = 1, 0
 SENTENCE = "Short one here. "
 FILLER_DE = "Hier steht ein kurzer Satz. "
 TRANSLATED = ("translated", "same_language", "skipped")
@@ -153,79 +161,6 @@ def probe(port: int, interval_ms: float, stop_file: str) -> None:
 
 
 # -- servers ---------------------------------------------------------------------------------
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def pin(pid: int, cpu: int) -> None:
-    if len(os.sched_getaffinity(0)) >= 2:
-        os.sched_setaffinity(pid, {cpu})
-
-
-def served_package(checkout: Path) -> str:
-    """The file of the ``service`` package that a server run from ``checkout`` imports."""
-    out = subprocess.run([sys.executable, "-c", "import service; print(service.__file__)"],
-                         cwd=checkout, env={**os.environ, "PYTHONPATH": str(checkout)},
-                         capture_output=True, text=True, check=True)
-    return out.stdout.strip()
-
-
-def start_server(checkout: Path, port: int, env_extra: dict[str, str],
-                 ready_s: float = 120) -> subprocess.Popen[bytes]:
-    env = {**os.environ, "PYTHONPATH": str(checkout), "THINKTRANS_LOG_LEVEL": "warning",
-           **env_extra}
-    proc = subprocess.Popen([sys.executable, "-m", "service.cli", "serve", "--port", str(port)],
-                            cwd=checkout, env=env, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE)
-    pin(proc.pid, SERVER_CPU)
-    deadline = time.monotonic() + ready_s
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            err = proc.stderr.read().decode(errors="replace") if proc.stderr else ""
-            raise SystemExit(f"server from {checkout} exited: {err[-2000:]}")
-        try:
-            conn = HTTPConnection("127.0.0.1", port, timeout=5)
-            conn.request("GET", "/readyz")
-            status = conn.getresponse().status
-            conn.close()
-            if status == 200:
-                return proc
-        except OSError:
-            pass
-        time.sleep(0.25)
-    proc.kill()
-    raise SystemExit(f"server from {checkout} was not ready in {ready_s} s")
-
-
-def stop(proc: subprocess.Popen[bytes]) -> None:
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-
-
-def cpu_s(pid: int) -> float:
-    """User + system CPU seconds of a process, from /proc."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def proc_status(pid: int, field: str) -> int | None:
-    """A kB field of /proc/PID/status, in bytes."""
-    try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith(field + ":"):
-                return int(line.split()[1]) * 1024
-    except OSError:
-        return None
-    return None
 
 
 QUEUE_DEPTH = re.compile(r"^thinktrans_queue_depth(?:\{[^}]*\})? ([0-9.eE+-]+)$", re.M)

@@ -28,87 +28,24 @@ import asyncio
 import json
 import os
 import re
-import signal
-import socket
-import subprocess
 import sys
 import time
-from http.client import HTTPConnection
 from pathlib import Path
 
 import aiohttp
+from checkouts import (
+    LOAD_CPU,
+    free_port,
+    get,
+    pin,
+    proc_status,
+    served_package,
+    start_server,
+    stop,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
-SERVER_CPU, LOAD_CPU = 1, 0
 SENTENCE = "Short one here. "
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def pin(pid: int, cpu: int) -> None:
-    if len(os.sched_getaffinity(0)) >= 2:
-        os.sched_setaffinity(pid, {cpu})
-
-
-def served_package(checkout: Path) -> str:
-    """The file of the ``service`` package that a server run from ``checkout`` imports."""
-    out = subprocess.run([sys.executable, "-c", "import service; print(service.__file__)"],
-                         cwd=checkout, env={**os.environ, "PYTHONPATH": str(checkout)},
-                         capture_output=True, text=True, check=True)
-    return out.stdout.strip()
-
-
-def get(port: int, path: str, timeout: float = 30) -> tuple[int, str]:
-    conn = HTTPConnection("127.0.0.1", port, timeout=timeout)
-    try:
-        conn.request("GET", path)
-        resp = conn.getresponse()
-        return resp.status, resp.read().decode(errors="replace")
-    finally:
-        conn.close()
-
-
-def start_server(checkout: Path, port: int) -> subprocess.Popen[bytes]:
-    env = {**os.environ, "PYTHONPATH": str(checkout), "THINKTRANS_LOG_LEVEL": "warning",
-           "THINKTRANS_BACKEND": "passthrough", "THINKTRANS_DEFAULT_LOCALE": "en"}
-    proc = subprocess.Popen([sys.executable, "-m", "service.cli", "serve", "--port", str(port)],
-                            cwd=checkout, env=env, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE)
-    pin(proc.pid, SERVER_CPU)
-    for _ in range(480):
-        if proc.poll() is not None:
-            err = proc.stderr.read().decode(errors="replace") if proc.stderr else ""
-            raise SystemExit(f"server from {checkout} exited: {err[-2000:]}")
-        try:
-            if get(port, "/readyz", timeout=5)[0] == 200:
-                return proc
-        except OSError:
-            pass
-        time.sleep(0.25)
-    proc.kill()
-    raise SystemExit(f"server from {checkout} was not ready")
-
-
-def stop(proc: subprocess.Popen[bytes]) -> None:
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-
-
-def proc_status(pid: int, field: str) -> int:
-    """A kB field of /proc/PID/status, in bytes."""
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith(field + ":"):
-            return int(line.split()[1]) * 1024
-    raise KeyError(field)
 
 
 def gauge(metrics: str, name: str) -> float | None:
@@ -157,7 +94,8 @@ def measure(name: str, checkout: Path, args: argparse.Namespace) -> dict:
     package = served_package(checkout)
     print(f"{name}: service package {package}", file=sys.stderr)
     port = free_port()
-    server = start_server(checkout, port)
+    server = start_server(checkout, port, {"THINKTRANS_BACKEND": "passthrough",
+                                           "THINKTRANS_DEFAULT_LOCALE": "en"})
     try:
         time.sleep(1)
         idle = proc_status(server.pid, "VmRSS")

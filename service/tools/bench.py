@@ -28,6 +28,15 @@ _CJK = re.compile(r"[\u3040-\u30ff\u3400-\u9fff\uac00-\ud7af]")
 _DENIED = (401, 403)
 
 
+async def _status(session: aiohttp.ClientSession, url: str) -> int:
+    """The status ``url`` answers a GET with; InputError when it cannot be reached."""
+    try:
+        async with session.get(url, timeout=aiohttp.ClientTimeout(total=5)) as resp:
+            return resp.status
+    except (aiohttp.ClientError, TimeoutError) as exc:
+        raise InputError(f"cannot reach {url}: {type(exc).__name__}") from None
+
+
 def _denied(url: str, status: int, token: str | None) -> str:
     """The one line for a refused token: what to set."""
     if token:
@@ -265,21 +274,11 @@ async def run_bench(cfg: BenchConfig) -> BenchReport:
         raise InputError("the corpus holds no text")
     run = _Run(cfg)
     async with run.session() as session:
-        try:
-            async with session.get(f"{cfg.url}/healthz",
-                                   timeout=aiohttp.ClientTimeout(total=5)) as health:
-                status = health.status
-        except (aiohttp.ClientError, TimeoutError) as exc:
-            raise InputError(f"cannot reach {cfg.url}: {type(exc).__name__}") from None
+        status = await _status(session, f"{cfg.url}/healthz")
         if status != 200:
             raise InputError(f"{cfg.url}/healthz answered {status}")
         # /healthz needs no token; a /v1 route does: refused now, not once per stream.
-        try:
-            async with session.get(f"{cfg.url}/v1/backends",
-                                   timeout=aiohttp.ClientTimeout(total=5)) as backends:
-                status = backends.status
-        except (aiohttp.ClientError, TimeoutError) as exc:
-            raise InputError(f"cannot reach {cfg.url}/v1: {type(exc).__name__}") from None
+        status = await _status(session, f"{cfg.url}/v1/backends")
         if status in _DENIED:
             raise InputError(_denied(cfg.url, status, cfg.token))
         cpu0 = await _server_cpu(session, cfg.url)
