@@ -125,7 +125,8 @@ def test_stream_workflows_answer_without_a_5xx(fuzz_app: Any) -> None:
             # Each scenario starts with no streams: a stream id opened by an earlier one
             # would answer 200, not 201, and change which rules hypothesis may draw.
             delete = self.schema["/v1/streams/{stream_id}"]["DELETE"]
-            manager = getattr(fuzz_app.state, "streams", None)  # None before the lifespan
+            runtime = getattr(fuzz_app.state, "runtime", None)  # None before the lifespan
+            manager = runtime.streams if runtime is not None else None
             for sid in list(manager.streams if manager is not None else ()):
                 delete.Case(path_parameters={"stream_id": sid}).call(timeout=REQUEST_TIMEOUT_S)
 
