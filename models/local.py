@@ -1,4 +1,4 @@
-"""The local backend: NLLB-200, M2M-100 and Marian (opus-mt) checkpoints on transformers + torch.
+"""The local backend: NLLB-200, M2M-100 and Marian (opus-mt) checkpoints on CTranslate2 or torch.
 
 A checkpoint comes from a hub id or a directory (``THINKTRANS_LOCAL_MODEL``), loaded with
 ``AutoTokenizer``/``AutoModelForSeq2SeqLM.from_pretrained``; its family is told from its config
@@ -17,6 +17,15 @@ and tokenizer, never from its name:
 Source languages: NLLB and M2M need one. An unknown source (``None``) or one the model lacks is
 read as English, the language most thinking is written in; the encoder copes with a wrong
 source tag far better than with none. For Marian an unknown source also means English.
+
+The model runs on one of two engines (models/engines.py, ``THINKTRANS_LOCAL_ENGINE``):
+CTranslate2 (``auto`` picks it where ``thinktrans[ct2]`` is installed; int8 on CPU) or
+transformers + torch. Everything else, the tokenizer (always the checkpoint's own HF tokenizer),
+the family, the language codes, splitting, the output bound per segment, is the same for
+both. ``THINKTRANS_LOCAL_MODEL`` may also name a converted CTranslate2 directory
+(``thinktrans convert``); a checkpoint is converted once on first load and cached
+(models/convert.py). Under ``auto``, a checkpoint that cannot be converted is served by
+transformers instead, with a warning.
 
 Loading happens in the backend's own worker thread, after ``start()`` has returned; until it
 is done (or when it failed) ``ready`` is False, ``reason`` says why, ``translate`` raises
@@ -45,10 +54,14 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from importlib.util import find_spec
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 from urllib.parse import urlsplit
 
+from models import engines
 from models.base import Translator
+from models.engines import ConversionFailed, EngineOptions, Loaded
+from models.engines import LoadError as _LoadError
 from models.languages import canonical, table_key
 from service.errors import (
     BackendError,
@@ -122,8 +135,9 @@ M2M_CODES: dict[str, str] = {key: m2m for key, _, m2m in _ROWS}
 
 FAMILIES = ("nllb", "m2m100", "marian")
 FALLBACK_SOURCE = "en"  # what an unknown source is read as (see the module docstring)
-# A loop guard that rarely touches real text: a 6-gram seldom recurs within one sentence,
-# while a looping model repeats one within a few tokens. max_new_tokens bounds the rest.
+# The default loop guard (local_no_repeat_ngram_size): it rarely touches real text, as a 6-gram
+# seldom recurs within one sentence, while a looping model repeats one within a few tokens.
+# max_new_tokens bounds the rest.
 NO_REPEAT_NGRAM_SIZE = 6
 # Padded input tokens per generate call; a larger batch is cut into length-sorted slices.
 MAX_BATCH_TOKENS = 8192
@@ -136,11 +150,13 @@ _SENTENCE_END = re.compile(r"(?<=[.!?;:…])\s+|(?<=[。！？；])\s*")
 _WORD_END = re.compile(r"(?<=\s)(?=\S)")
 
 
-def _require_packages() -> None:
-    for module in ("torch", "transformers", "sentencepiece"):
+def _require_packages(engine: str) -> None:
+    extra = "ct2" if engine == "ctranslate2" else "local"
+    for module in engines.required_packages(engine):
         if find_spec(module) is None:
             raise ModuleNotFoundError(
-                f"the local backend needs {module!r}: pip install 'thinktrans[local]'",
+                f"the local backend's {engine} engine needs {module!r}: pip install "
+                f"'thinktrans[{extra}]'",
                 name=module,
             )
 
@@ -177,12 +193,16 @@ class _Slot:
     model_id: str
     family: str
     tokenizer: Any
-    model: Any
+    loaded: Loaded  # the engine's model
     # NLLB/M2M: table key -> the family's code. Marian: target key -> text prefix ("" or ">>fr<<").
     codes: dict[str, str]
     source: str | None = None  # Marian: the pair's source key
     drop_ids: frozenset[int] = frozenset()  # never decoded: specials and language tokens
     max_positions: int = 1024
+
+    @property
+    def model(self) -> Any:
+        return self.loaded.model
 
 
 @dataclass(frozen=True)
@@ -213,11 +233,8 @@ class _Stats:
     segments: int = 0
     generate_calls: int = 0
     split_segments: int = 0
+    output_tokens: int = 0  # generated, as kept (before EOS, within the bound)
     last_generate_sizes: list[int] = field(default_factory=list)
-
-
-class _LoadError(Exception):
-    """A checkpoint could not be loaded; the message is the backend's ``reason``."""
 
 
 def split_text(text: str, count_tokens: Callable[[str], int], max_tokens: int) -> list[str]:
@@ -290,7 +307,7 @@ def _hub_unreachable(model_id: str, timeout_s: float = 3.0) -> bool:
     return False
 
 
-def _not_found_reason(model_id: str, exc: BaseException) -> str:
+def not_found_reason(model_id: str, exc: BaseException) -> str:
     looks_local = model_id.startswith(("/", "./", "../", "~")) or Path(model_id).exists()
     path = Path(model_id).expanduser()
     unreadable = sorted(p.name for p in path.iterdir()
@@ -327,11 +344,15 @@ class LocalConfig:
     model: str = "facebook/nllb-200-distilled-600M"
     # Extra Marian checkpoints, one per pair, each ``src-tgt=ID_OR_DIR``.
     marian_models: tuple[str, ...] = ()
+    engine: str = "auto"  # auto (ctranslate2 where installed), ctranslate2, transformers
     device: str = "auto"  # auto (CUDA when present), cpu, cuda:0
-    dtype: str = "auto"  # auto, float32, float16, bfloat16
+    dtype: str = "auto"  # transformers: auto, float32, float16, bfloat16
+    compute_type: str = "auto"  # ctranslate2: auto (int8 on CPU, int8_float16 on CUDA), ...
     num_beams: int = 1
+    no_repeat_ngram_size: int = NO_REPEAT_NGRAM_SIZE  # the loop guard; 0: off
     max_input_tokens: int = 256  # longer segments are split and rejoined
-    threads: int | None = None  # torch CPU threads; None: torch's default
+    threads: int | None = None  # CPU threads; None: the engine's default
+    ct2_cache: str | None = None  # where checkpoints are converted to; None: beside the HF cache
     # A failed load is tried again after this long, doubling up to load_retry_max_s.
     load_retry_initial_s: float = 5.0
     load_retry_max_s: float = 300.0
@@ -346,9 +367,14 @@ class LocalTranslator(Translator):
 
     def __init__(self, config: LocalConfig | None = None) -> None:
         super().__init__()
-        _require_packages()
         config = config or LocalConfig()
+        if config.engine not in engines.ENGINES:
+            raise ConfigError(f"local_engine must be one of {', '.join(engines.ENGINES)}, "
+                              f"got {config.engine!r}")
+        self.engine_name = engines.resolve(config.engine)
+        _require_packages(self.engine_name)
         self.config = config
+        self._engine = self._make_engine(self.engine_name)
         pair, model_id = parse_pair_spec(config.model)
         if not model_id:
             raise ConfigError("local_model (THINKTRANS_LOCAL_MODEL) is empty; name a checkpoint")
@@ -371,11 +397,22 @@ class LocalTranslator(Translator):
         self._slots: list[_Slot] = []
         self._closed = False
         self.device: str | None = None
-        self.dtype: str | None = None
+        self.dtype: str | None = None  # the compute type: torch dtype or CTranslate2's type
+        self.engine_note: str | None = None  # why the engine is not the one asked for
         self.load_s: float | None = None
         self.stats = _Stats()
         self.ready = False
         self.reason = f"model {model_id!r} not loaded: the backend has not been started"
+
+    def _make_engine(self, name: str) -> engines.Engine:
+        config = self.config
+        options = EngineOptions(
+            device=config.device, dtype=config.dtype, compute_type=config.compute_type,
+            threads=config.threads, num_beams=config.num_beams,
+            no_repeat_ngram_size=config.no_repeat_ngram_size,
+            ct2_cache=Path(config.ct2_cache).expanduser() if config.ct2_cache else None,
+        )
+        return engines.build(name, options)
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -486,6 +523,8 @@ class LocalTranslator(Translator):
         return {
             "model": self.model_id,
             "family": main.family if main else None,
+            "engine": self.engine_name,
+            "compute_type": self.dtype,
             "device": self.device,
             "dtype": self.dtype,
             "languages": len(languages) if languages is not None else None,
@@ -496,6 +535,9 @@ class LocalTranslator(Translator):
                 for target in slot.codes
             ],
             "num_beams": self.config.num_beams,
+            "no_repeat_ngram_size": self.config.no_repeat_ngram_size,
+            "threads": self.config.threads,
+            "engine_note": self.engine_note,
             "load_s": self.load_s,
             "load_attempts": self.load_attempts,
             "load_failures": self.load_failures,
@@ -646,42 +688,27 @@ class LocalTranslator(Translator):
         return results
 
     def _generate(self, route: _Route, texts: list[str]) -> list[str]:
-        import torch
-
         slot = route.slot
         tokenizer = slot.tokenizer
-        batch = tokenizer(
+        rows = tokenizer(
             [route.prefix + text for text in texts],
-            return_tensors="pt",
-            padding=True,
             truncation=True,
             max_length=self.config.max_input_tokens + 8,  # a safety net: split_text already bounds
-        )
-        lengths = batch["attention_mask"].sum(dim=1).tolist()
+        )["input_ids"]
         # Per segment: 1.5x its input + 10, so a looping segment cannot run to the batch's bound.
-        caps = [min(math.ceil(1.5 * n) + 10, slot.max_positions - 2) for n in lengths]
-        kwargs: dict[str, Any] = {
-            "max_new_tokens": max(caps),
-            "num_beams": self.config.num_beams,
-            "do_sample": False,
-            "no_repeat_ngram_size": NO_REPEAT_NGRAM_SIZE,
-        }
-        if route.forced_bos is not None:
-            kwargs["forced_bos_token_id"] = route.forced_bos
-        batch = batch.to(slot.model.device)
-        with torch.inference_mode():
-            out = slot.model.generate(**batch, **kwargs)
+        caps = [min(math.ceil(1.5 * len(row)) + 10, slot.max_positions - 2) for row in rows]
+        out = self._engine.generate(slot.loaded, tokenizer, rows, route.forced_bos, max(caps))
         self.stats.generate_calls += 1
-        eos = slot.model.generation_config.eos_token_id
-        eos_ids = set(eos if isinstance(eos, list) else [eos]) - {None}
+        eos_ids = slot.loaded.eos_ids
         texts_out = []
-        for row, cap in zip(out.tolist(), caps, strict=True):
+        for row, cap in zip(out, caps, strict=True):
             ids = []
-            for token in row[1 : 1 + cap]:  # row[0] is the decoder start token
+            for token in row[:cap]:
                 if token in eos_ids:
                     break
                 if token not in slot.drop_ids:
                     ids.append(token)
+            self.stats.output_tokens += len(ids)
             texts_out.append(tokenizer.decode(ids, skip_special_tokens=True).strip())
         return texts_out
 
@@ -707,63 +734,54 @@ class LocalTranslator(Translator):
         self.reason = None
         self.ready = True
         log.info(
-            "local: ready in %.1fs: %s (%s) on %s/%s, %d languages",
-            self.load_s, self.model_id, slots[0].family, self.device, self.dtype,
-            len(self.languages() or []),
+            "local: ready in %.1fs: %s (%s) on %s, %s/%s, %d languages",
+            self.load_s, self.model_id, slots[0].family, self.engine_name, self.device,
+            self.dtype, len(self.languages() or []),
         )
         return True
 
     def _load_all(self) -> list[_Slot]:
         try:
-            import torch
-            import transformers  # noqa: F401
-        except ImportError as exc:
-            raise _LoadError(
-                f"the local backend cannot import {exc.name!r}: pip install 'thinktrans[local]'"
-            ) from exc
-        if self.config.threads:
-            torch.set_num_threads(self.config.threads)
-        self.device = self._resolve_device(torch)
-        dtype = self._resolve_dtype(torch, self.device)
-        self.dtype = str(dtype).removeprefix("torch.")
+            return self._load_with(self._engine)
+        except ConversionFailed as exc:
+            # Under auto, a checkpoint CTranslate2 cannot take is still served, by torch.
+            if self.config.engine != "auto" or find_spec("torch") is None:
+                raise
+            self.engine_note = f"ctranslate2 could not take the model ({exc}); using transformers"
+            log.warning("local: %s", self.engine_note)
+            self.engine_name = "transformers"
+            self._engine = self._make_engine(self.engine_name)
+            return self._load_with(self._engine)
+
+    def _load_with(self, engine: engines.Engine) -> list[_Slot]:
+        engine.prepare()
+        self.device = engine.device
+        self.dtype = engine.compute_type
         slots = []
         for spec in self._specs:
             if self._closed:
                 raise _LoadError("the local backend was closed while loading")
-            slots.append(self._load_slot(spec, dtype))
+            slots.append(self._load_slot(spec))
         for slot in slots:
             self._warm_up(slot)
         return slots
 
-    def _resolve_device(self, torch: Any) -> str:
-        setting = self.config.device.strip().lower()
-        if setting == "auto":
-            return "cuda" if torch.cuda.is_available() else "cpu"
-        if setting.startswith("cuda") and not torch.cuda.is_available():
-            raise _LoadError(
-                f"local_device {self.config.device!r} asks for CUDA, which this machine lacks: "
-                "set THINKTRANS_LOCAL_DEVICE=auto or cpu"
-            )
-        return setting
-
-    def _resolve_dtype(self, torch: Any, device: str) -> Any:
-        if self.config.dtype == "auto":
-            if device.startswith("cuda"):
-                return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
-            return torch.float32
-        if self.config.dtype == "float16" and device == "cpu":
-            log.warning("local: float16 on CPU is slow and lossy; float32 is the CPU default")
-        return getattr(torch, self.config.dtype)
-
-    def _load_slot(self, spec: _Spec, dtype: Any) -> _Slot:
-        from transformers import AutoConfig, AutoModelForSeq2SeqLM, AutoTokenizer
+    def _load_slot(self, spec: _Spec) -> _Slot:
+        from models.convert import is_converted, read_meta
 
         log.info("local: loading %s", spec.model_id)
+        converted = is_converted(spec.model_id)
         # Without the hub at hand, load from the local cache only, at once: the hub
         # client's own retries take half a minute to give up on an unreachable hub.
-        offline = _hub_unreachable(spec.model_id)
+        offline = not converted and _hub_unreachable(spec.model_id)
         try:
-            config = AutoConfig.from_pretrained(spec.model_id, local_files_only=offline)
+            from transformers import AutoConfig, AutoTokenizer
+
+            # A converted directory's config.json is CTranslate2's; thinktrans-ct2.json keeps
+            # what the checkpoint's said (absent: the tokenizer alone tells the family).
+            config: Any = (SimpleNamespace(**read_meta(spec.model_id)) if converted
+                           else AutoConfig.from_pretrained(spec.model_id,
+                                                           local_files_only=offline))
             tokenizer = AutoTokenizer.from_pretrained(spec.model_id, local_files_only=offline)
         except ImportError as exc:  # e.g. a tokenizer that needs sentencepiece or protobuf
             raise _LoadError(
@@ -771,24 +789,26 @@ class LocalTranslator(Translator):
                 "pip install 'thinktrans[local]'"
             ) from exc
         except Exception as exc:  # OSError, HFValidationError, hub HTTP errors, bad files
-            raise _LoadError(_not_found_reason(spec.model_id, exc)) from exc
+            if converted:
+                raise _LoadError(
+                    f"the CTranslate2 model {spec.model_id!r} lacks its tokenizer files "
+                    f"({_short(exc)}): convert it with `thinktrans convert`, which copies them, "
+                    "or copy the checkpoint's tokenizer files beside model.bin"
+                ) from exc
+            raise _LoadError(not_found_reason(spec.model_id, exc)) from exc
         family = detect_family(config, tokenizer)
         if family is None:
             raise _LoadError(
-                f"model {spec.model_id!r} is a {config.model_type!r} checkpoint; the local backend "
-                "runs NLLB-200, M2M-100 and Marian checkpoints (THINKTRANS_LOCAL_MODEL)"
+                f"model {spec.model_id!r} is a {getattr(config, 'model_type', None)!r} checkpoint; "
+                "the local backend runs NLLB-200, M2M-100 and Marian checkpoints "
+                "(THINKTRANS_LOCAL_MODEL)"
             )
         if spec.marian_only and family != "marian":
             raise _LoadError(
                 f"{spec.model_id!r} in THINKTRANS_LOCAL_MARIAN_MODELS is a {family} checkpoint, "
                 "not a Marian one; name it in THINKTRANS_LOCAL_MODEL instead"
             )
-        try:
-            model = AutoModelForSeq2SeqLM.from_pretrained(spec.model_id, dtype=dtype,
-                                                          local_files_only=offline)
-        except (OSError, ValueError) as exc:  # weights missing or not a seq2seq model
-            raise _LoadError(_not_found_reason(spec.model_id, exc)) from exc
-        model = model.to(self.device).eval()
+        loaded = self._engine.load(spec.model_id, tokenizer, offline=offline, converted=converted)
         if getattr(config, "thinktrans_test_checkpoint", False):
             # `thinktrans make-test-model` output: random weights, text in no language.
             self.check_output_language = False
@@ -798,7 +818,7 @@ class LocalTranslator(Translator):
             model_id=spec.model_id,
             family=family,
             tokenizer=tokenizer,
-            model=model,
+            loaded=loaded,
             codes={},
             max_positions=int(getattr(config, "max_position_embeddings", 1024) or 1024),
         )
@@ -839,10 +859,12 @@ class LocalTranslator(Translator):
 
 def detect_family(config: Any, tokenizer: Any) -> str | None:
     """``nllb``, ``m2m100`` or ``marian`` from a checkpoint's config and tokenizer, else None."""
-    model_type = getattr(config, "model_type", "")
+    model_type = getattr(config, "model_type", None)
     if model_type == "marian":
         return "marian"
-    if model_type not in ("m2m_100", "nllb-moe"):
+    if model_type is None and type(tokenizer).__name__.startswith("Marian"):
+        return "marian"  # a converted model without thinktrans-ct2.json: the tokenizer tells
+    if model_type not in ("m2m_100", "nllb-moe", None):
         return None
     # NLLB checkpoints say model_type m2m_100 too; the tokenizer tells them apart.
     name = type(tokenizer).__name__

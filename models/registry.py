@@ -32,7 +32,15 @@ class BackendSettings(Protocol):
     @property
     def local_marian_models(self) -> Sequence[str]: ...
     @property
+    def local_engine(self) -> str: ...
+    @property
     def local_device(self) -> str: ...
+    @property
+    def local_compute_type(self) -> str: ...
+    @property
+    def local_ct2_cache(self) -> str | None: ...
+    @property
+    def local_no_repeat_ngram_size(self) -> int: ...
     @property
     def local_dtype(self) -> str: ...
     @property
@@ -92,9 +100,13 @@ def _local(settings: BackendSettings) -> Translator:
         LocalConfig(
             model=settings.local_model,
             marian_models=tuple(settings.local_marian_models),
+            engine=settings.local_engine,
             device=settings.local_device,
             dtype=settings.local_dtype,
+            compute_type=settings.local_compute_type,
+            ct2_cache=settings.local_ct2_cache,
             num_beams=settings.local_num_beams,
+            no_repeat_ngram_size=settings.local_no_repeat_ngram_size,
             max_input_tokens=settings.local_max_input_tokens,
             threads=settings.local_threads,
             load_retry_max_s=settings.load_retry_max_s,
@@ -152,9 +164,10 @@ def build_backend(name: str, settings: BackendSettings) -> Translator:
     try:
         return factory(settings)
     except ModuleNotFoundError as exc:
-        raise ConfigError(
-            f"backend {name!r} needs {exc.name!r}: pip install 'thinktrans[{name}]'"
-        ) from exc
+        # A backend that knows which extra it lacks (the local engines) says so itself.
+        hint = str(exc) if "pip install" in str(exc) else f"pip install 'thinktrans[{name}]'"
+        hint = hint.split(": ", 1)[-1]
+        raise ConfigError(f"backend {name!r} needs {exc.name!r}: {hint}") from exc
 
 
 def build_backends(settings: BackendSettings) -> dict[str, Translator]:

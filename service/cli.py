@@ -1,4 +1,4 @@
-"""The command line: serve, translate, detect, compare, bench, make-test-model.
+"""The command line: serve, translate, detect, compare, bench, convert, make-test-model.
 
 Errors become one line on stderr and a non-zero exit code, never a traceback.
 """
@@ -385,26 +385,71 @@ def bench(
         raise typer.Exit(1)
 
 
+class Quantization(StrEnum):
+    int8 = "int8"
+    int8_float32 = "int8_float32"
+    int8_float16 = "int8_float16"
+    int8_bfloat16 = "int8_bfloat16"
+    int16 = "int16"
+    float16 = "float16"
+    bfloat16 = "bfloat16"
+    float32 = "float32"
+
+
+@app.command()
+def convert(
+    src: Annotated[str, typer.Argument(help="HF checkpoint: a directory or a hub id.")],
+    out: Annotated[Path, typer.Argument(help="Directory to write the CTranslate2 model to.")],
+    quantization: Annotated[Quantization, typer.Option(
+        help="Weight type: int8 for CPU, int8_float16 or float16 for CUDA.")] = Quantization.int8,
+    force: Annotated[bool, typer.Option(help="Overwrite a non-empty OUT.")] = False,
+) -> None:
+    """Convert an NLLB-200, M2M-100 or Marian checkpoint for the CTranslate2 engine.
+
+    OUT holds the model, the tokenizer files and the generation config; point
+    THINKTRANS_LOCAL_MODEL at it. Serving it needs only 'thinktrans[ct2]' (no torch);
+    converting needs 'thinktrans[local,ct2]'.
+    """
+    from models.convert import ConversionError
+    from models.convert import convert as run_convert
+
+    try:
+        path = run_convert(src, out, quantization=quantization.value, force=force)
+    except ConversionError as exc:
+        raise _fail(str(exc), 3) from None
+    except OSError as exc:
+        raise _fail(f"cannot write {str(out)!r}: {exc.strerror or exc}", 3) from None
+    typer.echo(str(path))
+
+
 @app.command("make-test-model")
 def make_test_model(
     outdir: Annotated[Path, typer.Argument(help="Directory to write the checkpoint to.")],
-    family: Annotated[str, typer.Option(help="nllb, m2m100 or marian.")] = "nllb",
+    family: Annotated[str | None, typer.Option(
+        help="nllb, m2m100 or marian (default: nllb, or the shape's).")] = None,
+    shape: Annotated[str | None, typer.Option(
+        help="A real model's size instead of a tiny one: marian, m2m-418m or nllb-600m "
+        "(random weights, a tokenizer of the full vocabulary; for measuring speed).")] = None,
     source: Annotated[str, typer.Option(
         "--source", help="Source language of the pair (BCP 47); Marian serves only its pair.")
     ] = "en",
     target: Annotated[str, typer.Option(
         "--target", help="Target language of the pair (BCP 47).")] = "de",
 ) -> None:
-    """Write a tiny random-weight checkpoint of a real model family (for tests, smoke runs).
+    """Write a random-weight checkpoint of a real model family (for tests, smoke runs, speed).
 
-    Its files are readable by all (0644/0755), so a container's user can load it.
+    Tiny by default; --shape gives a real model's size. Its files are readable by all
+    (0644/0755), so a container's user can load it.
     """
     try:
-        from service.tools.testmodel import FAMILIES, language_code
+        from service.tools.testmodel import FAMILIES, SHAPES, language_code
         from service.tools.testmodel import make_test_model as build
     except ModuleNotFoundError as exc:
         raise _fail(f"make-test-model needs {exc.name!r}: pip install 'thinktrans[local]'",
                     2) from None
+    if shape is not None and shape not in SHAPES:
+        raise _fail(f"unknown shape {shape!r}; choose {', '.join(SHAPES)}", 3)
+    family = family or (SHAPES[shape] if shape else "nllb")
     if family not in FAMILIES:
         raise _fail(f"unknown family {family!r}; choose nllb, m2m100 or marian", 3)
     for option, tag in (("--source", source), ("--target", target)):
@@ -413,7 +458,9 @@ def make_test_model(
         except ValueError as exc:
             raise _fail(f"{option}: {exc}", 3) from None
     try:
-        path = build(family, outdir, source_lang=source, target_lang=target)
+        path = build(family, outdir, source_lang=source, target_lang=target, shape=shape)
+    except ValueError as exc:  # a shape of another family
+        raise _fail(str(exc), 3) from None
     except ModuleNotFoundError as exc:
         raise _fail(str(exc), 2) from None
     except OSError as exc:

@@ -185,23 +185,46 @@ class Settings(BaseSettings):
     # -- local backend ---------------------------------------------------------------------
     local_model: str = Field(
         "facebook/nllb-200-distilled-600M",
-        description="Hub id or local directory of an NLLB-200, M2M-100 or Marian checkpoint; "
-        "a Marian one may name its pair first: `en-de=DIR_OR_ID`.",
+        description="Hub id or local directory of an NLLB-200, M2M-100 or Marian checkpoint, "
+        "or a converted CTranslate2 directory (`thinktrans convert`); a Marian one may name its "
+        "pair first: `en-de=DIR_OR_ID`.",
     )
     local_marian_models: CommaList = Field(
         default_factory=list,
         description="Extra Marian checkpoints, one per pair: `en-de=Helsinki-NLP/opus-mt-en-de`.",
     )
+    local_engine: Literal["auto", "ctranslate2", "transformers"] = Field(
+        "auto", description="What runs the model: `ctranslate2` (int8 on CPU, several times "
+        "faster), `transformers` (torch), or `auto`: ctranslate2 where `thinktrans[ct2]` is "
+        "installed, else transformers."
+    )
     local_device: str = Field("auto", description="`auto` (CUDA when present), `cpu`, `cuda:0`.")
     local_dtype: Literal["auto", "float32", "float16", "bfloat16"] = Field(
         "auto", description="`auto`: bfloat16 on GPU (float16 where unsupported), float32 on CPU."
     )
+    local_compute_type: Literal[
+        "auto", "int8", "int8_float32", "int8_float16", "int8_bfloat16", "int16", "float16",
+        "bfloat16", "float32",
+    ] = Field(
+        "auto", description="CTranslate2 engine: `auto` is int8 on CPU, int8_float16 on CUDA. "
+        "A checkpoint is converted at this type (`local_dtype` is the transformers engine's)."
+    )
+    local_ct2_cache: str | None = Field(
+        None, description="Where the CTranslate2 engine keeps checkpoints it converted on first "
+        "load (default: `$HF_HOME/thinktrans-ct2`); must be writable unless the model is "
+        "converted ahead (`thinktrans convert`)."
+    )
     local_num_beams: int = Field(1, ge=1, le=16, description="Beam width; 1 is greedy.")
+    local_no_repeat_ngram_size: int = Field(
+        6, ge=0, le=64, description="Loop guard: no n-gram of this size is generated twice in "
+        "one segment; 0 turns it off."
+    )
     local_max_input_tokens: int = Field(
         256, ge=8, description="Longer segments are split at sentence or word bounds, rejoined."
     )
     local_threads: int | None = Field(
-        None, ge=1, description="torch CPU threads (default: torch's)."
+        None, ge=1, description="CPU threads of the local engine (default: the engine's own: "
+        "torch's, or CTranslate2's, at most 4)."
     )
     load_retry_max_s: float = Field(
         300.0, gt=0, description="A model that failed to load is tried again after 5 s, "

@@ -1,17 +1,21 @@
 """The local backend on tiny real checkpoints: real from_pretrained loading, real generate.
 
 The checkpoints come from ``service.tools.testmodel`` (random weights, so outputs are garbage but
-deterministic); no test touches the network: the hub is switched off for all of them.
+deterministic); no test touches the network: the hub is switched off for all of them. Every test
+runs on both engines (transformers, and CTranslate2 where installed: the checkpoint is converted
+on first load into a cache kept for the session) unless it is marked ``engines(...)``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import math
 import shutil
 import threading
 import time
 from collections.abc import AsyncIterator, Iterator
+from importlib.util import find_spec
 from pathlib import Path
 from typing import Any
 
@@ -48,6 +52,26 @@ from service.tools.testmodel import make_test_model
 # MarianTokenizer asks for sacremoses, an optional punctuation normaliser these tests do not need.
 pytestmark = pytest.mark.filterwarnings("ignore:Recommended. pip install sacremoses")
 
+ENGINES = ["transformers"] + (["ctranslate2"] if find_spec("ctranslate2") else [])
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    """Each test once per engine; ``@pytest.mark.engines("transformers")`` narrows it."""
+    marker = metafunc.definition.get_closest_marker("engines")
+    names = [name for name in marker.args if name in ENGINES] if marker else ENGINES
+    metafunc.parametrize("engine", names, indirect=True)
+
+
+@pytest.fixture(autouse=True)
+def engine(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+@pytest.fixture(scope="session")
+def ct2_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Conversions are kept for the session, as the service keeps them across restarts."""
+    return tmp_path_factory.mktemp("ct2-cache")
+
 TEXTS = [
     "Hmm, the user said hello.",
     "First, I need to check the file and then run the tests again.",
@@ -71,13 +95,16 @@ def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 
 @pytest.fixture(autouse=True)
-def _offline(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    """No test may reach the hub, and THINKTRANS_LOCAL_* from the caller's shell must not leak."""
+def _offline(monkeypatch: pytest.MonkeyPatch, engine: str, ct2_cache: Path) -> Iterator[None]:
+    """No test may reach the hub, and THINKTRANS_LOCAL_* from the caller's shell must not leak;
+    the backend runs on this test's engine."""
     import os
 
     for name in list(os.environ):
         if name.startswith("THINKTRANS_"):
             monkeypatch.delenv(name)
+    monkeypatch.setenv("THINKTRANS_LOCAL_ENGINE", engine)
+    monkeypatch.setenv("THINKTRANS_LOCAL_CT2_CACHE", str(ct2_cache))
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     # huggingface_hub reads the variable once at import; its constant is what it checks.
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
@@ -183,13 +210,14 @@ def test_pair_specs() -> None:
 
 @pytest.mark.parametrize("family", ["nllb", "m2m100", "marian"])
 async def test_family_detected_and_translations_non_empty(
-    models: dict[str, Path], family: str
+    models: dict[str, Path], family: str, engine: str
 ) -> None:
     backend = await started(models[family])
     try:
         info = backend.info()
-        assert info["family"] == family
-        assert info["device"] == "cpu" and info["dtype"] == "float32"
+        assert info["family"] == family and info["engine"] == engine
+        compute_type = "float32" if engine == "transformers" else "int8"  # the CPU defaults
+        assert info["device"] == "cpu" and info["compute_type"] == compute_type
         out = await backend.translate(TEXTS, source="en", target="de")
         assert len(out) == len(TEXTS)
         assert all(text.strip() for text in out)
@@ -502,13 +530,14 @@ async def test_cuda_device_without_cuda(models: dict[str, Path]) -> None:
     )
 
 
+@pytest.mark.engines("transformers")
 def test_missing_packages_name_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
     real = local_module.find_spec
     monkeypatch.setattr(
         local_module, "find_spec", lambda name: None if name == "torch" else real(name)
     )
     with pytest.raises(ModuleNotFoundError, match=r"pip install 'thinktrans\[local\]'") as err:
-        LocalTranslator(LocalConfig(model="x"))
+        LocalTranslator(LocalConfig(model="x", engine="transformers"))
     assert err.value.name == "torch"
     # The registry turns it into a configuration error that names the extra.
     with pytest.raises(ConfigError, match=r"needs 'torch': pip install 'thinktrans\[local\]'"):
@@ -560,29 +589,54 @@ async def test_work_runs_on_the_backends_own_thread(nllb: LocalTranslator) -> No
 
 
 async def test_generation_is_bounded_and_guarded_against_loops(nllb: LocalTranslator) -> None:
+    calls: list[tuple[list[list[int]], int, list[list[int]]]] = []
+    engine = nllb._engine
+    real_generate = engine.generate
+
+    def recording_generate(loaded: Any, tokenizer: Any, rows: list[list[int]],
+                           forced: int | None, max_new: int) -> list[list[int]]:
+        out = real_generate(loaded, tokenizer, rows, forced, max_new)
+        calls.append((rows, max_new, out))
+        return out
+
+    engine.generate = recording_generate  # type: ignore[method-assign]
+    before = nllb.stats.output_tokens
+    try:
+        await nllb.translate(TEXTS, source="en", target="de")
+    finally:
+        del engine.generate
+    ((rows, max_new, out),) = calls
+    assert max_new == math.ceil(1.5 * max(len(row) for row in rows)) + 10
+    n = nllb.config.no_repeat_ngram_size
+    assert 2 <= n <= 8 and nllb.config.num_beams == 1
+    assert any(len(row) == max_new for row in out), "no row ran to the bound: a weak test"
+    for row in out:
+        assert len(row) <= max_new
+        grams = [tuple(row[i : i + n]) for i in range(len(row) - n + 1)]
+        assert len(grams) == len(set(grams)), "a repeated n-gram got through"
+    # Each segment is cut at its own bound, not the batch's: short inputs give short outputs.
+    per_segment = [math.ceil(1.5 * len(row)) + 10 for row in rows]
+    assert nllb.stats.output_tokens - before <= sum(per_segment)
+
+
+@pytest.mark.engines("transformers")
+async def test_transformers_generate_gets_the_guards(nllb: LocalTranslator) -> None:
     model = nllb._slots[0].model
-    calls: list[tuple[dict[str, Any], Any, Any]] = []
+    seen: list[dict[str, Any]] = []
     real_generate = model.generate
 
     def recording_generate(**kwargs: Any) -> Any:
-        out = real_generate(**kwargs)
-        calls.append((kwargs, kwargs["attention_mask"], out))
-        return out
+        seen.append(kwargs)
+        return real_generate(**kwargs)
 
     model.generate = recording_generate
     try:
         await nllb.translate(TEXTS, source="en", target="de")
     finally:
         del model.generate
-    ((kwargs, mask, out),) = calls
-    longest = int(mask.sum(dim=1).max())
-    assert kwargs["max_new_tokens"] == 15 * longest // 10 + (15 * longest % 10 > 0) + 10
+    ((kwargs,),) = [seen]
     assert kwargs["num_beams"] == 1 and kwargs["do_sample"] is False
-    n = kwargs["no_repeat_ngram_size"]
-    assert 2 <= n <= 8
-    for row in out.tolist():
-        grams = [tuple(row[i : i + n]) for i in range(len(row) - n + 1)]
-        assert len(grams) == len(set(grams)), "a repeated n-gram got through"
+    assert kwargs["no_repeat_ngram_size"] == nllb.config.no_repeat_ngram_size
 
 
 async def test_close_fails_queued_batches_cleanly(models: dict[str, Path]) -> None:

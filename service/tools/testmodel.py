@@ -1,4 +1,4 @@
-"""Tiny translation checkpoints for tests: the real model and tokenizer classes, random weights.
+"""Translation checkpoints for tests: the real model and tokenizer classes, random weights.
 
 ``make_test_model("nllb", dir)`` writes a checkpoint that ``AutoTokenizer.from_pretrained`` and
 ``AutoModelForSeq2SeqLM.from_pretrained`` load exactly as they load a real NLLB-200, M2M-100 or
@@ -8,13 +8,32 @@ and the weights are random, so translations are garbage, but never empty: the ch
 ``generation_config.json`` bans special tokens and holds EOS back for a few tokens, which a real
 checkpoint would not need. Building one takes about a second.
 
+``make_test_model(None, dir, shape="nllb-600m")`` writes a checkpoint of a real model's *shape*
+instead, for timing and memory runs: the dimensions of the real config.json (``marian``:
+opus-mt-en-de, 74M parameters; ``m2m-418m``: m2m100_418M; ``nllb-600m``:
+nllb-200-distilled-600M), random weights at the real ``init_std`` (0.02), and a tokenizer of the
+full vocabulary: the small trained sentencepiece model padded with unreachable ``▁tt<n>`` pieces,
+so the ids line up as in the real checkpoint (NLLB: 256204 tokens for 256206 embedding rows;
+M2M-100: 128104 tokens, the language tokens, then 8 "madeup" rows, 128112 in all; Marian: 58101).
+A shape implies its family. Its generation config bans the special tokens but lets EOS come at
+any step. Text still splits into the small model's short pieces, 2-3 times as many tokens as the
+real vocabulary gives, so compare timings per token. Building takes about 5 s and 290 MB on
+disk (marian), 20 s and 1.9 GB (m2m-418m), 35 s and 2.4 GB (nllb-600m), on two cores.
+
+Every checkpoint also converts with CTranslate2's ``TransformersConverter``: the M2M-100
+tokenizer lists its ``__xx__`` language tokens as extra special tokens, as the real one does,
+so they are added tokens that ``get_vocab()`` includes. (With transformers 5,
+``special_tokens_map`` holds only the named tokens, so the converter finds the language tokens
+through ``get_vocab()`` alone.)
+
 ``source``/``target`` (BCP 47) are the checkpoint's pair: a Marian checkpoint serves only that
 pair; NLLB and M2M-100 save them as the tokenizer's default ``src_lang``/``tgt_lang`` (in the
 family's codes: ``eng_Latn``, ``__en__``), and serve every language of the table anyway.
 Files are written readable by all (0644, directories 0755), as a container's user is not
-the one who wrote them.
+the one who wrote them. Every config.json says ``"thinktrans_test_checkpoint": true``.
 
-Command line: ``python -m service.tools.testmodel --family nllb --source en --target de OUTDIR``.
+Command line: ``python -m service.tools.testmodel --family nllb --source en --target de OUTDIR``
+or ``python -m service.tools.testmodel --shape nllb-600m OUTDIR``.
 """
 
 from __future__ import annotations
@@ -23,10 +42,11 @@ import argparse
 import io
 import json
 import os
+import re
 import stat
 import sys
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -82,6 +102,61 @@ _TINY: dict[str, Any] = {
 # Random weights would often stop at once or emit only special tokens, which decode to "".
 _MIN_NEW_TOKENS = 4
 
+# m2m100_418M's and nllb-200-distilled-600M's config.json (M2M100Config's defaults, spelled out).
+_M2M_LARGE: dict[str, Any] = {
+    "d_model": 1024,
+    "encoder_layers": 12,
+    "decoder_layers": 12,
+    "encoder_attention_heads": 16,
+    "decoder_attention_heads": 16,
+    "encoder_ffn_dim": 4096,
+    "decoder_ffn_dim": 4096,
+    "max_position_embeddings": 1024,
+    "activation_function": "relu",
+    "scale_embedding": True,
+    "dropout": 0.1,
+    "attention_dropout": 0.1,
+}
+
+# A real model's shape: its family, its config.json's dimensions, and its vocabulary:
+# ``pieces`` counts what the tokenizer is built from (NLLB: the sentencepiece model; M2M-100 and
+# Marian: vocab.json), ``vocab_size`` the embedding rows (None: as many as the tokenizer has).
+_SHAPES: dict[str, dict[str, Any]] = {
+    "marian": {  # Helsinki-NLP/opus-mt-en-de
+        "family": "marian",
+        "pieces": 58101,
+        "vocab_size": None,
+        "config": {
+            "d_model": 512,
+            "encoder_layers": 6,
+            "decoder_layers": 6,
+            "encoder_attention_heads": 8,
+            "decoder_attention_heads": 8,
+            "encoder_ffn_dim": 2048,
+            "decoder_ffn_dim": 2048,
+            "max_position_embeddings": 512,
+            "activation_function": "swish",
+            "scale_embedding": True,
+            "dropout": 0.1,
+            "attention_dropout": 0.0,
+        },
+    },
+    "m2m-418m": {  # facebook/m2m100_418M: 128004 + 100 languages + 8 madeup words = 128112
+        "family": "m2m100",
+        "pieces": 128004,
+        "vocab_size": 128112,
+        "config": _M2M_LARGE,
+    },
+    "nllb-600m": {  # facebook/nllb-200-distilled-600M: 4 + 255997 + 202 languages + <mask>
+        "family": "nllb",
+        "pieces": 256000,
+        "vocab_size": 256206,
+        "config": _M2M_LARGE,
+    },
+}
+SHAPES: dict[str, str] = {name: spec["family"] for name, spec in _SHAPES.items()}
+_REAL: dict[str, Any] = {"init_std": 0.02, "thinktrans_test_checkpoint": True}
+
 
 def _train_spm(model_type: str, vocab_size: int) -> bytes:
     """Train a sentencepiece model on the small corpus, in memory, deterministically."""
@@ -101,7 +176,50 @@ def _train_spm(model_type: str, vocab_size: int) -> bytes:
     return buf.getvalue()
 
 
-def _generation_config(*, banned: Sequence[int], start: int, eos: int, pad: int) -> Any:
+def _pad_spm(model: bytes, count: int) -> bytes:
+    """``model`` with ``count`` more pieces, ``▁tt<n>``: NORMAL pieces scored far below every
+    trained one, which no input produces (no trained piece spells ``▁tt``), so the text of the
+    small model tokenizes exactly as before; they only make the vocabulary a real one's size."""
+    from sentencepiece import sentencepiece_model_pb2
+
+    pb2: Any = sentencepiece_model_pb2  # generated code: no ModelProto for mypy to see
+    proto = pb2.ModelProto()
+    proto.ParseFromString(model)
+    # The shortest ▁tt<n> split only into ▁ + tt<n>, ▁t + t<n> and ▁tt + <n>, the longer ones
+    # into a shorter ▁tt<n> and digits too: without these trained pieces, BPE never merges one
+    # (and unigram, with every trained piece scored higher, never picks one).
+    if any(re.fullmatch(r"▁tt|t{1,2}\d+", piece.piece) for piece in proto.pieces):
+        raise RuntimeError("the trained sentencepiece model has pieces that reach ▁tt<n>")
+    lowest = min(piece.score for piece in proto.pieces)
+    normal = pb2.ModelProto.SentencePiece.NORMAL
+    for n in range(count):
+        piece = proto.pieces.add()
+        piece.piece = f"▁tt{n}"
+        piece.score = lowest - 1000.0 - n
+        piece.type = normal
+    proto.trainer_spec.vocab_size = len(proto.pieces)
+    return bytes(proto.SerializeToString())
+
+
+def _spm_for(shape: str | None, model_type: str, size: Callable[[Any], int]) -> bytes:
+    """The small trained model; for ``shape``, padded until ``size(processor)`` (the size of what
+    the family builds from it) reaches the shape's ``pieces``."""
+    import sentencepiece as spm
+
+    model = _train_spm(model_type, 400)
+    if shape is None:
+        return model
+    have = size(spm.SentencePieceProcessor(model_proto=model))
+    return _pad_spm(model, _SHAPES[shape]["pieces"] - have)
+
+
+def _config_kwargs(shape: str | None) -> dict[str, Any]:
+    return dict(_TINY) if shape is None else {**_SHAPES[shape]["config"], **_REAL}
+
+
+def _generation_config(
+    *, banned: Sequence[int], start: int, eos: int, pad: int, shape: str | None
+) -> Any:
     from transformers import GenerationConfig
 
     return GenerationConfig(
@@ -110,7 +228,8 @@ def _generation_config(*, banned: Sequence[int], start: int, eos: int, pad: int)
         pad_token_id=pad,
         # Before ForcedBOS in the processor order, so a forced language token still wins.
         bad_words_ids=[[i] for i in sorted(set(banned))],
-        min_new_tokens=_MIN_NEW_TOKENS,
+        # A shape's weights are real-sized and scaled, and EOS is one token among 58k-256k.
+        min_new_tokens=_MIN_NEW_TOKENS if shape is None else None,
     )
 
 
@@ -144,91 +263,117 @@ def language_code(family: str, tag: str) -> str:
     return code
 
 
-def _make_nllb(outdir: Path, source_lang: str, target_lang: str) -> None:
+def _make_nllb(outdir: Path, source_lang: str, target_lang: str, shape: str | None) -> None:
     from transformers import M2M100Config, M2M100ForConditionalGeneration, NllbTokenizer
     from transformers.models.nllb.tokenization_nllb import FAIRSEQ_LANGUAGE_CODES
 
     with tempfile.TemporaryDirectory() as tmp:
-        (Path(tmp) / "sentencepiece.bpe.model").write_bytes(_train_spm("bpe", 400))
-        # Loading from the .model file runs the library's own slow-to-fast conversion.
+        spm_model = _spm_for(shape, "bpe", lambda processor: processor.get_piece_size())
+        (Path(tmp) / "sentencepiece.bpe.model").write_bytes(spm_model)
+        # Loading from the .model file runs the library's own slow-to-fast conversion (about a
+        # second for 256k pieces); the saved tokenizer.json loads without it.
         tokenizer = NllbTokenizer.from_pretrained(
             tmp, extra_special_tokens=list(FAIRSEQ_LANGUAGE_CODES), src_lang=source_lang,
             tgt_lang=target_lang,
         )
         tokenizer.save_pretrained(outdir)
     eos = tokenizer.eos_token_id
+    vocab_size = len(tokenizer) if shape is None else _SHAPES[shape]["vocab_size"]
     config = M2M100Config(
-        vocab_size=len(tokenizer),
+        vocab_size=vocab_size,
         pad_token_id=tokenizer.pad_token_id,
         bos_token_id=tokenizer.bos_token_id,
         eos_token_id=eos,
         decoder_start_token_id=eos,
-        **_TINY,
+        **_config_kwargs(shape),
     )
     config.tokenizer_class = "NllbTokenizer"  # as the real checkpoints' config.json says
     _seed()
     model = M2M100ForConditionalGeneration(config).eval()
+    # A shape's last rows (2 in nllb-200) have no token, as in the real checkpoint.
+    banned = [*_special_ids(tokenizer, eos), *range(len(tokenizer), vocab_size)]
     model.generation_config = _generation_config(
-        banned=_special_ids(tokenizer, eos), start=eos, eos=eos, pad=tokenizer.pad_token_id
+        banned=banned, start=eos, eos=eos, pad=tokenizer.pad_token_id, shape=shape
     )
     model.save_pretrained(outdir)
 
 
-def _make_m2m100(outdir: Path, source_lang: str, target_lang: str) -> None:
+def _fairseq_vocab(processor: Any) -> dict[str, int]:
+    """fairseq's dictionary: four specials first, then the pieces (M2M-100's vocab.json)."""
+    vocab = {"<s>": 0, "<pad>": 1, "</s>": 2, "<unk>": 3}
+    for i in range(processor.get_piece_size()):
+        vocab.setdefault(processor.id_to_piece(i), len(vocab))
+    return vocab
+
+
+def _make_m2m100(outdir: Path, source_lang: str, target_lang: str, shape: str | None) -> None:
     from transformers import M2M100Config, M2M100ForConditionalGeneration, M2M100Tokenizer
+    from transformers.models.m2m_100.tokenization_m2m_100 import FAIRSEQ_LANGUAGE_CODES
 
     with tempfile.TemporaryDirectory() as tmp:
+        spm_model = _spm_for(shape, "bpe", lambda processor: len(_fairseq_vocab(processor)))
         spm_path = Path(tmp) / "sentencepiece.bpe.model"
-        spm_path.write_bytes(_train_spm("bpe", 400))
+        spm_path.write_bytes(spm_model)
         import sentencepiece as spm
 
-        processor = spm.SentencePieceProcessor(model_file=str(spm_path))
-        # fairseq's dictionary: four specials first, then the pieces; language ids follow.
-        vocab = {"<s>": 0, "<pad>": 1, "</s>": 2, "<unk>": 3}
-        for i in range(processor.get_piece_size()):
-            vocab.setdefault(processor.id_to_piece(i), len(vocab))
+        vocab = _fairseq_vocab(spm.SentencePieceProcessor(model_proto=spm_model))
         vocab_path = Path(tmp) / "vocab.json"
         vocab_path.write_text(json.dumps(vocab, ensure_ascii=False), encoding="utf-8")
+        # As the real tokenizer_config.json: the language tokens are special tokens, so they
+        # are added tokens at their ids (after vocab.json's), and get_vocab() includes them:
+        # CTranslate2's converter takes the vocabulary from there.
+        languages = [f"__{code}__" for code in FAIRSEQ_LANGUAGE_CODES["m2m100"]]
         tokenizer = M2M100Tokenizer(vocab_file=str(vocab_path), spm_file=str(spm_path),
-                                    src_lang=source_lang, tgt_lang=target_lang)
+                                    src_lang=source_lang, tgt_lang=target_lang,
+                                    additional_special_tokens=languages)
+        misplaced = [token for token, i in tokenizer.lang_token_to_id.items()
+                     if tokenizer.convert_tokens_to_ids(token) != i]
+        if misplaced:
+            raise RuntimeError(f"M2M-100 language tokens at the wrong ids: {misplaced[:3]}")
         tokenizer.save_pretrained(outdir)
     eos = tokenizer.eos_token_id
     # The real vocabulary also ends in the language ids and eight "madeup" words.
     vocab_size = len(vocab) + len(tokenizer.lang_code_to_id) + tokenizer.num_madeup_words
+    if shape is not None and vocab_size != _SHAPES[shape]["vocab_size"]:
+        raise RuntimeError(f"{shape}: {vocab_size} rows, not {_SHAPES[shape]['vocab_size']}")
     config = M2M100Config(
         vocab_size=vocab_size,
         pad_token_id=tokenizer.pad_token_id,
         bos_token_id=0,
         eos_token_id=eos,
         decoder_start_token_id=eos,
-        **_TINY,
+        **_config_kwargs(shape),
     )
     _seed()
     model = M2M100ForConditionalGeneration(config).eval()
     banned = [*_special_ids(tokenizer, eos), *range(len(vocab), vocab_size)]
     model.generation_config = _generation_config(
-        banned=banned, start=eos, eos=eos, pad=tokenizer.pad_token_id
+        banned=banned, start=eos, eos=eos, pad=tokenizer.pad_token_id, shape=shape
     )
     model.save_pretrained(outdir)
 
 
-def _make_marian(outdir: Path, source_lang: str, target_lang: str) -> None:
+def _marian_vocab(processor: Any) -> dict[str, int]:
+    """opus-mt's layout: </s> 0, <unk> 1, the pieces, <pad> last."""
+    vocab = {"</s>": 0, "<unk>": 1}
+    for i in range(processor.get_piece_size()):
+        piece = processor.id_to_piece(i)
+        if piece not in ("<s>", "</s>", "<unk>"):
+            vocab.setdefault(piece, len(vocab))
+    vocab["<pad>"] = len(vocab)
+    return vocab
+
+
+def _make_marian(outdir: Path, source_lang: str, target_lang: str, shape: str | None) -> None:
     from transformers import MarianConfig, MarianMTModel, MarianTokenizer
 
     with tempfile.TemporaryDirectory() as tmp:
-        spm_bytes = _train_spm("unigram", 400)
+        spm_bytes = _spm_for(shape, "unigram", lambda processor: len(_marian_vocab(processor)))
         for name in ("source.spm", "target.spm"):
             (Path(tmp) / name).write_bytes(spm_bytes)
         import sentencepiece as spm
 
-        processor = spm.SentencePieceProcessor(model_proto=spm_bytes)
-        # opus-mt's layout: </s> 0, <unk> 1, the pieces, <pad> last.
-        vocab = {"</s>": 0, "<unk>": 1}
-        for i in range(processor.get_piece_size()):
-            piece = processor.id_to_piece(i)
-            if piece not in ("<s>", "</s>", "<unk>"):
-                vocab.setdefault(piece, len(vocab))
-        vocab["<pad>"] = len(vocab)
+        vocab = _marian_vocab(spm.SentencePieceProcessor(model_proto=spm_bytes))
         vocab_path = Path(tmp) / "vocab.json"
         vocab_path.write_text(json.dumps(vocab, ensure_ascii=False), encoding="utf-8")
         tokenizer = MarianTokenizer(
@@ -246,26 +391,42 @@ def _make_marian(outdir: Path, source_lang: str, target_lang: str) -> None:
         eos_token_id=0,
         forced_eos_token_id=0,
         decoder_start_token_id=pad,
-        **_TINY,
+        **_config_kwargs(shape),
     )
     _seed()
     model = MarianMTModel(config).eval()
     model.generation_config = _generation_config(
-        banned=_special_ids(tokenizer, 0), start=pad, eos=0, pad=pad
+        banned=_special_ids(tokenizer, 0), start=pad, eos=0, pad=pad, shape=shape
     )
     model.save_pretrained(outdir)
 
 
 def make_test_model(
-    family: str, outdir: str | Path, *, source_lang: str = "en", target_lang: str = "de"
+    family: str | None,
+    outdir: str | Path,
+    *,
+    source_lang: str = "en",
+    target_lang: str = "de",
+    shape: str | None = None,
 ) -> Path:
-    """Write a tiny random-weight checkpoint of ``family`` (nllb|m2m100|marian) to ``outdir``.
+    """Write a random-weight checkpoint of ``family`` (nllb|m2m100|marian) to ``outdir``: a
+    tiny one, or with ``shape`` (marian|m2m-418m|nllb-600m) one of that real model's size.
 
+    A shape implies its family: ``family`` may be None then, or must be that family.
     ``source_lang``/``target_lang`` (BCP 47) name its pair (see the module docstring);
-    ValueError for an unknown family or language.
+    ValueError for an unknown family or shape, a family the shape is not, or an unknown language.
     """
-    if family not in FAMILIES:
+    if family is not None and family not in FAMILIES:
         raise ValueError(f"family must be one of {', '.join(FAMILIES)}, got {family!r}")
+    if shape is not None:
+        if shape not in SHAPES:
+            raise ValueError(f"shape must be one of {', '.join(SHAPES)}, got {shape!r}")
+        if family is not None and family != SHAPES[shape]:
+            raise ValueError(f"shape {shape!r} is a {SHAPES[shape]} checkpoint, not {family}")
+        family = SHAPES[shape]
+    if family is None:
+        raise ValueError(f"give a family ({', '.join(FAMILIES)}) or a shape "
+                         f"({', '.join(SHAPES)})")
     source = language_code(family, source_lang)
     target = language_code(family, target_lang)
     try:
@@ -280,11 +441,11 @@ def make_test_model(
     created = [d for d in (out, *out.parents) if not d.exists()]
     out.mkdir(parents=True, exist_ok=True)
     if family == "nllb":
-        _make_nllb(out, source, target)
+        _make_nllb(out, source, target, shape)
     elif family == "m2m100":
-        _make_m2m100(out, source, target)
+        _make_m2m100(out, source, target, shape)
     else:
-        _make_marian(out, source, target)
+        _make_marian(out, source, target, shape)
     _readable(out, created)
     return out
 
@@ -306,21 +467,29 @@ def _readable(out: Path, created: Sequence[Path]) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m service.tools.testmodel --family nllb OUTDIR``."""
+    """``python -m service.tools.testmodel --family nllb OUTDIR`` or ``--shape nllb-600m``."""
     parser = argparse.ArgumentParser(
         prog="python -m service.tools.testmodel",
-        description="Write a tiny random-weight translation checkpoint for tests.",
+        description="Write a random-weight translation checkpoint for tests: a tiny one of "
+        "--family, or one of a real model's size (--shape).",
     )
-    parser.add_argument("--family", choices=FAMILIES, required=True)
+    parser.add_argument("--family", choices=FAMILIES,
+                        help="the tiny checkpoint's family (required without --shape)")
+    parser.add_argument("--shape", choices=tuple(SHAPES),
+                        help="a real model's size: marian (opus-mt-en-de), m2m-418m "
+                        "(m2m100_418M), nllb-600m (nllb-200-distilled-600M); implies its family")
     parser.add_argument("--source", "--source-lang", dest="source", default="en",
                         help="the pair's source language (BCP 47)")
     parser.add_argument("--target", "--target-lang", dest="target", default="de",
                         help="the pair's target language (BCP 47)")
     parser.add_argument("outdir")
     args = parser.parse_args(argv)
+    if args.family is None and args.shape is None:
+        parser.error("give --family or --shape")
     try:
         path = make_test_model(
-            args.family, args.outdir, source_lang=args.source, target_lang=args.target
+            args.family, args.outdir, source_lang=args.source, target_lang=args.target,
+            shape=args.shape,
         )
     except ValueError as exc:
         parser.error(str(exc))

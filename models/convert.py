@@ -1,0 +1,302 @@
+"""HF checkpoints to CTranslate2 models: ``thinktrans convert``, and the cache the local backend
+converts into on first load.
+
+A converted directory holds what CTranslate2 writes (``model.bin``, its own ``config.json``,
+the vocabulary) and, beside it, what serving needs besides the weights: the checkpoint's
+tokenizer files, its ``generation_config.json`` and ``thinktrans-ct2.json`` (the family, the
+source, the quantization, the checkpoint's ``model_type`` and position limit). Serving such a
+directory needs only ``ctranslate2`` and the tokenizer (transformers without torch); converting
+needs torch and transformers, as CTranslate2's converter loads the checkpoint with them.
+
+The local backend converts in a child process (``python -m models.convert``), so that the
+full-precision checkpoint it loads never inflates the service's own memory, and keeps the
+result under ``local_ct2_cache`` (default: ``$HF_HOME/thinktrans-ct2``), named by the model, the
+quantization and a fingerprint of the source: a restart finds it there, and a changed
+checkpoint directory or a new hub revision is converted again. A conversion is written to a
+temporary directory and renamed into place, so a crash never leaves a half-written model that
+a later start would trust.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import logging
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections.abc import Sequence
+from dataclasses import dataclass
+from importlib.util import find_spec
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+QUANTIZATIONS = (
+    "int8", "int8_float32", "int8_float16", "int8_bfloat16", "int16",
+    "float16", "bfloat16", "float32",
+)
+META_FILE = "thinktrans-ct2.json"
+# Files of a checkpoint that are weights (CTranslate2 writes its own) or clash with its files.
+_NOT_COPIED = re.compile(r"(\.safetensors|\.bin|\.pt|\.h5|\.msgpack|\.ot|\.index\.json)$")
+
+
+class ConversionError(Exception):
+    """A checkpoint could not be converted; the message says why and what to do."""
+
+
+def default_cache_dir() -> Path:
+    """``$HF_HOME/thinktrans-ct2``: beside the HF cache, so a volume kept for one keeps both."""
+    home = os.environ.get("HF_HOME") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "huggingface"
+    )
+    return Path(home) / "thinktrans-ct2"
+
+
+def is_converted(path: str | Path) -> bool:
+    """Whether ``path`` is a CTranslate2 model directory (``model.bin`` and CTranslate2's
+    ``config.json``, which, unlike a checkpoint's, has no ``model_type``)."""
+    directory = Path(path).expanduser()
+    if not (directory / "model.bin").is_file() or not (directory / "config.json").is_file():
+        return False
+    try:
+        config = json.loads((directory / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return isinstance(config, dict) and "model_type" not in config
+
+
+def read_meta(path: str | Path) -> dict[str, Any]:
+    """``thinktrans-ct2.json`` of a converted directory; {} for one converted by other tools."""
+    try:
+        meta = json.loads((Path(path).expanduser() / META_FILE).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return meta if isinstance(meta, dict) else {}
+
+
+@dataclass(frozen=True)
+class _Source:
+    """Where a checkpoint's files are and what identifies this version of them."""
+
+    location: str  # what the converter loads: a directory, or the hub id
+    fingerprint: str
+
+
+def _source(model_id: str, offline: bool) -> _Source:
+    """A directory is fingerprinted by its files' names, sizes and times; a hub id by the
+    revision its cached ``config.json`` belongs to (fetched first when online)."""
+    path = Path(model_id).expanduser()
+    if path.is_dir():
+        digest = hashlib.sha256(str(path.resolve()).encode())
+        for entry in sorted(path.iterdir()):
+            if entry.is_file():
+                stat = entry.stat()
+                digest.update(f"{entry.name}:{stat.st_size}:{stat.st_mtime_ns}".encode())
+        return _Source(str(path), digest.hexdigest()[:16])
+    from transformers.utils import cached_file
+
+    try:
+        config = cached_file(model_id, "config.json", local_files_only=offline)
+    except Exception as exc:  # OSError, HFValidationError, hub errors
+        raise ConversionError(
+            f"model {model_id!r} not found locally and the hub is unreachable or does not have "
+            f"it ({_short(exc)}): set THINKTRANS_LOCAL_MODEL to a local directory, pre-seed "
+            "HF_HOME with it, or convert it elsewhere with `thinktrans convert`"
+        ) from exc
+    if config is None:
+        raise ConversionError(f"model {model_id!r} has no config.json")
+    snapshot = Path(config).parent
+    # hub cache layout: models--org--name/snapshots/<revision>/config.json
+    location = str(snapshot) if offline else model_id
+    return _Source(location, hashlib.sha256(str(snapshot).encode()).hexdigest()[:16])
+
+
+def cache_path(cache_dir: Path, model_id: str, quantization: str, fingerprint: str) -> Path:
+    """``<cache>/<model id, path-safe>--<quantization>--<fingerprint>``."""
+    name = re.sub(r"[^A-Za-z0-9._-]+", "_", model_id.strip("/").replace("/", "--"))[-80:]
+    return cache_dir / f"{name}--{quantization}--{fingerprint}"
+
+
+def cached_conversion(
+    model_id: str, *, quantization: str, cache_dir: Path, offline: bool,
+    timeout_s: float = 3600.0,
+) -> Path:
+    """The converted directory for ``model_id`` at ``quantization``, converting it first (in a
+    child process) when the cache lacks it. ConversionError says what went wrong."""
+    source = _source(model_id, offline)
+    target = cache_path(cache_dir, model_id, quantization, source.fingerprint)
+    if is_converted(target):
+        log.info("local: using the converted model in %s", target)
+        return target
+    _check_can_convert()
+    try:
+        cache_dir.mkdir(parents=True, exist_ok=True)
+        work = Path(tempfile.mkdtemp(prefix=".converting-", dir=cache_dir))
+    except OSError as exc:
+        raise ConversionError(
+            f"cannot write the conversion cache {str(cache_dir)!r} ({exc.strerror or exc}): set "
+            "THINKTRANS_LOCAL_CT2_CACHE to a writable directory, or convert the model ahead "
+            "with `thinktrans convert` and point THINKTRANS_LOCAL_MODEL at the result"
+        ) from exc
+    log.info("local: converting %s to CTranslate2 (%s); this happens once", model_id,
+             quantization)
+    env = dict(os.environ)
+    if offline:
+        env["HF_HUB_OFFLINE"] = "1"
+    command = [sys.executable, "-m", "models.convert", "--quantization", quantization,
+               "--model-id", model_id, source.location, str(work / "model")]
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, timeout=timeout_s,
+                              env=env, cwd=_package_root(), check=False)
+        if done.returncode != 0:
+            lines = [line for line in done.stderr.splitlines() if line.strip()]
+            raise ConversionError(lines[-1] if lines else
+                                  f"converting {model_id!r} failed (exit {done.returncode})")
+        try:
+            os.replace(work / "model", target)
+        except OSError:
+            if not is_converted(target):  # not another process that won the race
+                raise
+    except subprocess.TimeoutExpired as exc:
+        raise ConversionError(f"converting {model_id!r} took over {timeout_s:g} s") from exc
+    except OSError as exc:
+        raise ConversionError(
+            f"cannot write the converted model to {str(target)!r}: {exc.strerror or exc}"
+        ) from exc
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    return target
+
+
+def _package_root() -> str:
+    """The directory ``models`` is imported from, for the child's ``-m models.convert``."""
+    return str(Path(__file__).resolve().parent.parent)
+
+
+def _check_can_convert() -> None:
+    for module in ("ctranslate2", "torch", "transformers"):
+        if find_spec(module) is None:
+            raise ConversionError(
+                f"converting a checkpoint to CTranslate2 needs {module!r}: pip install "
+                "'thinktrans[local,ct2]', or convert the model elsewhere with `thinktrans "
+                "convert` and point THINKTRANS_LOCAL_MODEL at the result"
+            )
+
+
+def convert(src: str, out: str | Path, *, quantization: str = "int8", model_id: str | None = None,
+            force: bool = False) -> Path:
+    """Convert the checkpoint at ``src`` (a directory or hub id) into ``out``; see the module
+    docstring for what the directory holds. ConversionError says what went wrong."""
+    if quantization not in QUANTIZATIONS:
+        raise ConversionError(
+            f"unknown quantization {quantization!r}; choose one of {', '.join(QUANTIZATIONS)}"
+        )
+    _check_can_convert()
+    from ctranslate2.converters import TransformersConverter
+    from transformers import AutoConfig, AutoTokenizer, GenerationConfig
+
+    from models.local import detect_family
+
+    output = Path(out).expanduser()
+    if output.exists() and any(output.iterdir()) and not force:
+        raise ConversionError(f"{str(output)!r} exists and is not empty; pass --force to "
+                              "overwrite it")
+    looks_local = src.startswith(("/", "./", "../", "~")) or Path(src).expanduser().exists()
+    if looks_local and not Path(src).expanduser().is_dir():
+        raise ConversionError(f"{src!r} is not a directory: name a checkpoint directory "
+                              "(written by save_pretrained) or a hub id")
+    try:
+        config = AutoConfig.from_pretrained(src)
+        tokenizer = AutoTokenizer.from_pretrained(src)
+    except Exception as exc:
+        raise ConversionError(f"cannot load {src!r} as a checkpoint: {_short(exc)}") from exc
+    family = detect_family(config, tokenizer)
+    if family is None:
+        raise ConversionError(
+            f"{src!r} is a {config.model_type!r} checkpoint; the local backend converts NLLB-200, "
+            "M2M-100 and Marian checkpoints"
+        )
+    try:
+        TransformersConverter(src, low_cpu_mem_usage=True).convert(
+            str(output), quantization=quantization, force=True,
+        )
+    except Exception as exc:  # the converter raises ValueError, OSError, RuntimeError...
+        raise ConversionError(f"converting {src!r} failed: {_short(exc)}") from exc
+    tokenizer.save_pretrained(output)
+    _drop_weights(output)
+    try:
+        GenerationConfig.from_pretrained(src).save_pretrained(output)
+    except OSError:
+        pass  # a checkpoint without generation_config.json: the defaults apply
+    meta = {
+        "source": model_id or src,
+        "family": family,
+        "quantization": quantization,
+        "model_type": config.model_type,
+        "max_position_embeddings": getattr(config, "max_position_embeddings", None),
+        "thinktrans_test_checkpoint": bool(getattr(config, "thinktrans_test_checkpoint", False)),
+        "ctranslate2": _version("ctranslate2"),
+    }
+    (output / META_FILE).write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
+    _readable(output)
+    return output
+
+
+def _drop_weights(output: Path) -> None:
+    """save_pretrained of a tokenizer writes nothing heavy, but be sure no stray weights or a
+    second config sit beside CTranslate2's model."""
+    for entry in output.iterdir():
+        if entry.is_file() and entry.name != "model.bin" and _NOT_COPIED.search(entry.name):
+            entry.unlink()
+
+
+def _readable(output: Path) -> None:
+    output.chmod(output.stat().st_mode | 0o755)
+    for entry in output.iterdir():
+        if entry.is_file():
+            entry.chmod(entry.stat().st_mode | 0o644)
+
+
+def _version(module: str) -> str | None:
+    try:
+        from importlib.metadata import version
+
+        return version(module)
+    except Exception:
+        return None
+
+
+def _short(exc: BaseException) -> str:
+    text = str(exc).strip()
+    first = text.splitlines()[0] if text else type(exc).__name__
+    return first if len(first) <= 200 else first[:197] + "..."
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m models.convert SRC OUT --quantization int8``: what the backend runs in a
+    child process. The last line of stderr is the reason on failure."""
+    parser = argparse.ArgumentParser(prog="python -m models.convert")
+    parser.add_argument("src")
+    parser.add_argument("out")
+    parser.add_argument("--quantization", default="int8", choices=QUANTIZATIONS)
+    parser.add_argument("--model-id", default=None, help="the name recorded as the source")
+    parser.add_argument("--force", action="store_true")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.WARNING)
+    try:
+        convert(args.src, args.out, quantization=args.quantization, model_id=args.model_id,
+                force=args.force)
+    except ConversionError as exc:
+        print(str(exc), file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,342 @@
+"""The two engines the local backend runs a checkpoint on: transformers + torch, or CTranslate2.
+
+The backend (models/local.py) owns everything around the model: the tokenizer, the family and
+its language codes, splitting long segments, sorting by length, the output bound per segment,
+decoding ids to text. An engine only loads the weights and turns a batch of token ids into
+generated ids:
+
+- ``prepare()`` resolves the device and the compute type (and imports the engine);
+- ``load(model_id, tokenizer, offline, converted)`` loads one checkpoint;
+- ``generate(loaded, tokenizer, rows, forced, max_new)`` decodes greedily (or with beams) and
+  returns, per row, the generated ids after the decoder start token, the forced language token
+  first when there is one, at most ``max_new`` of them.
+
+Both honour the checkpoint's generation config (banned tokens, a minimum length), the beam
+width and the repetition guard (``no_repeat_ngram_size``), so that in float32 they produce the
+same greedy output. Both run in the backend's single worker thread.
+
+``auto`` picks CTranslate2 when it is installed (``thinktrans[ct2]``): on CPU its int8 model is
+several times faster than torch in float32 and takes less than half the memory (see
+docs/benchmarks.md).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass
+from importlib.util import find_spec
+from pathlib import Path
+from typing import Any, Protocol
+
+log = logging.getLogger(__name__)
+
+ENGINES = ("auto", "ctranslate2", "transformers")
+COMPUTE_TYPES = (
+    "auto", "int8", "int8_float32", "int8_float16", "int8_bfloat16", "int16",
+    "float16", "bfloat16", "float32",
+)
+
+
+class LoadError(Exception):
+    """A checkpoint could not be loaded; the message is the backend's ``reason``."""
+
+
+@dataclass(frozen=True)
+class EngineOptions:
+    """What the engines read from the local backend's settings."""
+
+    device: str = "auto"  # auto, cpu, cuda, cuda:N
+    dtype: str = "auto"  # transformers: auto, float32, float16, bfloat16
+    compute_type: str = "auto"  # ctranslate2: auto (int8 on CPU, int8_float16 on CUDA), ...
+    threads: int | None = None  # CPU threads; None: the library's default
+    num_beams: int = 1
+    no_repeat_ngram_size: int = 6  # 0: off
+    ct2_cache: Path | None = None  # where checkpoints are converted to; None: beside the HF cache
+
+
+@dataclass
+class Loaded:
+    """One loaded checkpoint as an engine holds it."""
+
+    model: Any
+    eos_ids: frozenset[int]
+    suppress: list[list[str]] | None = None  # ctranslate2: token sequences never generated
+    min_length: int = 0  # ctranslate2: the checkpoint's min_new_tokens
+
+
+class Engine(Protocol):
+    name: str
+    device: str | None
+    compute_type: str | None
+
+    def prepare(self) -> None: ...
+
+    def load(self, model_id: str, tokenizer: Any, *, offline: bool, converted: bool) -> Loaded: ...
+
+    def generate(self, loaded: Loaded, tokenizer: Any, rows: list[list[int]],
+                 forced: int | None, max_new: int) -> list[list[int]]: ...
+
+
+def resolve(engine: str) -> str:
+    """``auto`` -> ``ctranslate2`` where it is installed, else ``transformers``."""
+    if engine == "auto":
+        return "ctranslate2" if find_spec("ctranslate2") is not None else "transformers"
+    return engine
+
+
+def required_packages(engine: str) -> tuple[str, ...]:
+    """What serving needs; converting a checkpoint for CTranslate2 also needs torch."""
+    if engine == "ctranslate2":
+        return ("ctranslate2", "transformers", "sentencepiece")
+    return ("torch", "transformers", "sentencepiece")
+
+
+def build(engine: str, options: EngineOptions) -> Engine:
+    return CT2Engine(options) if engine == "ctranslate2" else TransformersEngine(options)
+
+
+def _eos_ids(value: object, fallback: int | None) -> frozenset[int]:
+    ids = value if isinstance(value, list) else [value]
+    found = frozenset(int(i) for i in ids if isinstance(i, int))
+    return found or frozenset({fallback} if fallback is not None else ())
+
+
+class TransformersEngine:
+    """``AutoModelForSeq2SeqLM`` on torch, on CPU (float32) or CUDA (bfloat16/float16)."""
+
+    name = "transformers"
+
+    def __init__(self, options: EngineOptions) -> None:
+        self.options = options
+        self.device: str | None = None
+        self.compute_type: str | None = None
+        self._dtype: Any = None
+
+    def prepare(self) -> None:
+        try:
+            import torch
+            import transformers  # noqa: F401
+        except ImportError as exc:
+            raise LoadError(
+                f"the local backend cannot import {exc.name!r}: pip install 'thinktrans[local]'"
+            ) from exc
+        if self.options.threads:
+            torch.set_num_threads(self.options.threads)
+        setting = self.options.device.strip().lower()
+        if setting == "auto":
+            self.device = "cuda" if torch.cuda.is_available() else "cpu"
+        elif setting.startswith("cuda") and not torch.cuda.is_available():
+            raise LoadError(
+                f"local_device {self.options.device!r} asks for CUDA, which this machine lacks: "
+                "set THINKTRANS_LOCAL_DEVICE=auto or cpu"
+            )
+        else:
+            self.device = setting
+        if self.options.dtype == "auto":
+            if self.device.startswith("cuda"):
+                bf16 = torch.cuda.is_bf16_supported()
+                self._dtype = torch.bfloat16 if bf16 else torch.float16
+            else:
+                self._dtype = torch.float32
+        else:
+            if self.options.dtype == "float16" and self.device == "cpu":
+                log.warning("local: float16 on CPU is slow and lossy; float32 is the CPU default")
+            self._dtype = getattr(torch, self.options.dtype)
+        self.compute_type = str(self._dtype).removeprefix("torch.")
+
+    def load(self, model_id: str, tokenizer: Any, *, offline: bool, converted: bool) -> Loaded:
+        from transformers import AutoModelForSeq2SeqLM
+
+        if converted:
+            raise LoadError(
+                f"{model_id!r} is a CTranslate2 model directory; set THINKTRANS_LOCAL_ENGINE="
+                "ctranslate2 (or auto, with 'thinktrans[ct2]' installed) to serve it, or name "
+                "the original checkpoint"
+            )
+        try:
+            model = AutoModelForSeq2SeqLM.from_pretrained(model_id, dtype=self._dtype,
+                                                          local_files_only=offline)
+        except (OSError, ValueError) as exc:  # weights missing or not a seq2seq model
+            from models.local import not_found_reason
+
+            raise LoadError(not_found_reason(model_id, exc)) from exc
+        model = model.to(self.device).eval()
+        eos = _eos_ids(model.generation_config.eos_token_id, tokenizer.eos_token_id)
+        return Loaded(model=model, eos_ids=eos)
+
+    def generate(self, loaded: Loaded, tokenizer: Any, rows: list[list[int]],
+                 forced: int | None, max_new: int) -> list[list[int]]:
+        import torch
+
+        batch = tokenizer.pad({"input_ids": rows}, return_tensors="pt")
+        kwargs: dict[str, Any] = {
+            "max_new_tokens": max_new,
+            "num_beams": self.options.num_beams,
+            "do_sample": False,
+            "no_repeat_ngram_size": self.options.no_repeat_ngram_size,
+        }
+        if forced is not None:
+            kwargs["forced_bos_token_id"] = forced
+        batch = batch.to(loaded.model.device)
+        with torch.inference_mode():
+            out = loaded.model.generate(**batch, **kwargs)
+        return [row[1:] for row in out.tolist()]  # row[0] is the decoder start token
+
+
+class CT2Engine:
+    """A CTranslate2 ``Translator``: int8 on CPU, int8_float16 on CUDA by default.
+
+    ``load`` takes a converted directory as it is, and converts a checkpoint (directory or hub
+    id) once into the cache (models/convert.py).
+    """
+
+    name = "ctranslate2"
+
+    def __init__(self, options: EngineOptions) -> None:
+        self.options = options
+        self.device: str | None = None
+        self.device_index = 0
+        self.compute_type: str | None = None
+        self.threads = 0
+
+    def prepare(self) -> None:
+        try:
+            import ctranslate2
+        except ImportError as exc:
+            raise LoadError(
+                "the local backend's ctranslate2 engine cannot import 'ctranslate2': pip install "
+                "'thinktrans[ct2]', or set THINKTRANS_LOCAL_ENGINE=transformers"
+            ) from exc
+        setting = self.options.device.strip().lower()
+        gpus = ctranslate2.get_cuda_device_count()
+        if setting == "auto":
+            self.device = "cuda" if gpus > 0 else "cpu"
+        elif setting.startswith("cuda"):
+            if gpus == 0:
+                raise LoadError(
+                    f"local_device {self.options.device!r} asks for CUDA, which this machine (or "
+                    "this ctranslate2 build) lacks: set THINKTRANS_LOCAL_DEVICE=auto or cpu"
+                )
+            self.device = "cuda"
+            _, _, index = setting.partition(":")
+            self.device_index = int(index) if index.isdigit() else 0
+        else:
+            self.device = setting
+        supported = ctranslate2.get_supported_compute_types(self.device)
+        wanted = self.options.compute_type
+        if wanted == "auto":
+            choices = ("int8_float16", "float16", "int8", "float32") if self.device == "cuda" \
+                else ("int8", "int8_float32", "float32")
+            wanted = next((c for c in choices if c in supported), "float32")
+        elif wanted not in supported:
+            raise LoadError(
+                f"local_compute_type {wanted!r} is not supported on {self.device} by this "
+                f"ctranslate2 build; choose one of {', '.join(sorted(supported))}"
+            )
+        self.compute_type = wanted
+        self.threads = self.options.threads or 0
+        if wanted.startswith("int8") and os.environ.get("CT2_USE_MKL", "") in ("1", "ON", "on",
+                                                                                "true"):
+            if _cpu_vendor() == "AuthenticAMD":
+                log.warning(
+                    "local: CT2_USE_MKL=1 on an AMD CPU: int8 runs many times slower with MKL "
+                    "there; unset CT2_USE_MKL to use the default backend"
+                )
+
+    def load(self, model_id: str, tokenizer: Any, *, offline: bool, converted: bool) -> Loaded:
+        import ctranslate2
+
+        from models.convert import ConversionError, cached_conversion, default_cache_dir
+
+        if converted:
+            path = Path(model_id).expanduser()
+        else:
+            try:
+                path = cached_conversion(
+                    model_id, quantization=self.compute_type or "int8",
+                    cache_dir=self.options.ct2_cache or default_cache_dir(), offline=offline,
+                )
+            except ConversionError as exc:
+                raise ConversionFailed(str(exc)) from exc
+        try:
+            translator = ctranslate2.Translator(
+                str(path), device=self.device or "cpu", device_index=self.device_index,
+                compute_type=self.compute_type or "default", inter_threads=1,
+                intra_threads=self.threads,
+            )
+        except (RuntimeError, ValueError, OSError) as exc:
+            raise LoadError(f"CTranslate2 cannot load {str(path)!r}: {exc}") from exc
+        generation = _generation_config(path)
+        banned = generation.get("bad_words_ids") or []
+        # Tokens CTranslate2's vocabulary lacks (Marian's <pad>, the decoder start) cannot
+        # be generated anyway, and naming them is an error.
+        vocabulary = _target_vocabulary(path)
+        suppress = []
+        for seq in banned:
+            tokens = tokenizer.convert_ids_to_tokens(list(seq)) if seq else []
+            if tokens and all(token in vocabulary for token in tokens):
+                suppress.append(tokens)
+        eos = _eos_ids(generation.get("eos_token_id"), tokenizer.eos_token_id)
+        return Loaded(
+            model=translator, eos_ids=eos, suppress=suppress or None,
+            min_length=int(generation.get("min_new_tokens") or 0),
+        )
+
+    def generate(self, loaded: Loaded, tokenizer: Any, rows: list[list[int]],
+                 forced: int | None, max_new: int) -> list[list[int]]:
+        source = [tokenizer.convert_ids_to_tokens(row) for row in rows]
+        prefix = None
+        if forced is not None:
+            token = tokenizer.convert_ids_to_tokens(forced)
+            prefix = [[token] for _ in rows]
+        results = loaded.model.translate_batch(
+            source,
+            target_prefix=prefix,
+            beam_size=self.options.num_beams,
+            max_decoding_length=max_new,  # counts the target prefix, like max_new_tokens
+            min_decoding_length=min(loaded.min_length, max_new),
+            no_repeat_ngram_size=self.options.no_repeat_ngram_size,
+            suppress_sequences=loaded.suppress,
+            max_input_length=0,  # the backend bounds inputs itself (split_text)
+            return_scores=False,
+        )
+        return [tokenizer.convert_tokens_to_ids(result.hypotheses[0]) for result in results]
+
+
+class ConversionFailed(LoadError):
+    """Converting a checkpoint for CTranslate2 failed; under ``auto`` the backend then falls
+    back to transformers."""
+
+
+def _generation_config(path: Path) -> dict[str, Any]:
+    import json
+
+    try:
+        value = json.loads((path / "generation_config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return value if isinstance(value, dict) else {}
+
+
+def _target_vocabulary(path: Path) -> frozenset[str]:
+    """The tokens of a converted model's target vocabulary (a JSON list or one per line)."""
+    import json
+
+    for name in ("target_vocabulary", "shared_vocabulary"):
+        for suffix, parse in ((".json", json.loads), (".txt", str.splitlines)):
+            file = path / (name + suffix)
+            if file.is_file():
+                return frozenset(parse(file.read_text(encoding="utf-8")))
+    return frozenset()
+
+
+def _cpu_vendor() -> str | None:
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as fh:
+            for line in fh:
+                if line.startswith("vendor_id"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return None
