@@ -538,6 +538,7 @@ class LocalTranslator(Translator):
             "no_repeat_ngram_size": self.config.no_repeat_ngram_size,
             "threads": self.config.threads,
             "engine_note": self.engine_note,
+            "output_tokens": self.stats.output_tokens,  # generated since start, for benchmarks
             "load_s": self.load_s,
             "load_attempts": self.load_attempts,
             "load_failures": self.load_failures,

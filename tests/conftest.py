@@ -26,12 +26,19 @@ from service.settings import Settings, load_settings
 from tests.fakes_remote import FakeChat, FakeDeepL
 
 
+@pytest.fixture(scope="session")
+def _ct2_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("ct2-cache")
+
+
 @pytest.fixture(autouse=True)
-def _clean_env(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    """Settings read THINKTRANS_* variables; a test sees only the ones it sets."""
+def _clean_env(monkeypatch: pytest.MonkeyPatch, _ct2_cache: Path) -> Iterator[None]:
+    """Settings read THINKTRANS_* variables; a test sees only the ones it sets. Checkpoints
+    the CTranslate2 engine converts go to a cache of the session, never the user's."""
     for name in list(os.environ):
         if name.startswith("THINKTRANS_") or name == "DEEPL_AUTH_KEY":
             monkeypatch.delenv(name)
+    monkeypatch.setenv("THINKTRANS_LOCAL_CT2_CACHE", str(_ct2_cache))
     yield
 
 

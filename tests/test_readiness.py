@@ -28,7 +28,13 @@ from models.local import LocalConfig, LocalTranslator
 from models.passthrough import PassthroughTranslator
 from service.tools.testmodel import make_test_model
 from tests.conftest import Running, app_with
-from tests.test_local import _offline, make_backend  # noqa: F401 - _offline: autouse fixture
+from tests.test_local import (  # noqa: F401 - autouse fixtures and the parametrize hook
+    _offline,
+    ct2_cache,
+    engine,
+    make_backend,
+    pytest_generate_tests,
+)
 
 pytestmark = pytest.mark.filterwarnings("ignore:Recommended. pip install sacremoses")
 
