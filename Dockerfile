@@ -9,7 +9,7 @@
 #                    (.../whl/cu124) for GPU hosts; empty: the package index (PIP_INDEX_URL or
 #                    PyPI) plus PIP_FIND_LINKS, for offline builds.
 #   TORCH_VERSION    pin torch, e.g. 2.13.0 (default: the newest the index has).
-#   EXTRAS           the package extras to install (default: local,deepl).
+#   EXTRAS           the package extras to install (default: local,ct2,deepl).
 #   PIP_CERT         a CA bundle for pip (TLS-inspecting proxies), a path inside the build:
 #                    a mounted file (podman/buildah -v), or the build secret pip_cert:
 #                    --secret id=pip_cert,src=ca.pem --build-arg PIP_CERT=/run/secrets/pip_cert
@@ -45,7 +45,7 @@ RUN --mount=type=secret,id=pip_cert \
 
 # The dependencies, from pyproject.toml alone (empty packages stand in for the code), so that
 # a change to the code does not reinstall them.
-ARG EXTRAS=local,deepl
+ARG EXTRAS=local,ct2,deepl
 WORKDIR /src
 COPY pyproject.toml README.md ./
 RUN --mount=type=secret,id=pip_cert \

@@ -7,7 +7,7 @@ the shape, not on the weights), with one of two engines:
 - ``transformers``: ``model.generate`` under ``torch.inference_mode()``, in ``--dtype``;
 - ``ctranslate2``: ``ctranslate2.Translator.translate_batch`` on the checkpoint converted
   with ``TransformersConverter`` (as the service converts it), in ``--compute-type``
-  (``auto``: int8 on CPU, float16 on CUDA).
+  (``auto``: int8 on CPU, int8_float16 on CUDA, as the service).
 
 Output length is pinned (transformers ``min_new_tokens = max_new_tokens``, CTranslate2
 ``min_decoding_length = max_decoding_length``) so that random weights cannot stop early and
@@ -43,6 +43,7 @@ from __future__ import annotations
 import argparse
 import inspect
 import json
+import math
 import os
 import platform
 import random
@@ -412,15 +413,20 @@ class CTranslate2Engine:
         self.device = device
         self.before = memory()
         began = time.perf_counter()
+        # As the service runs it (models/engines.py CT2Engine): a small model's batch is cut
+        # into one part per thread, run at once on single-threaded workers.
+        threads = args.threads or min(4, cores())
+        small = (d_model_of(args) or 1024) <= 512
+        self.workers = args.workers or (threads if small and device == "cpu" else 1)
+        self.intra_threads = max(1, threads // self.workers)
         self.translator = ctranslate2.Translator(
             path, device=device, device_index=index, compute_type=args.ct2_compute_type,
-            intra_threads=args.threads or 0, inter_threads=1,
+            intra_threads=self.intra_threads, inter_threads=self.workers,
         )
         self.load_s = time.perf_counter() - began
         actual = self.translator.compute_type
         wanted = args.ct2_compute_type
         self.compute_type = wanted if actual == wanted else f"{wanted} (runs as {actual})"
-        self.intra_threads = args.threads or 0
         size = Path(path, "model.bin").stat().st_size
         self.size = f"model.bin {size / 2**20:.0f} MiB"
         self.prefix = info.get("target_prefix")
@@ -439,16 +445,35 @@ class CTranslate2Engine:
 
     def run(self, inputs: Any) -> int:
         tokens, prefix = inputs
-        results = self.translator.translate_batch(tokens, target_prefix=prefix, **self.kwargs)
+        part = math.ceil(len(tokens) / self.workers) if self.workers > 1 else 0
+        results = self.translator.translate_batch(tokens, target_prefix=prefix,
+                                                  max_batch_size=part, **self.kwargs)
         return len(results[0].hypotheses[0])
 
     def machine(self) -> str:
-        threads = self.intra_threads or "default"
-        where = f"{cpu_name()}, {cores()} cores usable, intra_threads {threads}"
+        where = (f"{cpu_name()}, {cores()} cores usable, {self.workers} worker(s) x "
+                 f"{self.intra_threads} thread(s)")
         if self.device == "cuda":
             where = f"CUDA device {self.translator.device_index}; host {where}"
         return (f"{where}; ctranslate2 {self.ct2.__version__}, "
                 f"Python {platform.python_version()}")
+
+
+def d_model_of(args: argparse.Namespace) -> int | None:
+    """The model's width: its shape's, or a checkpoint's config (thinktrans-ct2.json for a
+    converted directory)."""
+    if args.shape in SHAPES:
+        return int(SHAPES[args.shape]["d_model"])
+    if args.shape in TINY:
+        return 32
+    for name in ("config.json", "thinktrans-ct2.json"):
+        try:
+            value = json.loads(Path(args.checkpoint, name).read_text()).get("d_model")
+        except (OSError, ValueError, TypeError):
+            continue
+        if isinstance(value, int):
+            return value
+    return None
 
 
 def resolve_ct2(args: argparse.Namespace) -> None:
@@ -464,7 +489,7 @@ def resolve_ct2(args: argparse.Namespace) -> None:
     args.ct2_device, args.ct2_device_index = name, int(index or 0)
     compute = args.compute_type
     if compute == "auto":
-        compute = "float16" if name == "cuda" else "int8"
+        compute = "int8_float16" if name == "cuda" else "int8"  # the service's defaults
     args.ct2_compute_type = compute
 
 
@@ -591,13 +616,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument(
         "--compute-type", default="auto", choices=COMPUTE_TYPES,
-        help="ctranslate2: auto is int8 on CPU, float16 on CUDA; also the conversion's "
-        "quantization",
+        help="ctranslate2: auto is int8 on CPU, int8_float16 on CUDA (the service's defaults); "
+        "also the conversion's quantization",
     )
     parser.add_argument("--num-beams", type=int, default=1)
     parser.add_argument("--no-repeat-ngram", type=int, default=NO_REPEAT_NGRAM_SIZE)
     parser.add_argument("--repeats", type=int, default=3, help="timed runs per batch size")
     parser.add_argument("--warmup", type=int, default=1, help="untimed runs first")
+    parser.add_argument("--workers", type=int, default=None,
+                        help="ctranslate2 on CPU: parts of a batch run at once (default: as "
+                        "the service, one per thread for d_model <= 512, else 1)")
     parser.add_argument("--threads", type=int, default=None,
                         help="torch CPU threads / CTranslate2 intra_threads")
     args = parser.parse_args(argv)

@@ -240,6 +240,7 @@ def convert(src: str, out: str | Path, *, quantization: str = "int8", model_id: 
         "quantization": quantization,
         "model_type": config.model_type,
         "max_position_embeddings": getattr(config, "max_position_embeddings", None),
+        "d_model": getattr(config, "d_model", None),
         "thinktrans_test_checkpoint": bool(getattr(config, "thinktrans_test_checkpoint", False)),
         "ctranslate2": _version("ctranslate2"),
     }

@@ -353,6 +353,7 @@ class LocalConfig:
     max_input_tokens: int = 256  # longer segments are split and rejoined
     threads: int | None = None  # CPU threads; None: the engine's default
     ct2_cache: str | None = None  # where checkpoints are converted to; None: beside the HF cache
+    ct2_workers: int | None = None  # parts of a batch run at once; None: by the model's size
     # A failed load is tried again after this long, doubling up to load_retry_max_s.
     load_retry_initial_s: float = 5.0
     load_retry_max_s: float = 300.0
@@ -408,7 +409,7 @@ class LocalTranslator(Translator):
         config = self.config
         options = EngineOptions(
             device=config.device, dtype=config.dtype, compute_type=config.compute_type,
-            threads=config.threads, num_beams=config.num_beams,
+            threads=config.threads, ct2_workers=config.ct2_workers, num_beams=config.num_beams,
             no_repeat_ngram_size=config.no_repeat_ngram_size,
             ct2_cache=Path(config.ct2_cache).expanduser() if config.ct2_cache else None,
         )
@@ -536,7 +537,8 @@ class LocalTranslator(Translator):
             ],
             "num_beams": self.config.num_beams,
             "no_repeat_ngram_size": self.config.no_repeat_ngram_size,
-            "threads": self.config.threads,
+            "threads": self._engine.threads if self.ready else self.config.threads,
+            "workers": main.loaded.workers if main else None,
             "engine_note": self.engine_note,
             "output_tokens": self.stats.output_tokens,  # generated since start, for benchmarks
             "load_s": self.load_s,
@@ -809,7 +811,11 @@ class LocalTranslator(Translator):
                 f"{spec.model_id!r} in THINKTRANS_LOCAL_MARIAN_MODELS is a {family} checkpoint, "
                 "not a Marian one; name it in THINKTRANS_LOCAL_MODEL instead"
             )
-        loaded = self._engine.load(spec.model_id, tokenizer, offline=offline, converted=converted)
+        d_model = getattr(config, "d_model", None)
+        if not isinstance(d_model, int):  # a directory converted by other tools
+            d_model = 512 if family == "marian" else None  # opus-mt's; big ones say so
+        loaded = self._engine.load(spec.model_id, tokenizer, offline=offline, converted=converted,
+                                   d_model=d_model)
         if getattr(config, "thinktrans_test_checkpoint", False):
             # `thinktrans make-test-model` output: random weights, text in no language.
             self.check_output_language = False

@@ -42,6 +42,8 @@ class BackendSettings(Protocol):
     @property
     def local_no_repeat_ngram_size(self) -> int: ...
     @property
+    def local_ct2_workers(self) -> int | None: ...
+    @property
     def local_dtype(self) -> str: ...
     @property
     def local_num_beams(self) -> int: ...
@@ -105,6 +107,7 @@ def _local(settings: BackendSettings) -> Translator:
             dtype=settings.local_dtype,
             compute_type=settings.local_compute_type,
             ct2_cache=settings.local_ct2_cache,
+            ct2_workers=settings.local_ct2_workers,
             num_beams=settings.local_num_beams,
             no_repeat_ngram_size=settings.local_no_repeat_ngram_size,
             max_input_tokens=settings.local_max_input_tokens,

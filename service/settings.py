@@ -214,6 +214,11 @@ class Settings(BaseSettings):
         "load (default: `$HF_HOME/thinktrans-ct2`); must be writable unless the model is "
         "converted ahead (`thinktrans convert`)."
     )
+    local_ct2_workers: int | None = Field(
+        None, ge=1, le=64, description="CTranslate2 on CPU: parts of a batch translated at "
+        "once, each on `local_threads / local_ct2_workers` threads (default: one part per "
+        "thread for small models such as Marian, one part on all threads for larger ones)."
+    )
     local_num_beams: int = Field(1, ge=1, le=16, description="Beam width; 1 is greedy.")
     local_no_repeat_ngram_size: int = Field(
         6, ge=0, le=64, description="Loop guard: no n-gram of this size is generated twice in "
@@ -223,8 +228,8 @@ class Settings(BaseSettings):
         256, ge=8, description="Longer segments are split at sentence or word bounds, rejoined."
     )
     local_threads: int | None = Field(
-        None, ge=1, description="CPU threads of the local engine (default: the engine's own: "
-        "torch's, or CTranslate2's, at most 4)."
+        None, ge=1, description="CPU threads of the local engine in all (default: torch's; "
+        "for CTranslate2 the cores this process may use, at most 4)."
     )
     load_retry_max_s: float = Field(
         300.0, gt=0, description="A model that failed to load is tried again after 5 s, "

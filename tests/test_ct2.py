@@ -334,3 +334,31 @@ asyncio.run(main())
                           timeout=120, env=env, cwd=Path(__file__).parent.parent, check=False)
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.strip().startswith("['")
+
+
+# -- CPU threads -----------------------------------------------------------------------------
+
+
+async def test_a_small_models_batch_is_cut_for_the_workers(checkpoints: dict[str, Path]) -> None:
+    """A narrow model's batch goes to single-threaded workers in parts; the answers are the
+    same as in one part, in the input order."""
+    whole, info_one = await translate_with(checkpoints["nllb"], local_ct2_workers=1,
+                                           local_threads=2)
+    assert (info_one["workers"], info_one["threads"]) == (1, 2)
+    backend = await started(checkpoints["nllb"], local_threads=2)  # d_model 32: small
+    try:
+        assert (backend.info()["workers"], backend.info()["threads"]) == (2, 2)
+        translator = backend._slots[0].model
+        seen: list[int] = []
+
+        class Spy:
+            def translate_batch(self, source: list[list[str]], **kwargs: Any) -> Any:
+                seen.append(kwargs["max_batch_size"])
+                return translator.translate_batch(source, **kwargs)
+
+        backend._slots[0].loaded.model = Spy()
+        parts = await backend.translate(TEXTS, source="en", target="de")
+    finally:
+        await backend.aclose()
+    assert seen == [2]  # 4 texts, 2 workers: parts of 2
+    assert parts == whole
