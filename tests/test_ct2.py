@@ -188,11 +188,12 @@ async def test_a_converted_directory_without_its_tokenizer(
     await backend.aclose()
 
 
+@pytest.mark.parametrize("family", FAMILIES)
 async def test_through_the_service_one_shot_stream_and_backends(
-    converted: dict[str, Path],
+    converted: dict[str, Path], family: str
 ) -> None:
     """As a user runs it: /v1/backends names the engine, /v1/translate and a stream translate."""
-    settings = make_settings(backend="local", local_model=str(converted["m2m100"]),
+    settings = make_settings(backend="local", local_model=str(converted[family]),
                              local_engine="ctranslate2", deadline_ms=60_000,
                              default_locale="de")
     async for run in start_app(settings):
@@ -200,7 +201,7 @@ async def test_through_the_service_one_shot_stream_and_backends(
         assert (await run.client.get("/readyz")).status_code == 200
         backends = (await run.client.get("/v1/backends")).json()
         [local] = [b for b in backends["backends"] if b["name"] == "local"]
-        assert local["info"]["engine"] == "ctranslate2"
+        assert local["info"]["engine"] == "ctranslate2" and local["info"]["family"] == family
         assert local["info"]["compute_type"] == "int8" and local["info"]["device"] == "cpu"
 
         r = await run.client.post("/v1/translate", json={"target": "de", "texts": TEXTS[:2]})

@@ -332,7 +332,9 @@ async def test_no_key_is_not_ready(fake: FakeDeepL) -> None:
 async def test_start_does_not_block_and_refines_languages(fake: FakeDeepL, make: Make) -> None:
     backend = make()
     assert "nb" in backend.languages() and "he" not in backend.languages()  # the table
-    fake.script.append("slow")
+    # Every request slow, not just the next one: a late request of an earlier test could
+    # otherwise take the one slow answer meant for the start check.
+    fake.mode = "slow"
     fake.slow_s = 0.3
     started = time.monotonic()
     await backend.start()
@@ -341,6 +343,7 @@ async def test_start_does_not_block_and_refines_languages(fake: FakeDeepL, make:
     assert await backend.wait_ready(timeout_s=0.01) is True  # ready until proven otherwise
     assert backend._start_task is not None and not backend._start_task.done()
     assert await backend.wait_ready() is True
+    fake.mode = "ok"
     assert backend.info()["usage"] == {"character_count": 1234, "character_limit": 500_000}
     langs = backend.languages()
     # The double lists HE (newer than the table) and lacks NB: the server's list wins.
