@@ -17,9 +17,9 @@ as the first new token; CTranslate2 takes it as the target prefix, which counts 
 decoding length). The inputs are random ids of ordinary pieces (no specials, no language
 tokens), drawn alike for both engines; CTranslate2 gets them as token strings.
 
-The checkpoint is built (``--shape``: ``make_test_model(family, dir, shape=...)`` when
-service/tools/testmodel.py has shapes, else the bare model of the shape, no tokenizer,
-transformers only; ``tiny-*``: the tiny test checkpoints) and converted in child processes;
+The checkpoint is built (``--shape``: ``make_test_model(family, dir, shape=...)``, random
+weights and a tokenizer of the full vocabulary; ``tiny-*``: the tiny test checkpoints) and
+converted in child processes;
 the measuring process only imports its engine and loads the model, so that its resident
 memory (``VmRSS`` after each batch size's runs, ``VmHWM``, its peak, from /proc/self/status)
 is the model's and the engine's.
@@ -41,7 +41,6 @@ machine.
 from __future__ import annotations
 
 import argparse
-import inspect
 import json
 import math
 import os
@@ -57,44 +56,12 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-# The shapes of the real checkpoints (their config.json), to build with random weights.
-SHAPES: dict[str, dict[str, Any]] = {
-    "nllb-600m": {  # facebook/nllb-200-distilled-600M
-        "family": "m2m_100",
-        "vocab_size": 256206,
-        "d_model": 1024,
-        "encoder_layers": 12,
-        "decoder_layers": 12,
-        "encoder_attention_heads": 16,
-        "decoder_attention_heads": 16,
-        "encoder_ffn_dim": 4096,
-        "decoder_ffn_dim": 4096,
-    },
-    "m2m-418m": {  # facebook/m2m100_418M
-        "family": "m2m_100",
-        "vocab_size": 128112,
-        "d_model": 1024,
-        "encoder_layers": 12,
-        "decoder_layers": 12,
-        "encoder_attention_heads": 16,
-        "decoder_attention_heads": 16,
-        "encoder_ffn_dim": 4096,
-        "decoder_ffn_dim": 4096,
-    },
-    "marian": {  # Helsinki-NLP/opus-mt-en-de
-        "family": "marian",
-        "vocab_size": 58101,
-        "d_model": 512,
-        "encoder_layers": 6,
-        "decoder_layers": 6,
-        "encoder_attention_heads": 8,
-        "decoder_attention_heads": 8,
-        "encoder_ffn_dim": 2048,
-        "decoder_ffn_dim": 2048,
-    },
-}
-# make_test_model's family for each shape; the tiny-* shapes are its tiny checkpoints.
-TESTMODEL_FAMILY = {"nllb-600m": "nllb", "m2m-418m": "m2m100", "marian": "marian"}
+from service.tools.testmodel import SHAPES as TESTMODEL_SHAPES
+from service.tools.testmodel import shape_config
+
+# The real models' shapes, built with random weights by make_test_model (name -> family);
+# the tiny-* shapes are its tiny checkpoints.
+SHAPES = TESTMODEL_SHAPES
 TINY = {f"tiny-{family}": family for family in ("nllb", "m2m100", "marian")}
 # The local backend's loop guard (models/local.py NO_REPEAT_NGRAM_SIZE): it costs CPU per step.
 NO_REPEAT_NGRAM_SIZE = 6
@@ -111,40 +78,6 @@ _NOT_ORDINARY = re.compile(r"^(<.*>|[a-z]{3}_[A-Z][a-z]{3}|__[a-z]{2,3}__|>>.*<<
 # -- child processes: build, convert, describe -------------------------------------------------
 
 
-def testmodel_has_shapes() -> bool:
-    """Whether service/tools/testmodel.py's make_test_model takes ``shape=``."""
-    from service.tools.testmodel import make_test_model
-
-    return "shape" in inspect.signature(make_test_model).parameters
-
-
-def build_model(shape: str) -> tuple[Any, int | None]:
-    """A random-weight model of a named shape (no tokenizer), and the forced BOS id its
-    family needs."""
-    spec = dict(SHAPES[shape])
-    family = spec.pop("family")
-    common: dict[str, Any] = {
-        "dropout": 0.0,
-        "attention_dropout": 0.0,
-        "max_position_embeddings": 1024,
-    }
-    if family == "marian":
-        from transformers import MarianConfig, MarianMTModel
-
-        pad = spec["vocab_size"] - 1
-        marian = MarianConfig(
-            **spec, **common, pad_token_id=pad, eos_token_id=0, decoder_start_token_id=pad
-        )
-        return MarianMTModel(marian), None
-    from transformers import M2M100Config, M2M100ForConditionalGeneration
-
-    config = M2M100Config(
-        **spec, **common, pad_token_id=1, bos_token_id=0, eos_token_id=2, decoder_start_token_id=2
-    )
-    # NLLB's and M2M's language tokens sit at the end of the vocabulary.
-    return M2M100ForConditionalGeneration(config), spec["vocab_size"] - 100
-
-
 def build_checkpoint(shape: str, outdir: str) -> None:
     """Write the checkpoint of ``shape`` to ``outdir`` (runs in a child process)."""
     import torch
@@ -154,12 +87,8 @@ def build_checkpoint(shape: str, outdir: str) -> None:
     torch.manual_seed(0)
     if shape in TINY:
         make_test_model(TINY[shape], outdir)
-    elif testmodel_has_shapes():
-        make_test_model(TESTMODEL_FAMILY[shape], outdir, shape=shape)  # type: ignore[call-arg]
-    else:  # the model alone: enough for transformers, not for the CTranslate2 converter
-        model, forced = build_model(shape)
-        model.save_pretrained(outdir)
-        Path(outdir, "bench_forced_bos.json").write_text(json.dumps(forced))
+    else:
+        make_test_model(SHAPES[shape], outdir, shape=shape)
 
 
 def convert_checkpoint(src: str, outdir: str, quantization: str) -> None:
@@ -243,16 +172,11 @@ def describe(path: str, engine: str, batch_sizes: list[int], in_tokens: int) -> 
     config = AutoConfig.from_pretrained(path)
     vocab_size = int(config.vocab_size)
     forced = None
-    tokenizer = None
-    saved = Path(path, "bench_forced_bos.json")
-    if saved.is_file():  # a bare model of a shape, written by build_checkpoint
-        forced = json.loads(saved.read_text())
-    else:
-        tokenizer = AutoTokenizer.from_pretrained(path)
-        if hasattr(tokenizer, "get_lang_id"):
-            forced = int(tokenizer.get_lang_id(TARGET))
-        elif TARGET_TOKENS["nllb"] in tokenizer.get_vocab():
-            forced = int(tokenizer.convert_tokens_to_ids(TARGET_TOKENS["nllb"]))
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    if hasattr(tokenizer, "get_lang_id"):
+        forced = int(tokenizer.get_lang_id(TARGET))
+    elif TARGET_TOKENS["nllb"] in tokenizer.get_vocab():
+        forced = int(tokenizer.convert_tokens_to_ids(TARGET_TOKENS["nllb"]))
     out["family"] = config.model_type
     out["forced_bos_token_id"] = forced
     out["vocab_size"] = vocab_size
@@ -463,7 +387,7 @@ def d_model_of(args: argparse.Namespace) -> int | None:
     """The model's width: its shape's, or a checkpoint's config (thinktrans-ct2.json for a
     converted directory)."""
     if args.shape in SHAPES:
-        return int(SHAPES[args.shape]["d_model"])
+        return int(shape_config(args.shape)["d_model"])
     if args.shape in TINY:
         return 32
     for name in ("config.json", "thinktrans-ct2.json"):
@@ -501,12 +425,6 @@ def prepare_model(args: argparse.Namespace, tmp: str) -> tuple[str, str]:
     else:
         path = str(Path(tmp, "hf"))
         began = time.perf_counter()
-        if args.engine == "ctranslate2" and args.shape in SHAPES and not testmodel_has_shapes():
-            raise SystemExit(
-                "--engine ctranslate2 --shape needs make_test_model(..., shape=) in "
-                "service/tools/testmodel.py (a tokenizer of the full vocabulary for the "
-                "converter); use --shape tiny-nllb|tiny-marian or --checkpoint meanwhile"
-            )
         run_child("_build", args.shape, path)
         what = f"`{args.shape}` shape, random weights (built in {time.perf_counter() - began:.0f}s)"
     if args.engine == "ctranslate2" and not is_ct2_dir(path):

@@ -44,38 +44,11 @@ SENTENCES = [
 ]
 
 
-def build_checkpoint(outdir: Path) -> Path:
-    """The test NLLB tokenizer with a model of the real 600M shape, random weights: for a
-    service/tools/testmodel.py without shapes (the backend's transformers engine only)."""
-    import torch
-    from transformers import AutoConfig, M2M100ForConditionalGeneration
-
-    from service.tools.testmodel import make_test_model
-
-    path = make_test_model("nllb", outdir)
-    config = AutoConfig.from_pretrained(path)
-    config.update({"d_model": 1024, "encoder_layers": 12, "decoder_layers": 12,
-                   "encoder_attention_heads": 16, "decoder_attention_heads": 16,
-                   "encoder_ffn_dim": 4096, "decoder_ffn_dim": 4096, "vocab_size": 256206,
-                   "init_std": 0.02})
-    torch.manual_seed(0)
-    model = M2M100ForConditionalGeneration(config)
-    model.generation_config.min_new_tokens = None
-    model.save_pretrained(path)
-    return path
-
-
 def checkpoint(shape: str, outdir: Path) -> Path:
-    """``shape``'s checkpoint: make_test_model(shape=...) (built in a child process, as
-    bench/model_bench.py builds it), or this script's own NLLB-600M one where testmodel.py
-    has no shapes."""
-    from model_bench import SHAPES, run_child, testmodel_has_shapes
+    """``shape``'s checkpoint: make_test_model(shape=...), built in a child process, as
+    bench/model_bench.py builds it."""
+    from model_bench import run_child
 
-    if shape == "nllb-600m" and not testmodel_has_shapes():
-        return build_checkpoint(outdir)
-    if shape in SHAPES and not testmodel_has_shapes():
-        raise SystemExit(f"--shape {shape} needs make_test_model(..., shape=) in "
-                         "service/tools/testmodel.py")
     run_child("_build", shape, str(outdir))
     return outdir
 

@@ -155,6 +155,12 @@ _SHAPES: dict[str, dict[str, Any]] = {
     },
 }
 SHAPES: dict[str, str] = {name: spec["family"] for name, spec in _SHAPES.items()}
+
+
+def shape_config(shape: str) -> dict[str, Any]:
+    """The dimensions of a real model's shape (its config.json's), e.g. ``d_model``."""
+    return dict(_SHAPES[shape]["config"])
+
 _REAL: dict[str, Any] = {"init_std": 0.02, "thinktrans_test_checkpoint": True}
 
 
