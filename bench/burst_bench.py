@@ -63,6 +63,7 @@ from checkouts import (
     pin,
     proc_status,
     served_package,
+    side_by_side,
     start_server,
     stop,
 )
@@ -395,11 +396,7 @@ def table(results: dict[str, dict]) -> str:
         ("server CPU s", lambda r: f"{r['server_cpu_s']}"),
         ("wall s (timed out)", lambda r: f"{r['wall_s']}" + (" (yes)" if r["timed_out"] else "")),
     ]
-    names = list(results)
-    out = ["| | " + " | ".join(names) + " |", "| --- |" + " ---: |" * len(names)]
-    for label, cell in rows:
-        out.append(f"| {label} | " + " | ".join(cell(results[n]) for n in names) + " |")
-    return "\n".join(out)
+    return side_by_side(results, rows)
 
 
 def main() -> None:

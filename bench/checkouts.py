@@ -14,8 +14,10 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable, Sequence
 from http.client import HTTPConnection
 from pathlib import Path
+from typing import Any
 
 SERVER_CPU, LOAD_CPU = 1, 0
 
@@ -98,3 +100,13 @@ def proc_status(pid: int, field: str) -> int | None:
     except OSError:
         return None
     return None
+
+
+def side_by_side(results: dict[str, dict[str, Any]],
+                 rows: Sequence[tuple[str, Callable[[dict[str, Any]], str]]]) -> str:
+    """A markdown table: one column per checkout (``results``' keys), one row per label."""
+    names = list(results)
+    out = ["| | " + " | ".join(names) + " |", "| --- |" + " ---: |" * len(names)]
+    for label, cell in rows:
+        out.append(f"| {label} | " + " | ".join(cell(results[n]) for n in names) + " |")
+    return "\n".join(out)

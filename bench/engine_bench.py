@@ -61,19 +61,9 @@ from typing import Any
 
 import aiohttp
 from checkouts import cpu_s, free_port, get, proc_status, stop
-from model_bench import SHAPES, TINY, cores, cpu_name, run_child
+from model_bench import SENTENCES, SHAPES, TINY, cores, cpu_name, run_child
 
 ROOT = Path(__file__).resolve().parent.parent
-SENTENCES = [
-    "The first leg of the hike is three and a half kilometres on flat ground at four km/h.",
-    "Then there is a climb of six hundred metres, which usually adds about an hour.",
-    "They also mentioned two stops of ten minutes each, so twenty minutes of breaks.",
-    "Adding it all up gives fifty two plus sixty plus twenty, about two hours in total.",
-    "Let me double check the flat part once more, since the rest depends on it.",
-    "The function returns nothing when the list is empty, which the caller does not expect.",
-    "Returning an empty list seems cleaner than raising an error in this situation.",
-    "I should also look at the tests to see whether any of them rely on the old value.",
-]
 # What each engine is run at: the comparison.
 ENGINE_ENV = {
     "transformers": {"THINKTRANS_LOCAL_ENGINE": "transformers",

@@ -40,6 +40,7 @@ from checkouts import (
     pin,
     proc_status,
     served_package,
+    side_by_side,
     start_server,
     stop,
 )
@@ -151,11 +152,7 @@ def table(results: dict[str, dict]) -> str:
         ("503s", lambda r: str(r["n503"])),
         ("fill s", lambda r: num(r["fill_s"])),
     ]
-    names = list(results)
-    out = ["| | " + " | ".join(names) + " |", "| --- |" + " ---: |" * len(names)]
-    for label, cell in rows:
-        out.append(f"| {label} | " + " | ".join(cell(results[n]) for n in names) + " |")
-    return "\n".join(out)
+    return side_by_side(results, rows)
 
 
 def main() -> None:

@@ -62,6 +62,17 @@ from service.tools.testmodel import shape_config
 # The real models' shapes, built with random weights by make_test_model (name -> family);
 # the tiny-* shapes are its tiny checkpoints.
 SHAPES = TESTMODEL_SHAPES
+# Thinking-like sentences, for the scripts that drive the service with real text.
+SENTENCES = [
+    "The first leg of the hike is three and a half kilometres on flat ground at four km/h.",
+    "Then there is a climb of six hundred metres, which usually adds about an hour.",
+    "They also mentioned two stops of ten minutes each, so twenty minutes of breaks.",
+    "Adding it all up gives fifty two plus sixty plus twenty, about two hours in total.",
+    "Let me double check the flat part once more, since the rest depends on it.",
+    "The function returns nothing when the list is empty, which the caller does not expect.",
+    "Returning an empty list seems cleaner than raising an error in this situation.",
+    "I should also look at the tests to see whether any of them rely on the old value.",
+]
 TINY = {f"tiny-{family}": family for family in ("nllb", "m2m100", "marian")}
 # The local backend's loop guard (models/local.py NO_REPEAT_NGRAM_SIZE): it costs CPU per step.
 NO_REPEAT_NGRAM_SIZE = 6

@@ -32,16 +32,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-SENTENCES = [
-    "The first leg of the hike is three and a half kilometres on flat ground at four km/h.",
-    "Then there is a climb of six hundred metres, which usually adds about an hour.",
-    "They also mentioned two stops of ten minutes each, so twenty minutes of breaks.",
-    "Adding it all up gives fifty two plus sixty plus twenty, about two hours in total.",
-    "Let me double check the flat part once more, since the rest depends on it.",
-    "The function returns nothing when the list is empty, which the caller does not expect.",
-    "Returning an empty list seems cleaner than raising an error in this situation.",
-    "I should also look at the tests to see whether any of them rely on the old value.",
-]
+from model_bench import SENTENCES
 
 
 def checkpoint(shape: str, outdir: Path) -> Path:

@@ -25,10 +25,27 @@ __all__ = [
     "BackendTimeout",
     "BackendUnavailable",
     "BadOutput",
+    "MissingExtra",
     "RateLimited",
     "Translator",
     "UnsupportedLanguage",
+    "first_line",
 ]
+
+
+class MissingExtra(ModuleNotFoundError):
+    """A backend needs a package that the ``extra`` of thinktrans installs; the registry
+    turns it into a ConfigError naming ``pip install 'thinktrans[extra]'``."""
+
+    def __init__(self, message: str, *, name: str, extra: str) -> None:
+        super().__init__(message, name=name)
+        self.extra = extra
+
+
+def first_line(exc: BaseException) -> str:
+    """An exception's first line, at most 200 characters: a reason fit for one log line."""
+    first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    return first if len(first) <= 200 else first[:197] + "..."
 
 
 class Translator(ABC):

@@ -26,6 +26,7 @@ import logging
 import os
 import re
 import shutil
+import stat
 import subprocess
 import sys
 import tempfile
@@ -34,6 +35,8 @@ from dataclasses import dataclass
 from importlib.util import find_spec
 from pathlib import Path
 from typing import Any
+
+from models.base import first_line
 
 log = logging.getLogger(__name__)
 
@@ -106,7 +109,7 @@ def _source(model_id: str, offline: bool) -> _Source:
     except Exception as exc:  # OSError, HFValidationError, hub errors
         raise ConversionError(
             f"model {model_id!r} not found locally and the hub is unreachable or does not have "
-            f"it ({_short(exc)}): set THINKTRANS_LOCAL_MODEL to a local directory, pre-seed "
+            f"it ({first_line(exc)}): set THINKTRANS_LOCAL_MODEL to a local directory, pre-seed "
             "HF_HOME with it, or convert it elsewhere with `thinktrans convert`"
         ) from exc
     if config is None:
@@ -215,7 +218,7 @@ def convert(src: str, out: str | Path, *, quantization: str = "int8", model_id: 
         config = AutoConfig.from_pretrained(src)
         tokenizer = AutoTokenizer.from_pretrained(src)
     except Exception as exc:
-        raise ConversionError(f"cannot load {src!r} as a checkpoint: {_short(exc)}") from exc
+        raise ConversionError(f"cannot load {src!r} as a checkpoint: {first_line(exc)}") from exc
     family = detect_family(config, tokenizer)
     if family is None:
         raise ConversionError(
@@ -227,7 +230,7 @@ def convert(src: str, out: str | Path, *, quantization: str = "int8", model_id: 
             str(output), quantization=quantization, force=True,
         )
     except Exception as exc:  # the converter raises ValueError, OSError, RuntimeError...
-        raise ConversionError(f"converting {src!r} failed: {_short(exc)}") from exc
+        raise ConversionError(f"converting {src!r} failed: {first_line(exc)}") from exc
     tokenizer.save_pretrained(output)
     _drop_weights(output)
     try:
@@ -245,7 +248,7 @@ def convert(src: str, out: str | Path, *, quantization: str = "int8", model_id: 
         "ctranslate2": _version("ctranslate2"),
     }
     (output / META_FILE).write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
-    _readable(output)
+    make_readable(output)
     return output
 
 
@@ -257,11 +260,21 @@ def _drop_weights(output: Path) -> None:
             entry.unlink()
 
 
-def _readable(output: Path) -> None:
-    output.chmod(output.stat().st_mode | 0o755)
-    for entry in output.iterdir():
-        if entry.is_file():
-            entry.chmod(entry.stat().st_mode | 0o644)
+def make_readable(out: Path, created: Sequence[Path] = ()) -> None:
+    """Files 0644 and directories 0755 at least, under ``out`` and in ``created``:
+    save_pretrained writes the weights 0600, which a container's user (uid 10001) cannot
+    read from a mounted directory."""
+    for directory in (*created, out):
+        directory.chmod(directory.stat().st_mode | 0o755)
+    for root, dirs, files in os.walk(out):
+        for name in dirs:
+            path = Path(root, name)
+            path.chmod(path.stat().st_mode | 0o755)
+        for name in files:
+            path = Path(root, name)
+            mode = path.lstat().st_mode
+            if stat.S_ISREG(mode):
+                path.chmod(mode | 0o644)
 
 
 def _version(module: str) -> str | None:
@@ -271,12 +284,6 @@ def _version(module: str) -> str | None:
         return version(module)
     except Exception:
         return None
-
-
-def _short(exc: BaseException) -> str:
-    text = str(exc).strip()
-    first = text.splitlines()[0] if text else type(exc).__name__
-    return first if len(first) <= 200 else first[:197] + "..."
 
 
 def main(argv: Sequence[str] | None = None) -> int:

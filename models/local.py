@@ -59,7 +59,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from models import engines
-from models.base import Translator
+from models.base import MissingExtra, Translator, first_line
 from models.engines import ConversionFailed, EngineOptions, Loaded
 from models.engines import LoadError as _LoadError
 from models.languages import canonical, table_key
@@ -154,10 +154,10 @@ def _require_packages(engine: str) -> None:
     extra = "ct2" if engine == "ctranslate2" else "local"
     for module in engines.required_packages(engine):
         if find_spec(module) is None:
-            raise ModuleNotFoundError(
+            raise MissingExtra(
                 f"the local backend's {engine} engine needs {module!r}: pip install "
                 f"'thinktrans[{extra}]'",
-                name=module,
+                name=module, extra=extra,
             )
 
 
@@ -282,11 +282,6 @@ def _halve(text: str, count_tokens: Callable[[str], int], max_tokens: int) -> li
     )
 
 
-def _short(exc: BaseException) -> str:
-    first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-    return first if len(first) <= 200 else first[:197] + "..."
-
-
 def _hub_unreachable(model_id: str, timeout_s: float = 3.0) -> bool:
     """Whether ``model_id`` names a hub repository while the hub cannot be reached (its
     name does not resolve, or no connection within ``timeout_s``)."""
@@ -325,13 +320,13 @@ def not_found_reason(model_id: str, exc: BaseException) -> str:
         )
     if path.is_dir():
         return (
-            f"{model_id!r} is not a loadable checkpoint directory ({_short(exc)}): set "
+            f"{model_id!r} is not a loadable checkpoint directory ({first_line(exc)}): set "
             "THINKTRANS_LOCAL_MODEL to a directory written by save_pretrained, or to a hub id "
             "(HF_HUB_OFFLINE=1 keeps hub ids to the local cache)"
         )
     return (
         f"model {model_id!r} not found locally and the hub is unreachable or does not have it "
-        f"({_short(exc)}): set THINKTRANS_LOCAL_MODEL to a local directory or pre-seed HF_HOME "
+        f"({first_line(exc)}): set THINKTRANS_LOCAL_MODEL to a local directory or pre-seed HF_HOME "
         "with it; HF_HUB_OFFLINE=1 skips the network"
     )
 
@@ -622,7 +617,7 @@ class LocalTranslator(Translator):
                     "THINKTRANS_MAX_BATCH_SIZE or THINKTRANS_LOCAL_MAX_INPUT_TOKENS"
                 ) from exc
             raise BackendError(
-                f"the local model failed on a batch of {len(texts)}: {_short(exc)}"
+                f"the local model failed on a batch of {len(texts)}: {first_line(exc)}"
             ) from exc
 
     def _translate_parts(self, route: _Route, texts: list[str]) -> list[str]:
@@ -727,7 +722,7 @@ class LocalTranslator(Translator):
             self.reason = str(exc)
             return False
         except Exception as exc:  # never let a bad checkpoint take the service down
-            self.reason = f"loading model {self.model_id!r} failed: {_short(exc)}"
+            self.reason = f"loading model {self.model_id!r} failed: {first_line(exc)}"
             log.exception("local: loading %r failed", self.model_id)
             return False
         if self._closed:
@@ -795,8 +790,8 @@ class LocalTranslator(Translator):
             if converted:
                 raise _LoadError(
                     f"the CTranslate2 model {spec.model_id!r} lacks its tokenizer files "
-                    f"({_short(exc)}): convert it with `thinktrans convert`, which copies them, "
-                    "or copy the checkpoint's tokenizer files beside model.bin"
+                    f"({first_line(exc)}): convert it with `thinktrans convert`, which copies "
+                    "them, or copy the checkpoint's tokenizer files beside model.bin"
                 ) from exc
             raise _LoadError(not_found_reason(spec.model_id, exc)) from exc
         family = detect_family(config, tokenizer)

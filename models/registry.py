@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Protocol
 
-from models.base import Translator
+from models.base import MissingExtra, Translator
 from service.errors import ConfigError
 
 
@@ -167,10 +167,12 @@ def build_backend(name: str, settings: BackendSettings) -> Translator:
     try:
         return factory(settings)
     except ModuleNotFoundError as exc:
-        # A backend that knows which extra it lacks (the local engines) says so itself.
-        hint = str(exc) if "pip install" in str(exc) else f"pip install 'thinktrans[{name}]'"
-        hint = hint.split(": ", 1)[-1]
-        raise ConfigError(f"backend {name!r} needs {exc.name!r}: {hint}") from exc
+        # The extra is the backend's name unless the backend says otherwise (the local
+        # backend's engines: `local` or `ct2`).
+        extra = exc.extra if isinstance(exc, MissingExtra) else name
+        raise ConfigError(
+            f"backend {name!r} needs {exc.name!r}: pip install 'thinktrans[{extra}]'"
+        ) from exc
 
 
 def build_backends(settings: BackendSettings) -> dict[str, Translator]:

@@ -26,6 +26,16 @@ from service.settings import Settings, load_settings
 from tests.fakes_remote import FakeChat, FakeDeepL
 
 
+@pytest.fixture
+def hub_offline(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No model hub: huggingface_hub reads HF_HUB_OFFLINE once, at import, so its constant is
+    set too."""
+    import huggingface_hub.constants
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+
+
 @pytest.fixture(scope="session")
 def _ct2_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("ct2-cache")

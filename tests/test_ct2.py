@@ -11,7 +11,6 @@ import json
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +19,6 @@ import pytest
 pytest.importorskip("ctranslate2")
 pytest.importorskip("torch")
 
-import huggingface_hub.constants
 
 from models import convert as convert_module
 from models.convert import ConversionError, cache_path, convert, is_converted, read_meta
@@ -65,15 +63,10 @@ def converted(checkpoints: dict[str, Path], tmp_path_factory: pytest.TempPathFac
 
 
 @pytest.fixture(autouse=True)
-def _offline(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[None]:
-    for name in list(os.environ):
-        if name.startswith("THINKTRANS_"):
-            monkeypatch.delenv(name)
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
-    # A conversion on first load goes to this test's own cache, never the user's.
+def _offline(hub_offline: None, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """Offline (conftest cleared THINKTRANS_*); conversions on first load go to this test's
+    own cache, so that each test sees its own conversions."""
     monkeypatch.setenv("THINKTRANS_LOCAL_CT2_CACHE", str(tmp_path / "ct2-cache"))
-    yield
 
 
 async def started(model: str | Path, **overrides: Any) -> LocalTranslator:
@@ -84,6 +77,18 @@ async def started(model: str | Path, **overrides: Any) -> LocalTranslator:
     await backend.start()
     assert await backend.wait_ready(timeout_s=120), backend.reason
     return backend
+
+
+async def failure_reason(model: str | Path, **overrides: Any) -> str:
+    """The reason a backend that cannot load gives, once its first attempt has failed."""
+    overrides.setdefault("local_engine", "ctranslate2")
+    backend = build_backend("local", load_settings(backend="local", local_model=str(model),
+                                                   **overrides))
+    await backend.start()
+    assert not await backend.wait_ready(timeout_s=60)
+    reason = backend.reason or ""
+    await backend.aclose()
+    return reason
 
 
 async def translate_with(model: str | Path, target: str = "de", **overrides: Any
@@ -164,13 +169,8 @@ async def test_auto_picks_ctranslate2_where_installed(converted: dict[str, Path]
 async def test_a_converted_directory_on_transformers_says_what_to_set(
     converted: dict[str, Path],
 ) -> None:
-    settings = load_settings(backend="local", local_model=str(converted["nllb"]),
-                             local_engine="transformers")
-    backend = build_backend("local", settings)
-    await backend.start()
-    assert not await backend.wait_ready(timeout_s=60)
-    assert "THINKTRANS_LOCAL_ENGINE=ctranslate2" in (backend.reason or "")
-    await backend.aclose()
+    reason = await failure_reason(converted["nllb"], local_engine="transformers")
+    assert "THINKTRANS_LOCAL_ENGINE=ctranslate2" in reason
 
 
 async def test_a_converted_directory_without_its_tokenizer(
@@ -180,12 +180,7 @@ async def test_a_converted_directory_without_its_tokenizer(
     bare.mkdir()
     for name in ("model.bin", "config.json", "shared_vocabulary.json"):
         (bare / name).write_bytes((converted["nllb"] / name).read_bytes())
-    backend = build_backend("local", load_settings(backend="local", local_model=str(bare),
-                                                   local_engine="ctranslate2"))
-    await backend.start()
-    assert not await backend.wait_ready(timeout_s=60)
-    assert "lacks its tokenizer files" in (backend.reason or "")
-    await backend.aclose()
+    assert "lacks its tokenizer files" in await failure_reason(bare)
 
 
 @pytest.mark.parametrize("family", FAMILIES)
@@ -262,13 +257,8 @@ async def test_an_unwritable_cache_names_the_setting_and_auto_falls_back(
 ) -> None:
     locked = tmp_path / "locked"
     locked.write_text("a file where the cache's parent directory should be")  # even root fails
-    settings = load_settings(backend="local", local_model=str(checkpoints["nllb"]),
-                             local_engine="ctranslate2", local_ct2_cache=str(locked / "c"))
-    backend = build_backend("local", settings)
-    await backend.start()
-    assert not await backend.wait_ready(timeout_s=60)
-    assert "THINKTRANS_LOCAL_CT2_CACHE" in (backend.reason or "")
-    await backend.aclose()
+    reason = await failure_reason(checkpoints["nllb"], local_ct2_cache=str(locked / "c"))
+    assert "THINKTRANS_LOCAL_CT2_CACHE" in reason
     out, info = await translate_with(checkpoints["nllb"], local_engine="auto",
                                      local_ct2_cache=str(locked / "c"))
     assert info["engine"] == "transformers" and "ctranslate2" in info["engine_note"]
@@ -289,13 +279,7 @@ async def test_a_failed_conversion_says_why_and_auto_falls_back(
         "    def __init__(self, *a, **k): pass\n"
         "    def convert(self, *a, **k): raise ValueError('vocabulary 0 has size 1')\n"
     )
-    settings = load_settings(backend="local", local_model=str(checkpoints["marian"]),
-                             local_engine="ctranslate2")
-    backend = build_backend("local", settings)
-    await backend.start()
-    assert not await backend.wait_ready(timeout_s=60)
-    assert "vocabulary 0 has size 1" in (backend.reason or "")
-    await backend.aclose()
+    assert "vocabulary 0 has size 1" in await failure_reason(checkpoints["marian"])
     _, info = await translate_with(checkpoints["marian"], local_engine="auto")
     assert info["engine"] == "transformers" and "vocabulary 0 has size 1" in info["engine_note"]
 

@@ -14,7 +14,7 @@ import math
 import shutil
 import threading
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from importlib.util import find_spec
 from pathlib import Path
 from typing import Any
@@ -24,7 +24,6 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-import huggingface_hub.constants
 from transformers import AutoConfig, AutoTokenizer
 
 from models import local as local_module
@@ -67,11 +66,6 @@ def engine(request: pytest.FixtureRequest) -> str:
     return str(request.param)
 
 
-@pytest.fixture(scope="session")
-def ct2_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """Conversions are kept for the session, as the service keeps them across restarts."""
-    return tmp_path_factory.mktemp("ct2-cache")
-
 TEXTS = [
     "Hmm, the user said hello.",
     "First, I need to check the file and then run the tests again.",
@@ -95,20 +89,11 @@ def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 
 @pytest.fixture(autouse=True)
-def _offline(monkeypatch: pytest.MonkeyPatch, engine: str, ct2_cache: Path) -> Iterator[None]:
-    """No test may reach the hub, and THINKTRANS_LOCAL_* from the caller's shell must not leak;
-    the backend runs on this test's engine."""
-    import os
-
-    for name in list(os.environ):
-        if name.startswith("THINKTRANS_"):
-            monkeypatch.delenv(name)
+def _offline(hub_offline: None, monkeypatch: pytest.MonkeyPatch, engine: str) -> None:
+    """No test may reach the hub (conftest has cleared THINKTRANS_* from the caller's shell
+    and points the conversion cache at one of the session); the backend runs on this test's
+    engine."""
     monkeypatch.setenv("THINKTRANS_LOCAL_ENGINE", engine)
-    monkeypatch.setenv("THINKTRANS_LOCAL_CT2_CACHE", str(ct2_cache))
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    # huggingface_hub reads the variable once at import; its constant is what it checks.
-    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
-    yield
 
 
 def make_backend(model: str | Path, **overrides: Any) -> LocalTranslator:

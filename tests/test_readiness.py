@@ -30,7 +30,6 @@ from service.tools.testmodel import make_test_model
 from tests.conftest import Running, app_with
 from tests.test_local import (  # noqa: F401 - autouse fixtures and the parametrize hook
     _offline,
-    ct2_cache,
     engine,
     make_backend,
     pytest_generate_tests,

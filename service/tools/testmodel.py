@@ -41,14 +41,14 @@ from __future__ import annotations
 import argparse
 import io
 import json
-import os
 import re
-import stat
 import sys
 import tempfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
+
+from models.convert import make_readable
 
 FAMILIES = ("nllb", "m2m100", "marian")
 
@@ -452,24 +452,8 @@ def make_test_model(
         _make_m2m100(out, source, target, shape)
     else:
         _make_marian(out, source, target, shape)
-    _readable(out, created)
+    make_readable(out, created)
     return out
-
-
-def _readable(out: Path, created: Sequence[Path]) -> None:
-    """Files 0644 and directories 0755 at least: save_pretrained writes the weights 0600,
-    which the image's user (uid 10001) cannot read from a mounted directory."""
-    for directory in created:
-        directory.chmod(directory.stat().st_mode | 0o755)
-    for root, dirs, files in os.walk(out):
-        for name in dirs:
-            path = Path(root, name)
-            path.chmod(path.stat().st_mode | 0o755)
-        for name in files:
-            path = Path(root, name)
-            mode = path.lstat().st_mode
-            if stat.S_ISREG(mode):
-                path.chmod(mode | 0o644)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
