@@ -89,12 +89,44 @@ class Translator(ABC):
         source: str | None,
         target: str,
         contexts: Sequence[str | None] | None = None,
+        model: str | None = None,
     ) -> list[str]:
         """Translate ``texts`` from ``source`` (None: unknown) into ``target`` (a BCP 47 tag).
 
         ``contexts``, one per text (the text before it in its stream, or None), comes only
         to a backend whose ``uses_context`` is true; the output never includes it.
+        ``model`` is the model a request or stream named (None: the backend's own choice);
+        it comes only when one was named. A model the backend cannot serve raises a
+        ``BackendError`` (the chain's next backend takes the segment).
         """
+
+    # -- models: a request or stream may name one; the catalog is advice, not a whitelist --
+
+    def model_problem(self, model: str | None) -> str | None:
+        """None when ``model`` (None: the default) can be tried now; else one line saying
+        why not, and the dispatcher passes this backend over with it. A model the backend
+        does not list is tried, never refused for not being listed; the default: only a
+        backend's own choice, as it has no models to choose from."""
+        if model is None:
+            return None
+        return f"backend {self.name!r} has no models to choose from (model {model!r})"
+
+    def resolve_model(self, model: str | None, source: str | None, target: str) -> str | None:
+        """The model that serves ``source -> target`` when ``model`` is named (None: the
+        backend's own choice); each segment's result names it. None: the backend has none."""
+        return model
+
+    def cache_identity(self, model: str | None, source: str | None, target: str) -> str | None:
+        """Everything but the text that decides this backend's output for the pair when
+        ``model`` is named: the resolved model, engine, quantisation, decoding options. The
+        translation cache keys on it; None: never cache (passthrough, nothing loaded). The
+        default: the backend's name and the resolved model."""
+        return f"{self.name}|{self.resolve_model(model, source, target)}"
+
+    def catalog(self) -> list[dict[str, object]]:
+        """What this backend can serve, for ``GET /v1/models``: one entry per model,
+        ``{"model", "languages" (BCP 47 targets or None: any), "default", "notes"}``."""
+        return []
 
     def supports(self, source: str | None, target: str) -> bool:
         """Whether this backend can serve the pair; the default: every pair."""

@@ -9,6 +9,9 @@ back once the key or the quota is good again (``models.remote``).
 With ``context`` on, each text goes with the text before it in its stream as DeepL's
 ``context`` parameter (not billed). DeepL takes one context per request, so a batch is sent
 in one request group per distinct context, the groups concurrently.
+
+DeepL's "models" are its model types (``MODEL_TYPES``): a request or stream may name one
+for its segments, sent as that call's ``model_type``; ``DeepLConfig.model_type`` otherwise.
 """
 
 from __future__ import annotations
@@ -58,6 +61,14 @@ _BODY_HEADROOM_BYTES = 1024
 MAX_CONTEXT_CHARS = 2000
 
 NO_KEY_REASON = "set THINKTRANS_DEEPL_API_KEY or choose another backend"
+
+# DeepL's model types (the ``model_type`` of POST /v2/translate), as the catalog shows them.
+MODEL_TYPE_NOTES: dict[str, str] = {
+    "latency_optimized": "aims for the lowest latency; DeepL's default",
+    "quality_optimized": "aims for the highest quality, at some latency",
+    "prefer_quality_optimized": "legacy name; DeepL now serves it as quality_optimized",
+}
+MODEL_TYPES = tuple(sorted(MODEL_TYPE_NOTES))
 
 # DeepL's codes by table key (see models.languages). Targets newer than this table are taken
 # from the server's own list at start; English, Portuguese and Chinese targets have variants.
@@ -159,6 +170,15 @@ class DeepLConfig:
     request_timeout_s: float = 10.0
 
 
+@dataclass(frozen=True)
+class _Call:
+    """What every request of one ``translate`` call shares."""
+
+    target_code: str
+    source_code: str | None
+    model_type: str | None  # None: not sent, DeepL's default
+
+
 class DeepLTranslator(RemoteTranslator):
     """DeepL through the official client; bills the characters sent."""
 
@@ -239,6 +259,39 @@ class DeepLTranslator(RemoteTranslator):
                 candidates.add(code.lower())
         return sorted(tag for tag in candidates if self._target_code(tag) is not None)
 
+    # -- models ------------------------------------------------------------------------------
+
+    def model_problem(self, model: str | None) -> str | None:
+        """None for DeepL's own model types; any other name cannot be served."""
+        if model is None or model in MODEL_TYPES:
+            return None
+        return f"deepl serves the model types {', '.join(MODEL_TYPES)}; got {model!r}"
+
+    def resolve_model(self, model: str | None, source: str | None, target: str) -> str | None:
+        """The named model type, else ``DeepLConfig.model_type`` (None: DeepL's default)."""
+        return model or self._model_type
+
+    def cache_identity(self, model: str | None, source: str | None, target: str) -> str | None:
+        """The model type and the options that change DeepL's output; not the context, which
+        DeepL only reads for terms."""
+        return (
+            f"deepl|{self.resolve_model(model, source, target)}"
+            f"|formality={self._formality}|en={self.config.english_variant}"
+        )
+
+    def catalog(self) -> list[dict[str, object]]:
+        """The model types, each for every target this backend knows."""
+        languages = self.languages()
+        return [
+            {
+                "model": model_type,
+                "languages": list(languages),
+                "default": model_type == self._model_type,
+                "notes": MODEL_TYPE_NOTES[model_type],
+            }
+            for model_type in MODEL_TYPE_NOTES
+        ]
+
     # -- translation -------------------------------------------------------------------------
 
     async def translate(
@@ -248,13 +301,18 @@ class DeepLTranslator(RemoteTranslator):
         source: str | None,
         target: str,
         contexts: Sequence[str | None] | None = None,
+        model: str | None = None,
     ) -> list[str]:
-        """Translate in requests of at most 50 texts and 128 KiB, one context per request."""
+        """Translate in requests of at most 50 texts and 128 KiB, one context per request,
+        with the model type ``model`` (None: ``DeepLConfig.model_type``)."""
         self._refuse_if_unusable()
+        problem = self.model_problem(model)
+        if problem is not None:
+            raise BackendError(problem, model=model)
         code = self._target_code(target)
         if code is None:
             raise UnsupportedLanguage(f"DeepL cannot translate into {target!r}")
-        source_code = deepl_source_code(source)
+        call = _Call(code, deepl_source_code(source), model or self._model_type)
         if contexts is not None and len(contexts) != len(texts):
             raise ValueError(f"{len(contexts)} contexts for {len(texts)} texts")
 
@@ -265,9 +323,7 @@ class DeepLTranslator(RemoteTranslator):
                 context = self._context(contexts[i]) if contexts is not None else None
                 groups.setdefault(context, []).append(i)
         tasks = [
-            asyncio.ensure_future(
-                self._translate_group([texts[i] for i in indexes], context, code, source_code)
-            )
+            asyncio.ensure_future(self._translate_group(call, [texts[i] for i in indexes], context))
             for context, indexes in groups.items()
         ]
         try:
@@ -290,14 +346,14 @@ class DeepLTranslator(RemoteTranslator):
         return context[-MAX_CONTEXT_CHARS:]
 
     async def _translate_group(
-        self, texts: list[str], context: str | None, code: str, source_code: str | None
+        self, call: _Call, texts: list[str], context: str | None
     ) -> list[str]:
         """Texts that share one context, in as many requests as DeepL's limits need, in order."""
         budget = MAX_REQUEST_BYTES - (_encoded_size(context) if context else 0)
         out: list[str] = []
         for group in split_requests(texts, max_bytes=budget):
             batch = [texts[j] for j in group]
-            out += await self._call(self._translate_blocking, batch, code, source_code, context)
+            out += await self._call(self._translate_blocking, call, batch, context)
         return out
 
     def _client(self) -> deepl.DeepLClient:
@@ -313,10 +369,9 @@ class DeepLTranslator(RemoteTranslator):
                 self._clients.append(client)
         return client
 
-    def _translate_blocking(
-        self, texts: list[str], target_code: str, source_code: str | None, context: str | None
-    ) -> list[str]:
+    def _translate_blocking(self, call: _Call, texts: list[str], context: str | None) -> list[str]:
         """One POST /v2/translate, in a worker thread."""
+        target_code = call.target_code
         formality = self._formality
         if formality in {"less", "more"} and self._server_targets is not None:
             # Strict formality is an error for targets without it; prefer_* never is.
@@ -327,11 +382,11 @@ class DeepLTranslator(RemoteTranslator):
             self._requests += 1
         results = self._client().translate_text(
             texts,
-            source_lang=source_code,
+            source_lang=call.source_code,
             target_lang=target_code,
             context=context,
             formality=formality,
-            model_type=self._model_type,
+            model_type=call.model_type,
         )
         if not isinstance(results, list) or len(results) != len(texts):
             raise BadOutput(

@@ -14,6 +14,13 @@ and tokenizer, never from its name:
   adds checkpoints (``en-de=ID,en-ja=DIR``); for its pair a Marian checkpoint is chosen over the
   main model.
 
+Several models: ``THINKTRANS_LOCAL_MODELS`` (``LocalConfig.models``), when set, replaces both
+settings with a list in order of preference, each entry as ``THINKTRANS_LOCAL_MODEL`` takes it; a
+pair goes to the first model that serves it. A request or stream may name a model: a configured
+one serves the batch alone, and any other name is loaded on demand, on a thread of its own so
+that batches keep running meanwhile, and kept while it is among the
+``THINKTRANS_LOCAL_MAX_EXTRA_MODELS`` most recently used (0: never loaded).
+
 Source languages: NLLB and M2M need one. An unknown source (``None``) or one the model lacks is
 read as English, the language most thinking is written in; the encoder copes with a wrong
 source tag far better than with none. For Marian an unknown source also means English.
@@ -48,6 +55,7 @@ import math
 import os
 import re
 import socket
+import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -141,6 +149,9 @@ FALLBACK_SOURCE = "en"  # what an unknown source is read as (see the module docs
 NO_REPEAT_NGRAM_SIZE = 6
 # Padded input tokens per generate call; a larger batch is cut into length-sorted slices.
 MAX_BATCH_TOKENS = 8192
+# How long a failed on-demand load is remembered: asks meanwhile get its reason at once, so a
+# mistyped model name costs one load attempt a minute, not one per segment.
+EXTRA_RETRY_S = 60.0
 # Targets written without spaces between sentences: split parts are rejoined without one.
 _NO_SPACE_TARGETS = frozenset({"zh-Hans", "zh-Hant", "ja"})
 _PAIR = re.compile(r"^(?P<src>[A-Za-z]{2,8})-(?P<tgt>[A-Za-z]{2,8}(?:-[A-Za-z0-9]{1,8})*)$")
@@ -199,6 +210,7 @@ class _Slot:
     source: str | None = None  # Marian: the pair's source key
     drop_ids: frozenset[int] = frozenset()  # never decoded: specials and language tokens
     max_positions: int = 1024
+    batches: int = 0  # batches run on it (the worker thread alone writes it)
 
     @property
     def model(self) -> Any:
@@ -339,6 +351,11 @@ class LocalConfig:
     model: str = "facebook/nllb-200-distilled-600M"
     # Extra Marian checkpoints, one per pair, each ``src-tgt=ID_OR_DIR``.
     marian_models: tuple[str, ...] = ()
+    # Several models in order of preference, each as ``model`` takes it; when set, it replaces
+    # ``model`` and ``marian_models``.
+    models: tuple[str, ...] = ()
+    # Models not configured but named by requests, kept loaded at once (LRU); 0: never loaded.
+    max_extra_models: int = 1
     engine: str = "auto"  # auto (ctranslate2 where installed), ctranslate2, transformers
     device: str = "auto"  # auto (CUDA when present), cpu, cuda:0
     dtype: str = "auto"  # transformers: auto, float32, float16, bfloat16
@@ -352,6 +369,30 @@ class LocalConfig:
     # A failed load is tried again after this long, doubling up to load_retry_max_s.
     load_retry_initial_s: float = 5.0
     load_retry_max_s: float = 300.0
+
+
+def _specs_from(config: LocalConfig) -> list[_Spec]:
+    """The configured checkpoints, the main one first: ``models`` when set, else ``model``
+    and ``marian_models``; ConfigError for a malformed entry."""
+    if config.models:
+        specs = [_Spec(model_id, pair) for pair, model_id in map(parse_pair_spec, config.models)]
+        if not all(spec.model_id for spec in specs):
+            raise ConfigError("local_models (THINKTRANS_LOCAL_MODELS) has an empty entry: "
+                              f"{', '.join(config.models)!r}")
+        return specs
+    pair, model_id = parse_pair_spec(config.model)
+    if not model_id:
+        raise ConfigError("local_model (THINKTRANS_LOCAL_MODEL) is empty; name a checkpoint")
+    specs = [_Spec(model_id, pair)]
+    for entry in config.marian_models:
+        extra_pair, extra_id = parse_pair_spec(entry)
+        if extra_pair is None or not extra_id:
+            raise ConfigError(
+                "local_marian_models (THINKTRANS_LOCAL_MARIAN_MODELS) entries must read "
+                f"'src-tgt=ID_OR_DIR', e.g. 'en-de=Helsinki-NLP/opus-mt-en-de'; got {entry!r}"
+            )
+        specs.append(_Spec(extra_id, extra_pair, marian_only=True))
+    return specs
 
 
 class LocalTranslator(Translator):
@@ -371,20 +412,22 @@ class LocalTranslator(Translator):
         _require_packages(self.engine_name)
         self.config = config
         self._engine = self._make_engine(self.engine_name)
-        pair, model_id = parse_pair_spec(config.model)
-        if not model_id:
-            raise ConfigError("local_model (THINKTRANS_LOCAL_MODEL) is empty; name a checkpoint")
-        self._specs = [_Spec(model_id, pair)]
-        for entry in config.marian_models:
-            extra_pair, extra_id = parse_pair_spec(entry)
-            if extra_pair is None or not extra_id:
-                raise ConfigError(
-                    "local_marian_models (THINKTRANS_LOCAL_MARIAN_MODELS) entries must read "
-                    f"'src-tgt=ID_OR_DIR', e.g. 'en-de=Helsinki-NLP/opus-mt-en-de'; got {entry!r}"
-                )
-            self._specs.append(_Spec(extra_id, extra_pair, marian_only=True))
-        self.model_id = model_id
+        if config.max_extra_models < 0:
+            raise ConfigError(f"local_max_extra_models must be >= 0, got {config.max_extra_models}")
+        self._specs = _specs_from(config)
+        self._configured = frozenset(spec.model_id for spec in self._specs)
+        self.model_id = model_id = self._specs[0].model_id
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="thinktrans-local")
+        # On-demand loads get a thread of their own: a big model loading never holds up the
+        # batches of the streams that did not ask for it.
+        self._ondemand = ThreadPoolExecutor(max_workers=1,
+                                            thread_name_prefix="thinktrans-local-ondemand")
+        # Loaded extras, least recently used first. The dict is replaced, never changed in
+        # place, so readers need no lock; writers (two threads) take the lock.
+        self._extras: dict[str, _Slot] = {}
+        self._extras_lock = threading.Lock()
+        self._extras_loading: set[str] = set()  # under the lock
+        self._extras_failed: dict[str, tuple[float, str]] = {}  # name -> (when, reason)
         # The load attempt in flight (None between attempts) and the task that retries.
         self._attempt: asyncio.Future[bool] | None = None
         self._loader: asyncio.Task[None] | None = None
@@ -476,8 +519,11 @@ class LocalTranslator(Translator):
         self.ready = False
         self.reason = "the local backend is closed"
         self._slots = []
-        # No wait: a running generate cannot be interrupted and must not block the loop.
+        with self._extras_lock:  # an on-demand load finishing now sees _closed and drops it
+            self._extras = {}
+        # No wait: a running generate or load cannot be interrupted and must not block the loop.
         self._executor.shutdown(wait=False, cancel_futures=True)
+        self._ondemand.shutdown(wait=False, cancel_futures=True)
         loader = self._loader
         if loader is not None and not loader.done():
             loader.cancel()
@@ -516,8 +562,11 @@ class LocalTranslator(Translator):
         """Model, family, device, dtype and language count, for ``GET /v1/backends``."""
         main = self._slots[0] if self._slots else None
         languages = self.languages()
+        extras = list(self._extras)
         return {
             "model": self.model_id,
+            "models": [spec.model_id for spec in self._specs] + extras,
+            "extra_models": extras,
             "family": main.family if main else None,
             "engine": self.engine_name,
             "compute_type": self.dtype,
@@ -543,36 +592,194 @@ class LocalTranslator(Translator):
             "reason": self.reason,
         }
 
-    def _route(self, source: str | None, target: str) -> _Route:
+    def _route(self, source: str | None, target: str, model: str | None = None) -> _Route:
+        """How the pair is served: by the named model alone, or by the first configured model
+        that serves it; UnsupportedLanguage when none does."""
         tag = canonical(target)
         if tag is None:
             raise UnsupportedLanguage(f"{target!r} is not a valid BCP 47 target")
         tgt = table_key(tag)
         src = _key_or_none(source) or FALLBACK_SOURCE
-        no_space = tgt in _NO_SPACE_TARGETS
-        # A Marian checkpoint configured for exactly this pair wins over the main model.
-        for slot in self._slots:
-            if slot.family == "marian" and slot.source == src and tgt in slot.codes:
-                return _Route(slot, None, None, slot.codes[tgt], no_space)
-        for slot in self._slots:
-            if slot.family == "marian" or tgt not in slot.codes:
-                continue
-            src_code = slot.codes.get(src) or slot.codes.get(FALLBACK_SOURCE)
-            if src_code is None:  # a model without English: any code of its own will do
-                src_code = next(iter(slot.codes.values()))
-            forced = _lang_token_id(slot, slot.codes[tgt])
-            return _Route(slot, src_code, forced, "", no_space)
-        served = self.languages() or []
-        pairs = [f"{s.source}-{t}" for s in self._slots if s.family == "marian" for t in s.codes]
-        shown = ", ".join(served[:12]) + (", ..." if len(served) > 12 else "")
-        what = f"{len(served)} targets ({shown})"
-        if pairs:
-            what += f"; Marian pairs {', '.join(pairs)}"
+        slots = self._candidates(model)
+        if model is not None and not slots:  # an extra dropped since it was asked for
+            raise BackendUnavailable(f"model {model!r} is not loaded")
+        for slot in slots:
+            route = _route_on(slot, src, tgt, tgt in _NO_SPACE_TARGETS)
+            if route is not None:
+                return route
+        who = "the local backend" if model is None else f"model {model!r}"
         raise UnsupportedLanguage(
-            f"the local backend cannot translate {src} -> {tag}: it serves {what}",
+            f"{who} cannot translate {src} -> {tag}: it serves {_served(slots)}",
             source=src,
             target=tag,
         )
+
+    def _candidates(self, model: str | None) -> list[_Slot]:
+        """The slots that may serve, in order of preference: the named model's (a configured
+        one, else a loaded extra), or every configured one."""
+        if model is not None:
+            named = [slot for slot in self._slots if slot.model_id == model]
+            extra = self._extras.get(model)
+            return named or ([extra] if extra is not None else [])
+        if self.config.models:
+            return self._slots
+        # THINKTRANS_LOCAL_MARIAN_MODELS: a Marian checkpoint configured for exactly the pair
+        # wins over the main model (it was configured for that pair on purpose); stable sort.
+        return sorted(self._slots, key=lambda slot: slot.family != "marian")
+
+    # -- models a request or stream may name --------------------------------------------------
+
+    def model_problem(self, model: str | None) -> str | None:
+        """None for the default, a configured model or a loaded extra; for any other name, why
+        it cannot serve now, starting its load on demand where that is allowed."""
+        if model is None or model in self._configured or model in self._extras:
+            return None
+        if self.config.max_extra_models == 0:
+            return (
+                f"model {model!r} is not configured (THINKTRANS_LOCAL_MODELS) and loading models "
+                "on demand is off (THINKTRANS_LOCAL_MAX_EXTRA_MODELS=0)"
+            )
+        if not self.ready:
+            # The configured models' load sets the engine up; an extra loads after it.
+            return f"model {model!r} loads on demand once the backend is ready ({self.reason})"
+        return self._load_on_demand(model)
+
+    def resolve_model(self, model: str | None, source: str | None, target: str) -> str | None:
+        """The model that serves the pair (see ``translate``); a named extra not loaded yet is
+        its own name; None when not ready or when nothing serves the pair."""
+        if not self.ready:
+            return None
+        if model is not None and not self._loaded(model):
+            return model
+        try:
+            route = self._route(source, target, model)
+        except (UnsupportedLanguage, BackendUnavailable):
+            return None
+        return model or route.slot.model_id
+
+    def cache_identity(self, model: str | None, source: str | None, target: str) -> str | None:
+        """Everything but the text that decides the output: the model serving the pair, the
+        engine, its compute type and device, the decoding options; None when nothing loaded
+        serves the pair."""
+        if not self.ready or (model is not None and not self._loaded(model)):
+            return None
+        try:
+            slot = self._route(source, target, model).slot
+        except (UnsupportedLanguage, BackendUnavailable):
+            return None
+        config = self.config
+        return (
+            f"local|{slot.model_id}|{self.engine_name}|{self.dtype}|beams={config.num_beams}"
+            f"|ngram={config.no_repeat_ngram_size}|maxin={config.max_input_tokens}"
+            f"|device={self.device}"
+        )
+
+    def catalog(self) -> list[dict[str, object]]:
+        """The configured models in order of preference, then the extras loaded on demand."""
+        loaded = self.ready and len(self._slots) == len(self._specs)
+        default = self._default_index(loaded)
+        entries: list[dict[str, object]] = []
+        for i, spec in enumerate(self._specs):
+            slot = self._slots[i] if loaded else None
+            entries.append({
+                "model": spec.model_id,
+                "languages": sorted(slot.codes) if slot is not None else None,
+                "default": i == default,
+                "notes": self._notes(slot) if slot is not None
+                else f"not loaded: {self.reason or 'the backend has not been started'}",
+            })
+        for name, extra in self._extras.items():
+            entries.append({"model": name, "languages": sorted(extra.codes), "default": False,
+                            "notes": f"{self._notes(extra)}, loaded on demand"})
+        return entries
+
+    def _default_index(self, loaded: bool) -> int:
+        """The configured model that serves a pair when none is named and no Marian checkpoint
+        is meant for it: the first NLLB/M2M one, else the first."""
+        if loaded:
+            marian = [slot.family == "marian" for slot in self._slots]
+        else:  # the family is not known yet: a pair prefix is only ever written for Marian
+            marian = [spec.pair is not None or spec.marian_only for spec in self._specs]
+        return next((i for i, is_marian in enumerate(marian) if not is_marian), 0)
+
+    def _notes(self, slot: _Slot) -> str:
+        if slot.family == "marian":
+            what = "marian " + ", ".join(f"{slot.source}-{target}" for target in slot.codes)
+        else:
+            what = f"{slot.family}, {len(slot.codes)} targets"
+        return f"{what}, {self.engine_name} {self.dtype}"
+
+    def _loaded(self, model: str) -> bool:
+        return model in self._configured or model in self._extras
+
+    # -- on-demand loading (extras) -------------------------------------------------------------
+
+    def _load_on_demand(self, model: str) -> str | None:
+        """Queue ``model``'s load unless it is loading or failed within EXTRA_RETRY_S; why it
+        cannot serve yet (None: it was published meanwhile)."""
+        with self._extras_lock:
+            if model in self._extras:
+                return None
+            failed = self._extras_failed.get(model)
+            if failed is not None and time.monotonic() - failed[0] < EXTRA_RETRY_S:
+                return failed[1]
+            self._extras_failed.pop(model, None)
+            if model not in self._extras_loading:
+                try:
+                    self._ondemand.submit(self._load_extra, model)
+                except RuntimeError:  # "cannot schedule new futures after shutdown"
+                    return "the local backend is closed"
+                self._extras_loading.add(model)
+        return f"loading model {model!r} on demand; it serves once loaded"
+
+    def _load_extra(self, name: str) -> None:
+        """Runs on the on-demand thread: load and warm up ``name`` as a configured model is,
+        then publish it (a new dict), dropping the least recently used extras beyond
+        max_extra_models; a failure is remembered for EXTRA_RETRY_S."""
+        started = time.perf_counter()
+        slot, reason = self._try_load_extra(name)
+        with self._extras_lock:
+            self._extras_loading.discard(name)
+            if slot is None:
+                reason = f"{reason} (tried again after {EXTRA_RETRY_S:g} s)"
+                self._extras_failed[name] = (time.monotonic(), reason)
+                log.error("local: on demand: %s", reason)
+                return
+            if self._closed:
+                return
+            # Dropped only once the new one has loaded, so that a mistyped name never costs
+            # a loaded model; meanwhile one model more than the bound is in memory.
+            extras = {**self._extras, name: slot}
+            while len(extras) > self.config.max_extra_models:
+                dropped = next(iter(extras))
+                del extras[dropped]
+                log.info("local: dropped %r, the least recently used model loaded on demand "
+                         "(THINKTRANS_LOCAL_MAX_EXTRA_MODELS=%d)", dropped,
+                         self.config.max_extra_models)
+            self._extras = extras
+        log.info("local: %r (%s) loaded on demand in %.1fs", name, slot.family,
+                 time.perf_counter() - started)
+
+    def _try_load_extra(self, name: str) -> tuple[_Slot | None, str]:
+        pair, model_id = parse_pair_spec(name)
+        try:
+            slot = self._load_slot(_Spec(model_id, pair))
+            self._warm_up(slot)
+        except _LoadError as exc:
+            return None, str(exc)
+        except Exception as exc:  # never let a bad checkpoint take the service down
+            log.exception("local: loading %r on demand failed", name)
+            return None, f"loading model {name!r} on demand failed: {first_line(exc)}"
+        return slot, ""
+
+    def _touch(self, name: str) -> None:
+        """Make a loaded extra the most recently used: the dicts' order is the LRU order."""
+        with self._extras_lock:
+            extras = self._extras
+            if name in extras and next(reversed(extras)) != name:
+                moved = dict(extras)
+                moved[name] = moved.pop(name)
+                self._extras = moved
 
     # -- translation -------------------------------------------------------------------------
 
@@ -583,11 +790,22 @@ class LocalTranslator(Translator):
         source: str | None,
         target: str,
         contexts: Sequence[str | None] | None = None,
+        model: str | None = None,
     ) -> list[str]:
-        """Translate in the worker thread; the event loop only waits. ``contexts`` is unused."""
+        """Translate in the worker thread; the event loop only waits. ``contexts`` is unused.
+
+        ``model`` None: the first configured model that serves the pair. A configured model's
+        id: that model alone (UnsupportedLanguage when it cannot serve the pair). Any other
+        name: the model loaded on demand, BackendUnavailable until it is.
+        """
         if not self.ready:
             raise BackendUnavailable(self.reason or f"model {self.model_id!r} is not loaded")
-        route = self._route(source, target)
+        if model is not None and model not in self._configured:
+            problem = self.model_problem(model)
+            if problem is not None:
+                raise BackendUnavailable(problem)
+            self._touch(model)
+        route = self._route(source, target, model)
         if not texts:
             return []
         loop = asyncio.get_running_loop()
@@ -676,6 +894,7 @@ class LocalTranslator(Translator):
             lead + "".join(pieces) + trail if pieces else text
             for text, lead, pieces, trail in zip(texts, leads, joined, trails, strict=True)
         ]
+        slot.batches += 1
         self.stats.batches += 1
         self.stats.segments += len(texts)
         self.stats.last_generate_sizes = sizes
@@ -686,6 +905,11 @@ class LocalTranslator(Translator):
         return results
 
     def _generate(self, route: _Route, texts: list[str]) -> list[str]:
+        return self._generate_into(self.stats, route, texts)
+
+    def _generate_into(self, stats: _Stats, route: _Route, texts: list[str]) -> list[str]:
+        """Run ``texts`` through the route's model, each cut to its own bound, counted into
+        ``stats`` (a warm-up's own: it may run on the on-demand thread beside a batch)."""
         slot = route.slot
         tokenizer = slot.tokenizer
         rows = tokenizer(
@@ -696,7 +920,7 @@ class LocalTranslator(Translator):
         # Per segment: 1.5x its input + 10, so a looping segment cannot run to the batch's bound.
         caps = [min(math.ceil(1.5 * len(row)) + 10, slot.max_positions - 2) for row in rows]
         out = self._engine.generate(slot.loaded, tokenizer, rows, route.forced_bos, max(caps))
-        self.stats.generate_calls += 1
+        stats.generate_calls += 1
         eos_ids = slot.loaded.eos_ids
         texts_out = []
         for row, cap in zip(out, caps, strict=True):
@@ -706,7 +930,7 @@ class LocalTranslator(Translator):
                     break
                 if token not in slot.drop_ids:
                     ids.append(token)
-            self.stats.output_tokens += len(ids)
+            stats.output_tokens += len(ids)
             texts_out.append(tokenizer.decode(ids, skip_special_tokens=True).strip())
         return texts_out
 
@@ -856,7 +1080,7 @@ class LocalTranslator(Translator):
         route = _Route(slot, src_code, forced, prefix, False)
         if src_code is not None:
             slot.tokenizer.src_lang = src_code
-        self._generate(route, ["Hello."])
+        self._generate_into(_Stats(), route, ["Hello."])
 
 
 def detect_family(config: Any, tokenizer: Any) -> str | None:
@@ -883,6 +1107,30 @@ def _lang_token_id(slot: _Slot, code: str) -> int:
     if slot.family == "m2m100":
         return int(slot.tokenizer.get_lang_id(code))
     return int(slot.tokenizer.convert_tokens_to_ids(code))
+
+
+def _route_on(slot: _Slot, src: str, tgt: str, no_space: bool) -> _Route | None:
+    """How ``slot`` serves ``src -> tgt``, or None: Marian serves its own pairs only, NLLB and
+    M2M every target they have, from any source (an unknown one read as English)."""
+    if tgt not in slot.codes:
+        return None
+    if slot.family == "marian":
+        return _Route(slot, None, None, slot.codes[tgt], no_space) if slot.source == src else None
+    src_code = slot.codes.get(src) or slot.codes.get(FALLBACK_SOURCE)
+    if src_code is None:  # a model without English: any code of its own will do
+        src_code = next(iter(slot.codes.values()))
+    return _Route(slot, src_code, _lang_token_id(slot, slot.codes[tgt]), "", no_space)
+
+
+def _served(slots: Sequence[_Slot]) -> str:
+    """What ``slots`` serve, for a reason: their targets, and the Marian pairs."""
+    served = sorted({key for slot in slots for key in slot.codes})
+    pairs = [f"{s.source}-{t}" for s in slots if s.family == "marian" for t in s.codes]
+    shown = ", ".join(served[:12]) + (", ..." if len(served) > 12 else "")
+    what = f"{len(served)} targets ({shown})"
+    if pairs:
+        what += f"; Marian pairs {', '.join(pairs)}"
+    return what
 
 
 def _marian_pair(spec: _Spec, tokenizer: Any) -> tuple[str, dict[str, str]]:

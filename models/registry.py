@@ -32,6 +32,10 @@ class BackendSettings(Protocol):
     @property
     def local_marian_models(self) -> Sequence[str]: ...
     @property
+    def local_models(self) -> Sequence[str]: ...
+    @property
+    def local_max_extra_models(self) -> int: ...
+    @property
     def local_engine(self) -> str: ...
     @property
     def local_device(self) -> str: ...
@@ -83,6 +87,8 @@ class BackendSettings(Protocol):
     def llm_json_mode(self) -> bool: ...
     @property
     def llm_check_items(self) -> bool: ...
+    @property
+    def llm_context(self) -> bool: ...
 
 
 def _secret(value: Secret | None) -> str | None:
@@ -102,6 +108,8 @@ def _local(settings: BackendSettings) -> Translator:
         LocalConfig(
             model=settings.local_model,
             marian_models=tuple(settings.local_marian_models),
+            models=tuple(settings.local_models),
+            max_extra_models=settings.local_max_extra_models,
             engine=settings.local_engine,
             device=settings.local_device,
             dtype=settings.local_dtype,
@@ -147,6 +155,7 @@ def _llm(settings: BackendSettings) -> Translator:
             concurrency=settings.llm_concurrency,
             json_mode=settings.llm_json_mode,
             check_items=settings.llm_check_items,
+            context=settings.llm_context,
         )
     )
 

@@ -101,6 +101,25 @@ class Settings(BaseSettings):
         "regions and scripts).",
     )
     detector: str = Field("default", description="Language detector: `default` or `langdetect`.")
+    policy: Literal["translate", "hide"] = Field(
+        "translate", description="What becomes of a segment not in the target language when "
+        "a request or stream does not say (`policy`): `translate` it, or `hide` it (status "
+        "`hidden`, empty `text`, nothing sent to a backend)."
+    )
+
+    # -- translation cache -----------------------------------------------------------------
+    cache_mb: float = Field(
+        64.0, ge=0, description="Memory the translation cache may hold, in MiB (text and "
+        "keys, estimated); 0 turns the cache off."
+    )
+    cache_path: str | None = Field(
+        None, description="Opt-in persistent cache: an SQLite file that keeps translations "
+        "across restarts (thinking text on disk: protect the file). Unset: memory only."
+    )
+    cache_ttl_s: float = Field(
+        7 * 24 * 3600.0, gt=0, description="How long a translation kept in `cache_path` is "
+        "served; older ones are dropped."
+    )
 
     # -- batching ------------------------------------------------------------------------
     max_batch_size: int = Field(32, ge=1, le=4096, description="Most segments in one batch.")
@@ -179,7 +198,7 @@ class Settings(BaseSettings):
     max_wait_poll_ms: int = Field(30_000, ge=0, description="Longest a long-poll read waits.")
     context_max_chars: int = Field(
         1000, ge=0, description="Most characters of a stream's preceding segments passed as "
-        "context to backends that use it (`deepl_context`)."
+        "context to backends that use it (`deepl_context`, `llm_context`)."
     )
 
     # -- local backend ---------------------------------------------------------------------
@@ -192,6 +211,18 @@ class Settings(BaseSettings):
     local_marian_models: CommaList = Field(
         default_factory=list,
         description="Extra Marian checkpoints, one per pair: `en-de=Helsinki-NLP/opus-mt-en-de`.",
+    )
+    local_models: CommaList = Field(
+        default_factory=list,
+        description="Several local models, in order of preference, each as `local_model` "
+        "takes it (`en-de=opus-mt-en-de,facebook/nllb-200-distilled-600M`): a pair is served "
+        "by the first that has it, unless a stream names one (`model`). When set it replaces "
+        "`local_model` and `local_marian_models`.",
+    )
+    local_max_extra_models: int = Field(
+        1, ge=0, le=16, description="Models that are not configured but that streams name "
+        "(`model`) kept loaded at once, least recently used dropped first; 0: a model that "
+        "is not configured is never loaded."
     )
     local_engine: Literal["auto", "ctranslate2", "transformers"] = Field(
         "auto", description="What runs the model: `ctranslate2` (int8 on CPU, several times "
@@ -262,6 +293,10 @@ class Settings(BaseSettings):
     llm_json_mode: bool = Field(
         False, description="Send `response_format: json_object` (only servers that support it)."
     )
+    llm_context: bool = Field(
+        True, description="Pass a stream's preceding segments to the model, in a delimited "
+        "context field of the user message (never the system prompt), for consistent terms."
+    )
     llm_check_items: bool = Field(
         True, description="Refuse an answer item that drops its source's numbers, inline code "
         "or URLs, or whose length is far from its source's (the chain's next backend serves "
@@ -275,6 +310,7 @@ class Settings(BaseSettings):
     )
 
     @field_validator("backend", "extra_backends", "allowed_locales", "local_marian_models",
+                     "local_models",
                      mode="before")
     @classmethod
     def _lists(cls, value: Any) -> Any:

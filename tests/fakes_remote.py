@@ -249,7 +249,8 @@ class FakeDeepL(_Fake):
 
 CHAT_MODES = {
     "good", "fenced", "malformed", "wrong_count", "wrong_ids", "empty", "short", "long",
-    "one_empty", "swapped", "obey", "500", "401", "403", "429", "timeout", "no_content",
+    "one_empty", "swapped", "obey", "echo_context", "500", "401", "403", "429", "timeout",
+    "no_content",
 }  # fmt: skip
 # What a model that follows the text instead of translating it says: fluent, no numbers.
 OBEYED = (
@@ -264,6 +265,18 @@ def _segments_of(body: dict[str, Any]) -> tuple[str, list[dict[str, Any]]]:
     return payload["target_language"], payload["segments"]
 
 
+def _model_not_found(model: object) -> dict[str, Any]:
+    """OpenAI's answer (with HTTP 404) to a chat request naming a model it does not have."""
+    return {
+        "error": {
+            "message": f"The model `{model}` does not exist or you do not have access to it.",
+            "type": "invalid_request_error",
+            "param": None,
+            "code": "model_not_found",
+        }
+    }
+
+
 class FakeChat(_Fake):
     """POST /v1/chat/completions (and GET /v1/models), with failure modes.
 
@@ -271,10 +284,16 @@ class FakeChat(_Fake):
     ``fenced`` wraps a good answer in a Markdown code fence; ``one_empty`` empties only
     the first segment; ``short``/``long`` answer far shorter/longer than the source;
     ``swapped`` swaps the first two items' texts; ``obey`` answers every item with
-    ``OBEYED``; ``timeout`` sleeps ``slow_s``. ``replies`` maps a segment's text to the
-    text answered for it in the modes that answer per item (the good answer otherwise).
-    ``usage``, when set, is raw JSON text sent as the answer's ``usage`` (so tests can
-    send what ``json.dumps`` would not write, like ``1e400``).
+    ``OBEYED``; ``echo_context`` puts an item's ``context`` before its good answer;
+    ``timeout`` sleeps ``slow_s``. ``replies`` maps a segment's text to the text answered
+    for it in the modes that answer per item (the good answer otherwise). ``usage``, when
+    set, is raw JSON text sent as the answer's ``usage`` (so tests can send what
+    ``json.dumps`` would not write, like ``1e400``).
+
+    ``models`` is what GET /v1/models lists; with ``list_models`` off that route answers
+    404. With ``only_listed`` on, a chat request naming a model not in ``models`` gets
+    OpenAI's 404 ``model_not_found``. ``chat_models`` records the model each chat
+    request named, in arrival order.
     """
 
     def __init__(self) -> None:
@@ -282,12 +301,20 @@ class FakeChat(_Fake):
         self.mode = "good"
         self.replies: dict[str, str] = {}
         self.usage: str | None = None
+        self.models = ["fake-model", "other-model"]
+        self.list_models = True
+        self.only_listed = False
+        self.chat_models: list[str | None] = []
 
     def reset(self) -> None:
         super().reset()
         self.mode = "good"
         self.replies = {}
         self.usage = None
+        self.models = ["fake-model", "other-model"]
+        self.list_models = True
+        self.only_listed = False
+        self.chat_models.clear()
 
     @property
     def chat_requests(self) -> list[Recorded]:
@@ -299,6 +326,12 @@ class FakeChat(_Fake):
             {"id": s["id"], "text": self.replies.get(s["text"], f"{target}: {s['text']}")}
             for s in segments
         ]
+        if mode == "echo_context":
+            contexts = [s.get("context") for s in segments]
+            items = [
+                {"id": item["id"], "text": f"{context} {item['text']}" if context else item["text"]}
+                for item, context in zip(items, contexts, strict=True)
+            ]
         if mode == "malformed":
             return '{"translations": [{"id": 1, "text": "unterminated'
         if mode == "wrong_count":
@@ -327,6 +360,10 @@ class FakeChat(_Fake):
 
     async def _chat(self, request: Request) -> Response:
         rec = await _record(request, self.requests)
+        model = rec.json.get("model") if isinstance(rec.json, dict) else None
+        self.chat_models.append(model)
+        if self.only_listed and model not in self.models:
+            return JSONResponse(_model_not_found(model), status_code=404)
         mode = self.next_mode()
         if mode == "timeout":
             await asyncio.sleep(self.slow_s)
@@ -363,7 +400,10 @@ class FakeChat(_Fake):
         mode = self.mode
         if mode in {"401", "403", "500"}:
             return PlainTextResponse(f"fake {mode}", status_code=int(mode))
-        return JSONResponse({"object": "list", "data": [{"id": "fake-model"}]})
+        if not self.list_models:
+            return PlainTextResponse("Not Found", status_code=404)
+        data = [{"id": ident, "object": "model", "owned_by": "fake"} for ident in self.models]
+        return JSONResponse({"object": "list", "data": data})
 
     def _app(self) -> Starlette:
         return Starlette(

@@ -14,6 +14,7 @@ import pytest
 from models.deepl import (
     MAX_CONTEXT_CHARS,
     MAX_REQUEST_BYTES,
+    MODEL_TYPES,
     NO_KEY_REASON,
     SOURCE_CODES,
     TARGET_CODES,
@@ -24,6 +25,7 @@ from models.deepl import (
 from models.languages import table_key
 from models.registry import build_backend
 from service.errors import (
+    BackendError,
     BackendTimeout,
     BackendUnavailable,
     RateLimited,
@@ -464,3 +466,67 @@ async def test_a_stream_sends_its_preceding_segments_as_context(fake: FakeDeepL)
         ("First I read the file. ", "Then I check the tests."),
         ("First I read the file. Then I check the tests. ", "Finally I write the answer."),
     ]
+
+
+# -- models: DeepL's model types -------------------------------------------------------------
+
+
+async def test_model_type_per_call(fake: FakeDeepL, make: Make) -> None:
+    backend = make()  # latency_optimized, the setting's default
+    await backend.translate(["Hi."], source=None, target="de", model="quality_optimized")
+    await backend.translate(["Hi."], source=None, target="de")
+    await backend.translate(["Hi."], source=None, target="de", model="prefer_quality_optimized")
+    sent = [r.json["model_type"] for r in fake.translate_requests]
+    assert sent == ["quality_optimized", "latency_optimized", "prefer_quality_optimized"]
+    assert backend.resolve_model("quality_optimized", None, "de") == "quality_optimized"
+    assert backend.resolve_model(None, None, "de") == "latency_optimized"
+
+
+async def test_a_model_deepl_lacks_is_refused(fake: FakeDeepL, make: Make) -> None:
+    backend = make()
+    assert backend.model_problem(None) is None
+    assert [backend.model_problem(m) for m in MODEL_TYPES] == [None] * 3
+    problem = (
+        "deepl serves the model types latency_optimized, prefer_quality_optimized, "
+        "quality_optimized; got 'gpt-4o'"
+    )
+    assert backend.model_problem("gpt-4o") == problem
+    with pytest.raises(BackendError) as caught:
+        await backend.translate(["Hi."], source=None, target="de", model="gpt-4o")
+    assert caught.value.detail == problem
+    assert fake.translate_requests == [] and backend.ready
+
+
+async def test_cache_identity_names_model_type_and_options(make: Make) -> None:
+    backend = make()
+    assert backend.cache_identity(None, "en", "de") == (
+        "deepl|latency_optimized|formality=None|en=EN-US"
+    )
+    assert backend.cache_identity("quality_optimized", "en", "de") == (
+        "deepl|quality_optimized|formality=None|en=EN-US"
+    )
+    other = make(deepl_formality="prefer_less", deepl_english_variant="EN-GB")
+    assert other.cache_identity(None, "de", "en") == (
+        "deepl|latency_optimized|formality=prefer_less|en=EN-GB"
+    )
+    # The context changes no identity: DeepL reads it for terms, and it differs per segment.
+    assert make(deepl_context=True).cache_identity(None, "en", "de") == (
+        backend.cache_identity(None, "en", "de")
+    )
+
+
+async def test_catalog_lists_the_model_types(make: Make) -> None:
+    backend = make(deepl_model_type="quality_optimized")
+    catalog = backend.catalog()
+    assert [(e["model"], e["default"]) for e in catalog] == [
+        ("latency_optimized", False),
+        ("quality_optimized", True),
+        ("prefer_quality_optimized", False),
+    ]
+    assert all(e["languages"] == backend.languages() for e in catalog)
+    assert all(isinstance(e["notes"], str) and e["notes"] for e in catalog)
+    await backend.start()
+    await backend.wait_ready()
+    # Refined by the server's list: the double lists HE and lacks NB.
+    languages = backend.catalog()[0]["languages"]
+    assert isinstance(languages, list) and "he" in languages and "nb" not in languages
