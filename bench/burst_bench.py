@@ -292,7 +292,7 @@ def measure(name: str, checkout: Path, args: argparse.Namespace, chat_url: str |
             model: Path | None) -> dict:
     package = served_package(checkout)
     print(f"{name}: service package {package}", file=sys.stderr)
-    env = {"THINKTRANS_DEFAULT_LOCALE": "de"}
+    env = {"THINKTRANS_DEFAULT_LOCALE": "de", "THINKTRANS_CACHE_MB": "0"}  # measure the backend
     if args.backend == "llm":
         env.update(THINKTRANS_BACKEND="llm", THINKTRANS_LLM_BASE_URL=f"{chat_url}/v1",
                    THINKTRANS_LLM_MODEL="bench-model")

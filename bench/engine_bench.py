@@ -259,6 +259,7 @@ def measure(shape: str, checkpoint: Path, engine: str, batch: int, args: argpars
         "THINKTRANS_MAX_WAIT_MS": "200",
         "THINKTRANS_DEADLINE_MS": "600000",
         "THINKTRANS_BACKEND_TIMEOUT_S": "3600",
+        "THINKTRANS_CACHE_MB": "0",  # the same sentences again would measure the cache
         **ENGINE_ENV[engine],
     }
     if engine == "ctranslate2":

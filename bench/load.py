@@ -64,7 +64,9 @@ class Server:
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = tempfile.NamedTemporaryFile("w+", prefix="thinktrans-serve-", suffix=".log",
                                                delete=False)
-        full_env = {**os.environ, "THINKTRANS_LOG_LEVEL": "warning", **env}
+        # The translation cache off: repeated bench text would measure the cache.
+        full_env = {**os.environ, "THINKTRANS_LOG_LEVEL": "warning", "THINKTRANS_CACHE_MB": "0",
+                    **env}
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "service.cli", "serve", "--host", "127.0.0.1",
              "--port", str(self.port)],

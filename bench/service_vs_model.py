@@ -56,7 +56,8 @@ def local_settings(path: Path, args: argparse.Namespace, **more: Any) -> Any:
         engine["local_compute_type"] = args.compute_type
     if args.threads:
         engine["local_threads"] = args.threads
-    return load_settings(backend="local", local_model=str(path), **engine, **more)
+    # The translation cache off: the same sentences again would measure the cache.
+    return load_settings(backend="local", local_model=str(path), cache_mb=0, **engine, **more)
 
 
 async def model_throughput(path: Path, args: argparse.Namespace) -> tuple[float, dict[str, Any]]:

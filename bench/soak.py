@@ -328,7 +328,7 @@ def main() -> None:
         raise SystemExit("--minutes, --workers and --expire-s must be positive")
 
     texts = [item.text for item in load_corpus(args.corpus)]
-    env = {"THINKTRANS_BACKEND": args.backend,
+    env = {"THINKTRANS_BACKEND": args.backend, "THINKTRANS_CACHE_MB": "0",
            "THINKTRANS_STREAM_IDLE_EXPIRE_S": str(args.expire_s)}
     with tempfile.TemporaryDirectory(prefix="thinktrans-soak-") as tmp:
         if args.backend == "local":

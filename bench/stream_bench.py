@@ -36,6 +36,7 @@ def main() -> None:
     args = parser.parse_args()
     port = free_port()
     env = {**os.environ, "THINKTRANS_BACKEND": args.backend, "THINKTRANS_LOG_LEVEL": "warning",
+           "THINKTRANS_CACHE_MB": "0",  # repeated bench text would measure the cache
            "THINKTRANS_MAX_WAIT_MS": str(args.max_wait_ms)}
     server = subprocess.Popen([sys.executable, "-m", "service.cli", "serve", "--port", str(port)],
                               env=env)

@@ -2,7 +2,8 @@
 
 A batch goes when it is full (``max_batch_size`` items or ``max_batch_chars``
 characters) or ``max_wait_ms`` after its first item. Items are grouped by
-(source, target), since a tokenizer or a vendor call takes one pair at a time. The
+(source, target, model), since a tokenizer or a vendor call takes one pair and one model
+at a time. The
 loop takes a concurrency slot *before* it forms a batch, so while the backend is busy
 items pile up and the next batch goes full. Every future is resolved whatever
 happens: a result, a BackendError, or cancelled by its caller (then dropped unrun).
@@ -18,6 +19,7 @@ import time
 from collections import OrderedDict, deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from models.base import Translator
 from service.errors import BackendError, BackendTimeout, BackendUnavailable, BadOutput, Overloaded
@@ -26,7 +28,8 @@ from service.metrics import Metrics
 
 log = logging.getLogger("thinktrans.batcher")
 
-Pair = tuple[str | None, str]
+# What a batch shares: (source, target, the model named or None).
+Pair = tuple[str | None, str, str | None]
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,6 +39,8 @@ class Translation:
     text: str
     backend: str
     queued_ms: float
+    model: str | None = None  # the model that translated it, where the backend has one
+    cached: bool = False  # served from the translation cache
 
 
 @dataclass(slots=True, eq=False)
@@ -92,6 +97,9 @@ class Batcher:
         self._batch_seconds = metrics.batch_seconds.labels(self.name)
         self._groups: OrderedDict[Pair, deque[_Item]] = OrderedDict()
         self._size = 0  # items waiting, not counting cancelled ones
+        # Segments waiting on identical work already here (the dispatcher joins them to
+        # it): they take no place in a batch but hold memory, so they count in the queue.
+        self._held = 0
         self._dead = 0  # cancelled items still sitting in the groups
         self._waiter: asyncio.Future[None] | None = None  # the loop, waiting for items
         self._slots = asyncio.Semaphore(limits.max_concurrency)
@@ -160,15 +168,27 @@ class Batcher:
 
     @property
     def queue_size(self) -> int:
-        return self._size
+        return self._size + self._held
 
     def free(self) -> int:
         """How many more items the queue takes before it is full."""
-        return self.limits.max_queue_size - self._size
+        return self.limits.max_queue_size - self.queue_size
+
+    def hold(self) -> None:
+        """Count a place for a segment that waits on identical work of this backend (no
+        new item): the queue bound, and so admission, still covers every waiting segment.
+        Like a forced submit, it is never refused: its text was accepted."""
+        self._held += 1
+        self._gauge()
+
+    def unhold(self) -> None:
+        """Give back a place taken by ``hold`` (its work is done, or its caller gave up)."""
+        self._held -= 1
+        self._gauge()
 
     def submit(
         self, text: str, source: str | None, target: str, context: str | None = None,
-        *, force: bool = False,
+        *, model: str | None = None, force: bool = False,
     ) -> asyncio.Future[Translation]:
         """Queue one text; the future gets its Translation or a BackendError.
 
@@ -180,14 +200,14 @@ class Batcher:
         """
         if self._closed:
             raise BackendUnavailable(f"backend {self.name!r} is shutting down")
-        if self._size >= self.limits.max_queue_size and not force:
+        if self.queue_size >= self.limits.max_queue_size and not force:
             raise Overloaded(
                 f"the {self.name!r} queue is full ({self.limits.max_queue_size} segments); "
                 "retry later or raise THINKTRANS_MAX_QUEUE_SIZE",
                 retry_after_s=1,
             )
         future: asyncio.Future[Translation] = asyncio.get_running_loop().create_future()
-        pair: Pair = (source, target)
+        pair: Pair = (source, target, model)
         group = self._groups.get(pair)
         if group is None:
             group = self._groups[pair] = deque()
@@ -320,26 +340,32 @@ class Batcher:
             live = [item for item in batch if not item.future.done()]
             if not live:
                 return
-            source, target = live[0].pair
+            source, target, model = live[0].pair
             texts = [item.text for item in live]
             started = time.monotonic()
             self._batch_size.observe(len(live))
-            call = (
-                self.translator.translate(texts, source=source, target=target,
-                                          contexts=[item.context for item in live])
-                if self.uses_context else
-                self.translator.translate(texts, source=source, target=target)
-            )
+            # Contexts and a model go only where wanted: a backend without them keeps the
+            # plain contract.
+            extra: dict[str, Any] = {}
+            if self.uses_context:
+                extra["contexts"] = [item.context for item in live]
+            if model is not None:
+                extra["model"] = model
+            served_by = self.translator.resolve_model(model, source, target)
+            call = self.translator.translate(texts, source=source, target=target, **extra)
+            # A model one stream named may fail without the backend being at fault: only
+            # the backend's own choice counts for its breaker.
+            counted = model is None
             try:
                 outputs = await asyncio.wait_for(call, self.limits.timeout_s)
                 _check_outputs(self.name, texts, outputs)
             except BackendError as exc:
-                self._fail_all(live, exc)
+                self._fail_all(live, exc, counted=counted)
                 return
             except TimeoutError:
                 self._fail_all(live, BackendTimeout(
                     f"backend {self.name!r} took over {self.limits.timeout_s:g} s for a batch"
-                ))
+                ), counted=counted)
                 return
             except asyncio.CancelledError:
                 self._fail_all(live, BackendUnavailable(f"backend {self.name!r} stopped"))
@@ -347,9 +373,10 @@ class Batcher:
             except Exception as exc:  # a bug or an unmapped vendor error: fail, don't hang
                 log.exception("backend %s raised %s", self.name, type(exc).__name__)
                 self._fail_all(live, BackendError(f"backend {self.name!r} failed: "
-                                                  f"{type(exc).__name__}"))
+                                                  f"{type(exc).__name__}"), counted=counted)
                 return
-            self._record(ok=True)
+            if counted:
+                self._record(ok=True)
             elapsed = time.monotonic() - started
             self._batch_seconds.observe(elapsed)
             if self.translator.billed:
@@ -357,27 +384,29 @@ class Batcher:
             if log.isEnabledFor(logging.DEBUG):  # a line per batch: too many for info
                 log.debug("batch", extra={
                     "backend": self.name, "size": len(live), "ms": round(elapsed * 1000, 2),
-                    "source": source, "target": target,
+                    "source": source, "target": target, "model": served_by,
                     "queued_ms": round((started - live[0].enqueued) * 1000, 2),
                     **text_fields("\n".join(texts)),  # lengths and a hash, unless log_text
                 })
             for item, out in zip(live, outputs, strict=True):
                 queued_ms = (started - item.enqueued) * 1000.0
                 if not item.future.done():
-                    item.future.set_result(Translation(out, self.name, queued_ms))
+                    item.future.set_result(Translation(out, self.name, queued_ms, served_by))
         finally:
             self._slots.release()
 
-    def _fail_all(self, items: Sequence[_Item], exc: BackendError) -> None:
+    def _fail_all(self, items: Sequence[_Item], exc: BackendError, *,
+                  counted: bool = True) -> None:
         self.metrics.backend_errors.labels(self.name, exc.slug).inc()
         log.warning("batch failed", extra={"backend": self.name, "size": len(items),
                                            "error": exc.slug})
-        self._record(ok=False)
+        if counted:
+            self._record(ok=False)
         for item in items:
             _fail(item, exc)
 
     def _gauge(self) -> None:
-        self._queue_depth.set(self._size)
+        self._queue_depth.set(self.queue_size)
 
 
 def _wake(waiter: asyncio.Future[None] | None) -> None:

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 from service.detect import Detection
 from service.locale import full_script, same_language
-from service.schemas import Status
+from service.schemas import Policy, Status
 from service.segmenter import Kind, is_translatable
 
 
@@ -34,13 +34,15 @@ def decide(
     detection: Detection | None,
     fallback_lang: str | None,
     source: str | None = None,
+    policy: Policy = "translate",
 ) -> Decision:
     """Skip, keep, or translate one segment.
 
     ``prose`` is ``wants_detection`` of the segment: anything else is skipped. ``source``
     (the request's own) wins over ``detection``. ``fallback_lang`` (a stream's
     recent reliable language) stands in for an unreliable detection of a short segment
-    such as "OK." or "Hmm,", when it shares the segment's script.
+    such as "OK." or "Hmm,", when it shares the segment's script. Under ``policy``
+    "hide", a segment that would be translated is ``hidden`` instead.
     """
     if not prose:
         return SKIP
@@ -63,4 +65,6 @@ def decide(
         return Decision("no_target", lang, None)
     if lang is not None and same_language(lang, target):
         return Decision("same_language", lang, None)
+    if policy == "hide":
+        return Decision("hidden", lang, None)
     return Decision(None, lang, send)

@@ -1,9 +1,18 @@
 """Send a segment down a backend chain: the first usable backend's batcher, then the next.
 
-A backend is passed over when it is not ready, its circuit breaker is open, or it cannot
-serve the pair; a failed batch, or an answer reliably detected in another language than
-the target, sends the segment on to the next backend of the chain. Every backend of the
-service has one batcher, shared by every stream and one-shot request.
+A backend is passed over when it cannot serve the model the request named, is not
+ready, has its circuit breaker open, or cannot serve the pair; a failed batch, or an
+answer reliably detected in another language than the target, sends the segment on to
+the next backend of the chain. Every backend of the service has one batcher, shared by
+every stream and one-shot request.
+
+The translation cache sits in front of each backend: a segment whose translation by
+that backend (its ``cache_identity``: model, engine, decoding options) is cached gets it
+at once, without a batcher; a segment identical to one in flight joins it. Only answers
+that passed every check (the batcher's shape check, the output language) are cached;
+backends whose identity is None (passthrough) never are. The cache is consulted before
+the backend's readiness and breaker: a backend that is down still serves what it
+translated before.
 """
 
 from __future__ import annotations
@@ -13,12 +22,15 @@ import functools
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from models.base import Translator
 from service.batcher import Batcher, Translation
+from service.cache import CacheKey, TranslationCache
 from service.detect import Detector
 from service.errors import BackendError, BadOutput, Overloaded, PayloadTooLarge, UnknownBackend
 from service.locale import same_language
+from service.metrics import Metrics
 
 
 @dataclass(eq=False, slots=True)
@@ -29,22 +41,46 @@ class _Attempt:
     source: str | None
     target: str
     context: str | None
+    model: str | None  # the model the request or stream named
     rest: list[str]  # the backends not tried yet
     result: asyncio.Future[Translation]
     errors: list[str] = field(default_factory=list)
-    pending: asyncio.Future[Translation] | None = None  # the batcher's, while queued
+    pending: _Work | None = None  # the work it waits on, while queued or running
+    backend: str = ""  # the backend of that work
+    key: CacheKey | None = None  # the cache key of that work (None: not cached)
+    held: Batcher | None = None  # joined identical work there: holds a place in its queue
 
     def __post_init__(self) -> None:
         self.result.add_done_callback(self._on_result)
 
     def _on_result(self, result: asyncio.Future[Translation]) -> None:
         if result.cancelled() and self.pending is not None:
-            self.pending.cancel()  # the caller gave up: drop the queued item unrun
+            self.unhold()
+            self.pending.release()  # the caller gave up: drop the work unless shared
+
+    def unhold(self) -> None:
+        if self.held is not None:
+            self.held.unhold()
+            self.held = None
 
     def give_up(self) -> None:
         error = BackendError("; ".join(self.errors) or "no backend could serve this segment")
         self.result.set_exception(error)
         self.result.add_done_callback(_consume)  # its reader may have stopped waiting
+
+
+@dataclass(eq=False, slots=True)
+class _Work:
+    """A batcher's future and how many attempts wait on it: identical segments in flight
+    at once are translated once, and the work is cancelled only when none waits."""
+
+    future: asyncio.Future[Translation]
+    waiters: int = 1
+
+    def release(self) -> None:
+        self.waiters -= 1
+        if self.waiters <= 0:
+            self.future.cancel()
 
 
 def _consume(future: asyncio.Future[Translation]) -> None:
@@ -63,12 +99,19 @@ class Dispatcher:
         *,
         default_chain: Sequence[str],
         check_output_language: bool = True,
+        cache: TranslationCache | None = None,
+        metrics: Metrics | None = None,
     ) -> None:
         self.backends = backends
         self.batchers = batchers
         self.detector = detector
         self.default_chain = list(default_chain)
         self.check_output_language = check_output_language
+        self.cache = cache if cache is not None and cache.enabled else None
+        # Work queued or running, by cache key: an identical segment joins it.
+        self._inflight: dict[CacheKey, _Work] = {}
+        self.metrics = metrics
+        self._saved: dict[str, Any] = {}  # per billed backend: its saved-characters counter
         # Characters streams have accepted and not cut yet: each may still become a segment
         # to queue, so admission counts a place for each (service/streams.py).
         self.uncut = 0
@@ -131,60 +174,69 @@ class Dispatcher:
 
     def submit(
         self, text: str, source: str | None, target: str, chain: Sequence[str],
-        context: str | None = None,
+        context: str | None = None, model: str | None = None,
     ) -> asyncio.Future[Translation]:
         """Start one segment's text down the chain; the future gets the first good answer.
 
         The segment is accepted work (its caller checked ``room`` before accepting the
         text), so it is never refused: it goes to the first usable backend with room, else
-        into the first usable one's queue past its bound. Cancelling the future drops the
-        work wherever it is. Driven by callbacks, not a task: a segment costs no coroutine
-        of its own.
+        into the first usable one's queue past its bound. A translation in the cache is
+        the answer at once; an identical segment in flight is joined. Cancelling the
+        future drops the work wherever it is (unless another segment waits on it). Driven
+        by callbacks, not a task: a segment costs no coroutine of its own.
         """
-        attempt = _Attempt(text, source, target, context, list(chain),
+        attempt = _Attempt(text, source, target, context, model, list(chain),
                            asyncio.get_running_loop().create_future())
-        entered = self._enter(attempt)
-        if entered is None:
-            attempt.give_up()
-        else:
-            self._await(attempt, *entered)
+        self._next(attempt)
         return attempt.result
 
-    def _await(self, attempt: _Attempt, name: str, future: asyncio.Future[Translation]) -> None:
-        attempt.pending = future
-        future.add_done_callback(functools.partial(self._on_answer, attempt, name))
+    def _next(self, attempt: _Attempt) -> None:
+        """Put the attempt on the next backend of its chain, or give up."""
+        work = self._enter(attempt)
+        if work is None:
+            attempt.give_up()
+            return
+        attempt.pending = work
+        work.future.add_done_callback(functools.partial(self._on_answer, attempt))
 
-    def _on_answer(self, attempt: _Attempt, name: str,
-                   future: asyncio.Future[Translation]) -> None:
+    def _on_answer(self, attempt: _Attempt, future: asyncio.Future[Translation]) -> None:
+        attempt.unhold()
         if attempt.result.done():
             return  # cancelled by the caller
+        name = attempt.backend
         try:
             if future.cancelled():
                 raise BackendError("cancelled")
             answer = future.result()
-            self._check_language(answer, attempt.target)
+            if not answer.cached:
+                self._check_language(answer, attempt.target)
         except BackendError as exc:
             attempt.errors.append(f"{name}: {exc.detail}")
-            entered = self._enter(attempt)
-            if entered is None:
-                attempt.give_up()
-            else:
-                self._await(attempt, *entered)
+            self._next(attempt)
             return
+        if attempt.key is not None and not answer.cached and self.cache is not None:
+            self.cache.put(attempt.key, answer.text, answer.model)  # passed every check
         attempt.result.set_result(answer)
 
-    def _enter(self, attempt: _Attempt) -> tuple[str, asyncio.Future[Translation]] | None:
-        """Queue the text on the next usable backend of the attempt's rest of the chain
-        that has room; when every usable one is full, on the first of them regardless."""
+    def _enter(self, attempt: _Attempt) -> _Work | None:
+        """The work for the attempt on the next usable backend of its rest of the chain: a
+        cached answer, identical work in flight, or a new item in the backend's queue
+        (past its bound when every usable backend is full)."""
         rest, errors = attempt.rest, attempt.errors
         full: list[str] = []
         while rest:
             name = rest.pop(0)
+            problem = self.backends[name].model_problem(attempt.model)
+            if problem is not None:
+                errors.append(f"{name}: {problem}")
+                continue
+            found = self._cached(name, attempt)
+            if found is not None:
+                return found
             if not self._usable(name, attempt.source, attempt.target, errors):
                 continue
             try:
-                return name, self.batchers[name].submit(
-                    attempt.text, attempt.source, attempt.target, attempt.context)
+                return self._queue(name, attempt, force=False)
             except Overloaded:
                 full.append(name)
             except BackendError as exc:
@@ -193,11 +245,59 @@ class Dispatcher:
             name = full[0]
             attempt.rest[:0] = full[1:]  # still to try, should this one fail
             try:
-                return name, self.batchers[name].submit(
-                    attempt.text, attempt.source, attempt.target, attempt.context, force=True)
+                return self._queue(name, attempt, force=True)
             except BackendError as exc:
                 errors.append(f"{name}: {exc.detail}")
         return None
+
+    def _cached(self, name: str, attempt: _Attempt) -> _Work | None:
+        """A cached answer from ``name``, or identical work in flight there; else None
+        (``attempt.key`` is then the key to cache the new work's answer under)."""
+        attempt.backend = name
+        attempt.key = None
+        if self.cache is None:
+            return None
+        identity = self.backends[name].cache_identity(attempt.model, attempt.source,
+                                                      attempt.target)
+        if identity is None:
+            return None
+        key = attempt.key = (identity, attempt.source, attempt.target, attempt.text)
+        hit = self.cache.get(key)
+        if hit is not None:
+            attempt.key = None
+            if self.backends[name].billed and self.metrics is not None:
+                self._saved_counter(name, self.metrics).inc(len(attempt.text))
+            future: asyncio.Future[Translation] = asyncio.get_running_loop().create_future()
+            future.set_result(Translation(hit.text, name, 0.0, hit.model, cached=True))
+            return _Work(future)
+        work = self._inflight.get(key)
+        if work is not None and not work.future.done():
+            work.waiters += 1
+            attempt.key = None  # its owner caches the answer
+            attempt.held = self.batchers[name]
+            attempt.held.hold()  # a waiting segment all the same: the queue bound covers it
+            return work
+        return None
+
+    def _queue(self, name: str, attempt: _Attempt, *, force: bool) -> _Work:
+        future = self.batchers[name].submit(attempt.text, attempt.source, attempt.target,
+                                            attempt.context, model=attempt.model, force=force)
+        work = _Work(future)
+        key = attempt.key
+        if key is not None:
+            self._inflight[key] = work
+            future.add_done_callback(functools.partial(self._done_inflight, key, work))
+        return work
+
+    def _done_inflight(self, key: CacheKey, work: _Work, _future: object) -> None:
+        if self._inflight.get(key) is work:
+            del self._inflight[key]
+
+    def _saved_counter(self, name: str, metrics: Metrics) -> Any:
+        counter = self._saved.get(name)
+        if counter is None:  # a label lookup takes a lock: once per backend
+            counter = self._saved[name] = metrics.cache_billed_chars_saved.labels(name)
+        return counter
 
     def _usable(self, name: str, source: str | None, target: str, errors: list[str]) -> bool:
         translator = self.backends[name]

@@ -92,6 +92,30 @@ class Metrics:
             "thinktrans_backend_ready", "1 when a backend is ready, else 0.",
             ["backend"], registry=r,
         )
+        self._cache_metrics(r)
+
+    def _cache_metrics(self, r: CollectorRegistry) -> None:
+        """The translation cache's series (``service/cache.py``)."""
+        self.cache_hits = Counter(
+            "thinktrans_cache_hits", "Translation cache lookups answered from memory or file.",
+            registry=r,
+        )
+        self.cache_misses = Counter(
+            "thinktrans_cache_misses", "Translation cache lookups that found nothing.",
+            registry=r,
+        )
+        self.cache_bytes = Gauge(
+            "thinktrans_cache_bytes", "Estimated memory held by the translation cache.",
+            registry=r,
+        )
+        self.cache_entries = Gauge(
+            "thinktrans_cache_entries", "Translations held in the cache's memory.", registry=r,
+        )
+        self.cache_billed_chars_saved = Counter(
+            "thinktrans_cache_billed_chars_saved",
+            "Characters a billing backend was not sent because the cache answered.",
+            ["backend"], registry=r,
+        )
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -21,13 +21,14 @@ from typing import Any
 from models.base import Translator
 from models.registry import build_backends
 from service.batcher import Batcher, BatchLimits
+from service.cache import TranslationCache
 from service.detect import Detection, Detector, get_detector
 from service.dispatch import Dispatcher
 from service.errors import ThinktransError
 from service.limits import PUBLISHED, check_texts
 from service.locale import canonicalize
 from service.metrics import Metrics
-from service.schemas import TextResult
+from service.schemas import Policy, TextResult
 from service.settings import Settings
 from service.streams import Pacer, Stream, StreamManager
 
@@ -52,6 +53,7 @@ class Runtime:
         self.batchers: dict[str, Batcher] = {}
         self.detector: Detector = get_detector(settings.detector)
         self._dispatcher: Dispatcher | None = None
+        self.cache: TranslationCache | None = None
         self._streams: StreamManager | None = None
 
     @property
@@ -80,10 +82,14 @@ class Runtime:
                 await batcher.start()
                 stack.push_async_callback(batcher.stop)
                 self.batchers[name] = batcher
+            self.cache = self._cache()
+            await self.cache.start()
+            stack.push_async_callback(self.cache.aclose)
             self._dispatcher = Dispatcher(
                 self.backends, self.batchers, self.detector,
                 default_chain=self.settings.backend,
                 check_output_language=self.settings.check_output_language,
+                cache=self.cache, metrics=self.metrics,
             )
             streams = StreamManager(self.settings, self.detector, self._dispatcher, self.metrics)
             await streams.start()
@@ -113,6 +119,11 @@ class Runtime:
             if name not in built:
                 raise ThinktransError(f"backend {name!r} was configured but not built")
         return built
+
+    def _cache(self) -> TranslationCache:
+        s = self.settings
+        return TranslationCache(int(s.cache_mb * 1024 * 1024), path=s.cache_path,
+                                ttl_s=s.cache_ttl_s, metrics=self.metrics)
 
     def _limits(self, translator: Translator) -> BatchLimits:
         s = self.settings
@@ -160,6 +171,8 @@ class Runtime:
         target: str | None,
         source: str | None = None,
         backend: str | None = None,
+        model: str | None = None,
+        policy: Policy | None = None,
     ) -> list[TextResult]:
         """Translate whole texts: one result (text and segments) per input, in order.
 
@@ -171,7 +184,8 @@ class Runtime:
         resolved = self.streams.resolve(target)
         chain = self.dispatcher.chain(backend)
         src = canonicalize(source) if source else None
-        streams = [self.streams.oneshot(resolved, chain, src) for _ in texts]
+        streams = [self.streams.oneshot(resolved, chain, src, model=model, policy=policy)
+                   for _ in texts]
         try:
             pacer = Pacer()
             for stream, text in zip(streams, texts, strict=True):
@@ -187,16 +201,46 @@ class Runtime:
                 stream.drop()  # nobody reads a late one-shot answer: drop it unrun
 
     def languages(self) -> dict[str, Any]:
-        """Supported targets per backend, the default target and the allowed ones."""
+        """Supported targets per backend and model, the default target, the allowed ones,
+        and ``targets``: what the default chain can translate into now (None: any)."""
+        backends = {}
+        for name, t in self.backends.items():
+            entry: dict[str, Any] = {"ready": t.ready,
+                                     "targets": t.languages() if t.ready else None}
+            if not t.ready:
+                entry["reason"] = t.reason
+            models = {str(m["model"]): m.get("languages") for m in t.catalog()}
+            if models:
+                entry["models"] = models
+            backends[name] = entry
         return {
             "default_target": self.settings.default_locale,
             "allowed_locales": self.settings.allowed_locales or None,
-            "backends": {
-                name: {"ready": t.ready, "targets": t.languages() if t.ready else None,
-                       **({} if t.ready else {"reason": t.reason})}
-                for name, t in self.backends.items()
-            },
+            "targets": self.chain_targets(),
+            "backends": backends,
         }
+
+    def chain_targets(self) -> list[str] | None:
+        """The targets the default chain's ready backends serve, within ``allowed_locales``;
+        None when one of them takes any target and no locales are set. A client offers
+        only these (the ACP helper puts them in ``initialize``'s ``_meta``)."""
+        ready = [t for name in self.settings.backend if (t := self.backends[name]).ready]
+        allowed = self.settings.allowed_locales
+        if allowed:
+            return [tag for tag in allowed if any(t.serves_target(tag) for t in ready)]
+        found: set[str] = set()
+        for t in ready:
+            targets = t.languages()
+            if targets is None:
+                return None
+            found.update(targets)
+        return sorted(found)
+
+    def models(self) -> dict[str, Any]:
+        """The advisory catalog: what each backend can serve. A request may name any
+        model; one not listed is tried."""
+        return {"models": [{"backend": name, **entry}
+                           for name, t in self.backends.items() for entry in t.catalog()]}
 
     def limits(self) -> dict[str, Any]:
         """The size and count limits this instance enforces."""
@@ -216,7 +260,8 @@ class Runtime:
             out.append({"name": name, "ready": t.ready, "reason": reason,
                         "serves_default_target": serves, "in_chain": name in chain,
                         "queue_depth": self.batchers[name].queue_size, "info": t.info()})
-        return {"chain": chain, "default_target": target, "backends": out}
+        cache = self.cache.info() if self.cache is not None else None
+        return {"chain": chain, "default_target": target, "backends": out, "cache": cache}
 
     def readiness(self) -> dict[str, Any]:
         """``ready``: every backend of the chain is ready and, when there is a default

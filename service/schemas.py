@@ -13,7 +13,9 @@ from typing import Annotated, Literal
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 from pydantic_core import PydanticCustomError
 
-Status = Literal["translated", "same_language", "skipped", "deadline", "error", "no_target"]
+Status = Literal["translated", "same_language", "skipped", "deadline", "error", "no_target",
+                 "hidden"]
+Policy = Literal["translate", "hide"]
 UpdateStatus = Literal["translated", "error"]
 TargetSource = Literal["request", "user_text", "default", "none"]
 
@@ -52,6 +54,10 @@ class SegmentResult(BaseModel):
     queued_ms: float
     latency_ms: float
     error: str | None = Field(None, description="Why a segment is `error` (absent otherwise).")
+    model: str | None = Field(None, description="The model that translated it (absent when "
+                              "the backend has none, or nothing translated it).")
+    cached: bool = Field(False, description="True when it came from the translation cache "
+                         "(absent otherwise).")
 
 
 class SegmentUpdate(BaseModel):
@@ -62,6 +68,8 @@ class SegmentUpdate(BaseModel):
     status: UpdateStatus
     backend: str | None
     error: str | None = None
+    model: str | None = None
+    cached: bool = False
 
 
 class StreamEnd(BaseModel):
@@ -105,6 +113,13 @@ class EventsResponse(BaseModel):
 
 # -- requests and responses ----------------------------------------------------------------
 
+_MODEL = ("A model for the chain's backends to use (GET /v1/models lists what each serves; "
+          "advice, not a whitelist: another name is tried, and a backend that cannot serve "
+          "it passes the segment down the chain); null: each backend's own choice.")
+_POLICY = ("What becomes of segments not in the target language: `translate`, or `hide` "
+           "(status `hidden`, empty text, nothing sent to a backend); null: the server's "
+           "THINKTRANS_POLICY.")
+
 
 class TranslateRequest(_Strict):
     target: str | None = Field(None, description="BCP 47 target, e.g. 'zh-CN'.", max_length=256)
@@ -114,6 +129,8 @@ class TranslateRequest(_Strict):
     backend: str | None = Field(
         None, description="A configured backend or chain; null: the default.", max_length=256
     )
+    model: str | None = Field(None, min_length=1, max_length=256, description=_MODEL)
+    policy: Policy | None = Field(None, description=_POLICY)
     texts: list[str] = Field(..., description="Texts to translate, each whole.")
 
 
@@ -150,6 +167,8 @@ class OpenStreamRequest(_Strict):
                            description="1-128 of A-Za-z0-9._:- e.g. '<session>:<message>'.")
     target: str | None = Field(None, max_length=256, description="BCP 47 target.")
     backend: str | None = Field(None, max_length=256, description="Backend or chain.")
+    model: str | None = Field(None, min_length=1, max_length=256, description=_MODEL)
+    policy: Policy | None = Field(None, description=_POLICY)
     user_text: str | None = Field(
         None, max_length=100_000,
         description="The user's own message; its language is the target when none is given.",
@@ -160,6 +179,8 @@ class OpenStreamResponse(BaseModel):
     stream_id: str
     target: str | None
     target_source: TargetSource
+    model: str | None = None
+    policy: Policy = "translate"
 
 
 class Chunk(_Strict):

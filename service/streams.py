@@ -43,6 +43,7 @@ from service.limits import check_chunks, check_encodable
 from service.locale import ResolvedTarget, resolve_target
 from service.metrics import Metrics
 from service.schemas import (
+    Policy,
     SegmentResult,
     SegmentUpdate,
     Status,
@@ -102,6 +103,17 @@ def keep_whitespace(original: str, translated: str) -> str:
 
 def _reason(exc: BaseException) -> str:
     return exc.detail if isinstance(exc, BackendError) else type(exc).__name__
+
+
+def _served(tr: Translation) -> dict[str, Any]:
+    """The optional fields of a translated result: its model, and whether it was cached
+    (left out when unset, so that results without them stay as they were)."""
+    found: dict[str, Any] = {}
+    if tr.model is not None:
+        found["model"] = tr.model
+    if tr.cached:
+        found["cached"] = True
+    return found
 
 
 @dataclass(eq=False)
@@ -198,6 +210,8 @@ class Stream:
         chain: list[str],
         backend_name: str | None = None,
         source: str | None = None,
+        model: str | None = None,
+        policy: Policy = "translate",
         max_events: int | None = None,
         deferred: bool = False,
     ) -> None:
@@ -209,6 +223,8 @@ class Stream:
         self.chain = chain
         self.backend_name = backend_name
         self.source = source  # the request's own source language (one-shot only)
+        self.model = model  # the model it named for its chain's backends (None: theirs)
+        self.policy: Policy = policy
         self.segmenter = Segmenter(settings.max_segment_chars,
                                    max_fence_chars=settings.max_fence_chars)
         self.log = EventLog(stream_id, max_events, keep_results=deferred)
@@ -419,7 +435,8 @@ class Stream:
             if detection.reliable and detection.lang:
                 self.recent_lang = detection.lang
         decision = decide(prose, target=self.target, detection=detection,
-                          fallback_lang=self.recent_lang, source=self.source)
+                          fallback_lang=self.recent_lang, source=self.source,
+                          policy=self.policy)
         seg = _Segment(self.count, piece, decision, time.monotonic())
         self.count += 1
         self._waiting.append(seg)
@@ -468,7 +485,7 @@ class Stream:
         assert self.target is not None
         seg.task = self.manager.dispatcher.submit(
             seg.piece.text.strip(), seg.decision.send_source, self.target, self.chain,
-            seg.context)
+            seg.context, self.model)
         seg.task.add_done_callback(functools.partial(self._on_task_done, seg))
 
     def flush(self, *, final: bool = True) -> None:
@@ -563,9 +580,12 @@ class Stream:
         original = seg.piece.text
         status: Status
         text, backend, error, queued_ms = original, None, None, 0.0
+        found: dict[str, Any] = {}  # the fields left out unless set: error, model, cached
         task = seg.task
         if seg.decision.status is not None:
             status = seg.decision.status
+            if status == "hidden":
+                text = ""
         elif task is None or not task.done() or task.cancelled():
             # Not back yet: normally its deadline (an update follows); at shutdown, an error.
             status, error = unfinished, reason
@@ -575,11 +595,14 @@ class Stream:
             tr = task.result()
             status, backend, queued_ms = "translated", tr.backend, tr.queued_ms
             text = keep_whitespace(original, tr.text)
+            found.update(_served(tr))
+        if error is not None:
+            found["error"] = error
         result = SegmentResult(
             index=seg.index, original=original, text=text,
             source_lang=seg.decision.source_lang, target=self.target, status=status,
             backend=backend, queued_ms=round(queued_ms, 3), latency_ms=round(latency_ms, 3),
-            **({"error": error} if error is not None else {}),
+            **found,
         )
         self.manager.count(result)
         return result
@@ -600,7 +623,7 @@ class Stream:
         else:
             tr = task.result()
             update = SegmentUpdate(index=seg.index, text=keep_whitespace(original, tr.text),
-                                   status="translated", backend=tr.backend)
+                                   status="translated", backend=tr.backend, **_served(tr))
         self.log.publish(update)
         self._maybe_end()
 
@@ -792,24 +815,30 @@ class StreamManager:
 
     # -- one-shot ------------------------------------------------------------------------
 
-    def oneshot(self, target: ResolvedTarget, chain: list[str], source: str | None) -> Stream:
+    def oneshot(self, target: ResolvedTarget, chain: list[str], source: str | None, *,
+                model: str | None = None, policy: Policy | None = None) -> Stream:
         """An unnamed stream for one text of a one-shot request: fed once, then closed."""
-        return Stream("-", self, target=target, chain=chain, source=source, deferred=True)
+        return Stream("-", self, target=target, chain=chain, source=source, model=model,
+                      policy=policy or self.settings.policy, deferred=True)
 
     # -- named streams -----------------------------------------------------------------------
 
     def open(self, stream_id: str, target: str | None, backend: str | None,
-             user_text: str | None = None) -> tuple[Stream, bool]:
-        """Open a stream, or return the one already open with the same target."""
+             user_text: str | None = None, *, model: str | None = None,
+             policy: Policy | None = None) -> tuple[Stream, bool]:
+        """Open a stream, or return the one already open with the same choices."""
         if user_text is not None:
             check_encodable(user_text, "user_text")
         resolved = self.resolve(target, user_text)
+        policy = policy or self.settings.policy
         existing = self.streams.get(stream_id)
         if existing is not None:
-            if existing.target != resolved.target or existing.backend_name != backend:
+            if (existing.target, existing.backend_name, existing.model, existing.policy) != (
+                    resolved.target, backend, model, policy):
                 raise Conflict(
-                    f"stream {stream_id!r} is already open with target {existing.target!r} "
-                    f"and backend {existing.backend_name!r}"
+                    f"stream {stream_id!r} is already open with target {existing.target!r}, "
+                    f"backend {existing.backend_name!r}, model {existing.model!r} and policy "
+                    f"{existing.policy!r}; open it with the same, or use another stream id"
                 )
             existing.touch()
             return existing, False
@@ -824,6 +853,7 @@ class StreamManager:
             )
         chain = self.dispatcher.chain(backend)
         stream = Stream(stream_id, self, target=resolved, chain=chain, backend_name=backend,
+                        model=model, policy=policy,
                         max_events=self.settings.max_events_retained)
         self.streams[stream_id] = stream
         self._evicted.pop(stream_id, None)  # the id names this new stream now

@@ -168,6 +168,8 @@ def check_stream(events: list[dict[str, Any]], text: str) -> None:
     for s in segs:
         if s["status"] in ("deadline", "error", "same_language", "skipped", "no_target"):
             assert s["text"] == s["original"], s
+        if s["status"] == "hidden":
+            assert s["text"] == "" and s["backend"] is None, s
     # Each `deadline` segment gets exactly one update, after it; nothing else gets one.
     late: set[int] = set()
     for event in events:

@@ -16,6 +16,7 @@ class Call:
     source: str | None
     target: str
     contexts: list[str | None] | None = None
+    model: str | None = None
 
 
 @dataclass
@@ -37,6 +38,7 @@ class FakeTranslator(Translator):
     started: asyncio.Event = field(default_factory=asyncio.Event)
     check_output_language = False  # its answers are tagged originals, not translations
     uses_context: bool = False  # when True, the batcher passes each text's preceding text
+    models: tuple[str, ...] = ()  # models it takes by name (answers tagged with the model)
 
     def __post_init__(self) -> None:
         Translator.__init__(self)
@@ -48,10 +50,10 @@ class FakeTranslator(Translator):
 
     async def translate(
         self, texts: Sequence[str], *, source: str | None, target: str,
-        contexts: Sequence[str | None] | None = None,
+        contexts: Sequence[str | None] | None = None, model: str | None = None,
     ) -> list[str]:
         self.calls.append(Call(list(texts), source, target,
-                               None if contexts is None else list(contexts)))
+                               None if contexts is None else list(contexts), model))
         self.started.set()
         if self.gate is not None:
             await self.gate.wait()
@@ -62,4 +64,17 @@ class FakeTranslator(Translator):
             if isinstance(answer, BaseException):
                 raise answer
             return answer(texts, source, target)
-        return [f"<{target}>{t}" for t in texts]
+        tag = target if model is None else f"{target}|{model}"
+        return [f"<{tag}>{t}" for t in texts]
+
+    def model_problem(self, model: str | None) -> str | None:
+        if model is None or model in self.models:
+            return None
+        return f"{self.name} has no model {model!r}"
+
+    def resolve_model(self, model: str | None, source: str | None, target: str) -> str | None:
+        return model if model is not None else (self.models[0] if self.models else None)
+
+    def catalog(self) -> list[dict[str, object]]:
+        return [{"model": m, "languages": None, "default": i == 0, "notes": "fake"}
+                for i, m in enumerate(self.models)]

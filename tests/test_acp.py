@@ -17,6 +17,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from thinktrans_client.acp import (
     ThoughtTranslator,
+    advertise_locales,
     default_lane,
     locale_from_initialize,
     translate_messages,
@@ -38,6 +39,13 @@ SESSION = "sess_7f3c2a"
 def sidecar() -> Iterator[Server]:
     """Passthrough, no default locale."""
     with served() as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def allowed_sidecar() -> Iterator[Server]:
+    """Passthrough (any target) narrowed by THINKTRANS_ALLOWED_LOCALES."""
+    with served(THINKTRANS_ALLOWED_LOCALES="zh-CN,de") as server:
         yield server
 
 
@@ -307,6 +315,102 @@ async def test_sessions_do_not_wait_for_each_other(sidecar: Server) -> None:
     assert kinds[-2:] == ["response", ("B", "agent_message_chunk")]
     assert set(kinds[1:-2]) == {("A", "agent_thought_chunk")}
     assert thought_parts(sent, output=True) == ["Session A thinks about its plan."]
+
+
+# -- model and policy ----------------------------------------------------------------------
+
+
+async def test_stream_options_carry_model_and_policy(sidecar: Server, llm_sidecar: Server,
+                                                     fake_chat: FakeChat) -> None:
+    trace = load_trace()[:40]
+    out = await translate_all(llm_sidecar.url, trace, target="de",
+                              stream_options={"model": "acp-model"})
+    translated = [m for m in thinktrans_meta(out) if m["status"] == "translated"]
+    assert translated and {m["model"] for m in translated} == {"acp-model"}
+    assert {(r.json or {}).get("model") for r in fake_chat.chat_requests} == {"acp-model"}
+    # Hidden: the English thoughts go out empty, their originals kept in _meta.
+    out = await translate_all(sidecar.url, trace, stream_options={"policy": "hide"})
+    assert_order_kept(trace, out)
+    thoughts = [u for m in out if is_thought(m) and (u := update_of(m)) is not None]
+    assert thoughts and {u["_meta"]["thinktrans"]["status"] for u in thoughts} == {"hidden"}
+    assert all(u["content"]["text"] == "" and u["_meta"]["thinktrans"]["original"]
+               for u in thoughts)
+
+
+# -- the locales offered in the initialize answer ------------------------------------------
+
+INITIALIZE = {"jsonrpc": "2.0", "id": 0, "method": "initialize",
+              "params": {"protocolVersion": 1, "_meta": {"locale": "zh-CN"}}}
+ANSWER = {"jsonrpc": "2.0", "id": 0,
+          "result": {"protocolVersion": 1, "agentCapabilities": {"loadSession": True},
+                     "_meta": {"vendor": {"build": 7}, "thinktrans": {"v": 1}}}}
+
+
+def test_advertise_locales_is_pure() -> None:
+    result = copy.deepcopy(ANSWER["result"])
+    out = advertise_locales(result, ["zh-CN", "de"])
+    assert result == ANSWER["result"]  # the input is left as it was
+    assert out == {**result, "_meta": {"vendor": {"build": 7},
+                                       "thinktrans": {"v": 1, "locales": ["zh-CN", "de"]}}}
+    assert advertise_locales({"protocolVersion": 1}, ("en",)) == {
+        "protocolVersion": 1, "_meta": {"thinktrans": {"locales": ["en"]}}}
+    assert advertise_locales({"x": 1}, "de")["_meta"]["thinktrans"]["locales"] == ["de"]
+    # None (any target) adds nothing; a _meta that is not an object is not ours to repair.
+    assert advertise_locales(result, None) == result
+    assert advertise_locales(result, None) is not result
+    assert advertise_locales({"_meta": "x"}, ["de"]) == {"_meta": "x"}
+    assert advertise_locales({"_meta": {"thinktrans": 3}}, ["de"]) == {
+        "_meta": {"thinktrans": 3}}
+
+
+def session_messages() -> list[dict[str, Any]]:
+    return [copy.deepcopy(INITIALIZE), {"jsonrpc": "2.0", "id": 5, "result": {"other": 1}},
+            copy.deepcopy(ANSWER), thought("Let me look at "), thought("the parser first."),
+            other("tool_call", toolCallId="t1", title="Read", status="pending")]
+
+
+@pytest.mark.parametrize(("options", "expected"), [
+    ({}, ["zh-CN", "de"]),
+    ({"allowed": ("zh",)}, ["zh-CN"]),  # what the translator admits of the sidecar's
+    ({"target": "de"}, ["de"]),  # a fixed target: the client's locale is not used
+    ({"target": "ja"}, None),  # a target the sidecar refuses: nothing worth offering
+    ({"advertise_locales": False}, None),
+])
+async def test_initialize_answer_offers_the_sidecars_locales(
+        allowed_sidecar: Server, options: dict[str, Any], expected: list[str] | None) -> None:
+    messages = session_messages()
+    out = await translate_all(allowed_sidecar.url, messages, **options)
+    assert thought_parts(out, output=True) == thought_parts(messages, output=False)
+    rest = others(out)
+    answer = rest[2]
+    assert rest[:2] == messages[:2] and rest[3:] == others(messages)[3:]  # only it changed
+    if expected is None:
+        assert answer == ANSWER
+    else:
+        assert answer == {**ANSWER, "result": advertise_locales(ANSWER["result"], expected)}
+        assert answer["result"]["_meta"]["vendor"] == {"build": 7}
+
+
+async def test_any_target_adds_nothing(sidecar: Server) -> None:
+    out = await translate_all(sidecar.url, session_messages())
+    assert others(out)[2] == ANSWER  # passthrough takes any target
+
+
+@pytest.mark.parametrize("fault", ["down", "hung", "500"])
+async def test_initialize_answer_untouched_when_the_sidecar_does_not_say(
+        fault: str, caplog: pytest.LogCaptureFixture) -> None:
+    messages = session_messages()
+    started = asyncio.get_running_loop().time()
+    if fault == "down":
+        out = await translate_all(closed_port_url(), messages, timeout_s=0.3)
+    else:
+        async with RawServer(never_answer if fault == "hung" else answer_500) as url:
+            out = await translate_all(url, messages, timeout_s=0.3)
+    assert asyncio.get_running_loop().time() - started < 2.0  # bounded by timeout_s
+    assert others(out) == others(messages)
+    assert thought_parts(out, output=True) == thought_parts(messages, output=False)
+    [line] = [r.getMessage() for r in caplog.records if "without locales" in r.getMessage()]
+    assert "parser" not in line and "Let me" not in line
 
 
 # -- a sidecar that is down, hung or failing -----------------------------------------------

@@ -34,7 +34,9 @@ THINKING = (
     "Hmm, Zanzibar is not the cause. 我们再看看日志。 The cache key looks stale, "
     "so the fix is to bump it"
 )
-STATUSES = {"translated", "same_language", "skipped", "deadline", "error", "no_target"}
+STATUSES = {"translated", "same_language", "skipped", "deadline", "error", "no_target",
+            "hidden"}
+MIXED = "Let me check the parser. 我们再看看日志。 The cache key looks stale. 好的。"
 
 
 # -- sidecars ------------------------------------------------------------------------------
@@ -44,6 +46,13 @@ STATUSES = {"translated", "same_language", "skipped", "deadline", "error", "no_t
 def sidecar() -> Iterator[Server]:
     """Passthrough, no default locale: the target is whatever the client resolves."""
     with served() as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def allowed_sidecar() -> Iterator[Server]:
+    """Passthrough (any target) narrowed by THINKTRANS_ALLOWED_LOCALES."""
+    with served(THINKTRANS_ALLOWED_LOCALES="zh-CN,de") as server:
         yield server
 
 
@@ -271,6 +280,137 @@ async def test_translate_error_is_not_an_outage(sidecar: Server) -> None:
         assert client.available
         [good] = await client.translate(["Hello there."], target="zh-CN")
         assert good.segments[0].status == "translated"
+
+
+# -- model, policy and what the sidecar offers -------------------------------------------
+
+
+def test_segment_and_update_read_model_and_cached() -> None:
+    base = {"index": 2, "original": "Hi. ", "text": "你好。 ", "status": "translated",
+            "source_lang": "en", "target": "zh-CN", "backend": "llm", "queued_ms": 1.5,
+            "latency_ms": 20.0}
+    seg = TranslatedSegment.from_json({**base, "model": "fake-model", "cached": True})
+    assert (seg.model, seg.cached, seg.backend, seg.latency_ms) == ("fake-model", True, "llm",
+                                                                    20.0)
+    bare = TranslatedSegment.from_json(base)  # both absent when unset, as the server sends
+    assert (bare.model, bare.cached) == (None, False)
+    odd = TranslatedSegment.from_json({**base, "model": 7, "cached": "yes"})
+    assert (odd.model, odd.cached) == (None, False)  # only a true true is a cache hit
+    hidden = TranslatedSegment.from_json({**base, "status": "hidden", "text": ""})
+    assert (hidden.status, hidden.text, hidden.original) == ("hidden", "", "Hi. ")
+    update = SegmentUpdate.from_json({"index": 2, "text": "你好。", "status": "translated",
+                                      "backend": "llm", "model": "m", "cached": True})
+    assert (update.model, update.cached, update.error) == ("m", True, None)
+
+
+async def test_model_and_policy_are_sent_only_when_set(sidecar: Server) -> None:
+    transport = Scripted()
+    async with ThinktransClient(sidecar.url, transport=transport) as client:
+        plain = client.stream("t:plain", target="zh-CN")
+        plain_items = await run_stream(plain, [MIXED])
+        chosen = client.stream("t:chosen", target="zh-CN", model="m-1", policy="hide")
+        chosen_items = await run_stream(chosen, [MIXED])
+        [one] = await client.translate([MIXED], target="zh-CN", fallback=False)
+        [hid] = await client.translate([MIXED], target="zh-CN", policy="hide", model="m-2",
+                                       fallback=False)
+    opens = [transport.bodies[i] for i in transport.paths("POST", "/v1/streams")]
+    assert [sorted(body) for body in opens] == [
+        ["backend", "stream_id", "target", "user_text"],
+        ["backend", "model", "policy", "stream_id", "target", "user_text"]]
+    assert (opens[1]["model"], opens[1]["policy"]) == ("m-1", "hide")
+    posts = [transport.bodies[i] for i in transport.paths("POST", "/v1/translate")]
+    assert "model" not in posts[0] and "policy" not in posts[0]
+    assert (posts[1]["model"], posts[1]["policy"]) == ("m-2", "hide")
+    # What the server took: its answers to open, and the segments it hid.
+    assert (plain.model, plain.policy) == (None, "translate")
+    assert (chosen.model, chosen.policy) == ("m-1", "hide")
+    assert "hidden" not in {s.status for s in segments(plain_items)} | {
+        s.status for s in one.segments}
+    assert "hidden" in {s.status for s in segments(chosen_items)}
+    assert "hidden" in {s.status for s in hid.segments}
+
+
+async def test_hide_policy_on_a_mixed_stream(sidecar: Server) -> None:
+    async with ThinktransClient(sidecar.url) as client:
+        stream = client.stream("t:hide", target="zh-CN", policy="hide")
+        items = await run_stream(stream, deltas(MIXED), pause_s=0.001)
+        await stream.aclose()
+    segs = assert_complete(items, MIXED)
+    assert stream.failure is None
+    assert [(s.status, s.text) for s in segs] == [
+        ("hidden", ""), ("same_language", "我们再看看日志。 "), ("hidden", ""),
+        ("same_language", "好的。")]
+    assert [s.source_lang for s in segs if s.status == "hidden"] == ["en", "en"]
+
+
+async def test_hide_falls_back_to_the_originals_shown() -> None:
+    """A failing sidecar under hide shows the thinking: hiding it all would lose it."""
+    async with ThinktransClient(closed_port_url()) as client:
+        stream = client.stream("t:hide-down", target="zh-CN", policy="hide")
+        items = await run_stream(stream, deltas(MIXED))
+        [one] = await client.translate([MIXED], target="zh-CN", policy="hide")
+    segs = assert_complete(items, MIXED)
+    assert {s.status for s in segs} == {"error"} and all(s.text == s.original for s in segs)
+    assert one.text == MIXED and [s.status for s in one.segments] == ["error"]
+
+
+async def test_a_named_model_reaches_the_backend(llm_sidecar: Server, fake_chat: FakeChat
+                                                 ) -> None:
+    text = "The named model answers this sentence. "
+    async with ThinktransClient(llm_sidecar.url) as client:
+        stream = client.stream("t:model", target="zh-CN", model="other-model")
+        items = await run_stream(stream, [text])
+        [again] = await client.translate([text], target="zh-CN", model="other-model",
+                                         fallback=False)
+    [seg] = segments(items)
+    assert (seg.status, seg.model, seg.cached) == ("translated", "other-model", False)
+    assert {(r.json or {}).get("model") for r in fake_chat.chat_requests} == {"other-model"}
+    # The same text for the same model again: the sidecar's cache answers, and says so.
+    assert [(s.model, s.cached) for s in again.segments] == [("other-model", True)]
+
+
+async def test_supported_targets_and_models(sidecar: Server, allowed_sidecar: Server,
+                                            llm_sidecar: Server) -> None:
+    async with ThinktransClient(allowed_sidecar.url) as client:
+        languages = await client.languages()
+        assert await client.supported_targets() == ["zh-CN", "de"] == languages["targets"]
+        assert languages["allowed_locales"] == ["zh-CN", "de"]
+        assert languages["backends"]["passthrough"]["ready"] is True
+    async with ThinktransClient(sidecar.url) as client:
+        assert await client.supported_targets() is None  # passthrough takes any target
+    async with ThinktransClient(llm_sidecar.url) as client:
+        models = await client.models()
+    served_list = httpx.get(f"{llm_sidecar.url}/v1/models").json()["models"]
+    assert models == served_list
+    assert {"backend": "llm", "model": "fake-model", "default": True}.items() <= next(
+        m for m in models if m["model"] == "fake-model").items()
+
+
+async def test_offers_raise_when_the_sidecar_does_not_say() -> None:
+    async with ThinktransClient(closed_port_url(), cooloff_s=0) as client:
+        for call in (client.languages, client.supported_targets, client.models):
+            with pytest.raises(SidecarError, match="unreachable"):
+                await call()
+
+    def older(request: httpx.Request) -> httpx.Response:  # /v1/languages before `targets`
+        return httpx.Response(200, json={"default_target": None, "allowed_locales": None,
+                                         "backends": {}, "models": "none"})
+
+    async with ThinktransClient("http://sidecar", transport=httpx.MockTransport(older)
+                                ) as client:
+        with pytest.raises(SidecarError, match="no targets"):
+            await client.supported_targets()
+        with pytest.raises(SidecarError, match="malformed"):
+            await client.models()
+
+
+async def test_bad_model_or_policy_is_the_callers_bug() -> None:
+    async with ThinktransClient(closed_port_url()) as client:
+        for kwargs in ({"policy": "drop"}, {"model": ""}):
+            with pytest.raises(ValueError):
+                client.stream("t:bad", target="de", **kwargs)
+            with pytest.raises(ValueError):
+                await client.translate(["Hi."], target="de", **kwargs)
 
 
 # -- streams against real sidecars ---------------------------------------------------------

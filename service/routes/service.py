@@ -1,4 +1,4 @@
-"""What this instance offers: languages, limits and backends."""
+"""What this instance offers: languages, models, limits and backends."""
 
 from __future__ import annotations
 
@@ -16,6 +16,12 @@ router = APIRouter(prefix="/v1", responses=problem_responses(401))
 async def languages(runtime: RuntimeDep) -> dict[str, Any]:
     """Supported targets per backend, the default target and the allowed ones."""
     return runtime.languages()
+
+
+@router.get("/models")
+async def models(runtime: RuntimeDep) -> dict[str, Any]:
+    """The advisory catalog: the models each backend can serve (a request may name any)."""
+    return runtime.models()
 
 
 @router.get("/limits")

@@ -97,10 +97,12 @@ router.add_api_route(
 @router.post("/streams", response_model=OpenStreamResponse, status_code=201,
              responses=problem_responses(409, 429, 503))
 async def open_stream(body: OpenStreamRequest, streams: StreamsDep) -> JSONResponse:
-    """Open a stream; opening it again with the same target is a no-op (200)."""
-    stream, created = streams.open(body.stream_id, body.target, body.backend, body.user_text)
+    """Open a stream; opening it again with the same choices is a no-op (200)."""
+    stream, created = streams.open(body.stream_id, body.target, body.backend, body.user_text,
+                                   model=body.model, policy=body.policy)
     answer = OpenStreamResponse(stream_id=stream.stream_id, target=stream.target,
-                                target_source=stream.target_source)
+                                target_source=stream.target_source, model=stream.model,
+                                policy=stream.policy)
     return JSONResponse(answer.model_dump(), status_code=201 if created else 200)
 
 

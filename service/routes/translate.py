@@ -22,7 +22,8 @@ router = APIRouter(prefix="/v1", responses=problem_responses(401, 408, 413, 415,
 async def translate(body: TranslateRequest, runtime: RuntimeDep) -> Response:
     """Translate whole texts; segments not in the target language go to the backend."""
     results = await runtime.translate(body.texts, target=body.target, source=body.source,
-                                      backend=body.backend)
+                                      backend=body.backend, model=body.model,
+                                      policy=body.policy)
     # Serialised here: the results are built as the response model already, and FastAPI
     # would validate them again on the way out.
     answer = TranslateResponse(results=results).model_dump_json(exclude_defaults=True)

@@ -69,6 +69,7 @@ class BenchReport:
     segments: int = 0
     statuses: dict[str, int] = field(default_factory=dict)
     updates: int = 0
+    cached: int = 0  # segments served from the server's translation cache
     errors: list[str] = field(default_factory=list)
     violations: list[str] = field(default_factory=list)
     wall_s: float = 0.0
@@ -91,6 +92,9 @@ class BenchReport:
             "statuses": dict(sorted(self.statuses.items())),
             "deadline_misses": self.statuses.get("deadline", 0),
             "updates": self.updates,
+            # The corpus is sent over and over: past its first round, a server with its
+            # translation cache on serves it from memory (THINKTRANS_CACHE_MB=0 turns it off).
+            "cached": self.cached,
             "errors": len(self.errors),
             "violations": len(self.violations),
             "server_cpu_s": None if self.server_cpu_s is None else round(self.server_cpu_s, 2),
@@ -261,6 +265,8 @@ class _Run:
         report.segments += 1
         status = data["status"]
         report.statuses[status] = report.statuses.get(status, 0) + 1
+        if data.get("cached"):
+            report.cached += 1
         if data.get("backend") is not None or status in ("deadline", "error"):
             report.ready_to_emit_ms.append(float(data["latency_ms"]))
 

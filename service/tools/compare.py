@@ -243,6 +243,8 @@ def settings_for(base: Settings, chain: list[str], deadline_ms: float) -> Settin
             "backend": list(chain),
             "extra_backends": [],  # build nothing that is not compared
             "deadline_ms": deadline_ms,
+            "cache_mb": 0,  # measure the backend, not the translation cache
+            "cache_path": None,
             # A batch on a CPU model may take longer than a service would allow.
             "backend_timeout_s": max(base.backend_timeout_s, deadline_ms / 1000.0),
         }
