@@ -2,19 +2,23 @@
 
 ``ThinktransClient`` talks to a thinktrans sidecar over its HTTP API: one-shot
 ``translate``, and ``stream`` for thinking that arrives as deltas, with a fallback to the
-originals whenever the sidecar is down, slow or failing. ``ThoughtTranslator`` and
-``translate_messages`` translate ACP ``agent_thought_chunk`` updates in place.
+originals whenever the sidecar is down, slow or failing, and what the sidecar offers
+(``supported_targets``, ``models``). ``ThoughtTranslator`` and ``translate_messages``
+translate ACP ``agent_thought_chunk`` updates in place; ``advertise_locales`` tells an ACP
+client, in the ``initialize`` answer, which locales it may ask for.
 """
 
 from __future__ import annotations
 
 from thinktrans_client.acp import (
     ThoughtTranslator,
+    advertise_locales,
     default_lane,
     locale_from_initialize,
     translate_messages,
 )
 from thinktrans_client.client import (
+    Policy,
     SegmentUpdate,
     SidecarError,
     StreamItem,
@@ -28,6 +32,7 @@ from thinktrans_client.locale import InvalidLocale
 
 __all__ = [
     "InvalidLocale",
+    "Policy",
     "SegmentUpdate",
     "SidecarError",
     "StreamItem",
@@ -36,6 +41,7 @@ __all__ = [
     "ThoughtTranslator",
     "TranslatedSegment",
     "TranslatedText",
+    "advertise_locales",
     "default_lane",
     "locale_from_initialize",
     "safe_stream_id",

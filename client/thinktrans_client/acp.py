@@ -8,7 +8,8 @@ admitted by ``allowed``; it never raises. The sidecar stays the authority on tar
 updates of one session (and one sub-agent) go, as deltas, through one thinktrans stream;
 what comes back goes out as ``agent_thought_chunk`` updates whose text is the translation,
 with ``_meta.thinktrans`` = ``{"original", "status", "source_lang", "target", "backend"}``
-(and ``error`` when there was one). Every other message passes through unchanged, in order:
+(and ``error``, ``model``, ``"cached": true`` when the segment has them). Every other
+message passes through unchanged, in order, but for the ``initialize`` answer (below):
 
 - any other ``session/update`` of a session (a tool call, a message chunk, a plan...)
   first closes that session's open thought streams, and goes out after all they emit;
@@ -16,6 +17,21 @@ with ``_meta.thinktrans`` = ``{"original", "status", "source_lang", "target", "b
   session;
 - sessions do not wait for one another, and sub-agent thoughts (an update whose ``_meta``
   names a sub-agent or a parent tool call, see ``default_lane``) keep streams of their own.
+
+The client is told which locales it may ask for: when the translator has seen the
+client's ``initialize`` request, the agent's answer to it (same JSON-RPC ``id``, a
+``result``) goes out with ``_meta.thinktrans.locales`` (``advertise_locales``), the
+sidecar's ``supported_targets()`` within ``allowed`` (a fixed ``target``: that one alone).
+The answer is held in its place until the sidecar says, within the client's
+``timeout_s``; if it does not (down, failing, an older sidecar), or serves no target now,
+the answer goes out unchanged and one line is logged. None (any target) adds nothing.
+``ThoughtTranslator(..., advertise_locales=False)`` turns it off.
+
+The sidecar's choices travel in ``stream_options``, given to every stream:
+``ThoughtTranslator(client, send, stream_options={"model": "...", "policy": "hide"})``.
+Under ``policy: hide`` a foreign segment goes out as a chunk with empty ``text``, its
+original in ``_meta.thinktrans.original`` (status ``hidden``), so the originals still join
+back to the agent's thinking; a failing sidecar shows the thoughts (status ``error``).
 
 The target is, first that applies: ``target`` given to the translator; the client's
 locale from ``initialize``; none, in which case the service detects the language of the
@@ -38,12 +54,21 @@ import logging
 import re
 import secrets
 from collections import deque
-from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from collections.abc import (
+    AsyncIterable,
+    AsyncIterator,
+    Awaitable,
+    Callable,
+    Coroutine,
+    Mapping,
+    Sequence,
+)
 from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any
 
 from thinktrans_client.client import (
+    SidecarError,
     ThinkingStream,
     ThinktransClient,
     TranslatedSegment,
@@ -53,6 +78,7 @@ from thinktrans_client.locale import InvalidLocale, canonicalize, is_allowed
 
 __all__ = [
     "ThoughtTranslator",
+    "advertise_locales",
     "default_lane",
     "locale_from_initialize",
     "translate_messages",
@@ -64,6 +90,7 @@ Send = Callable[[Any], Awaitable[None]]
 Lane = Callable[[Mapping[str, Any]], str]
 
 THOUGHT = "agent_thought_chunk"
+_NO_ID: Any = object()  # no initialize request awaits its answer
 MAX_USER_TEXT_CHARS = 2000  # enough to detect a language; the service takes up to 100k
 
 
@@ -99,6 +126,28 @@ def locale_from_initialize(
     if raw is not None:
         log.info("client locale not usable (malformed or not allowed); using the fallback")
     return _usable_locale(default, allowed)
+
+
+def advertise_locales(result: Mapping[str, Any], locales: Sequence[str] | None
+                      ) -> dict[str, Any]:
+    """A copy of an ``initialize`` result with ``_meta.thinktrans.locales`` = ``locales``.
+
+    The locales a client may send in ``_meta.locale`` and get thoughts in. Other ``_meta``
+    keys stay; ``result`` is not modified. ``locales`` None (any target) writes nothing:
+    absent already means "no restriction" to a client, which must handle agents without
+    thinktrans anyway, and a null would be a third case for every client to learn. A
+    ``_meta`` (or ``_meta.thinktrans``) that is not an object is left as it is, unchanged.
+    """
+    out = dict(result)
+    if locales is None:
+        return out
+    meta = result.get("_meta", {})
+    ours = meta.get("thinktrans", {}) if isinstance(meta, Mapping) else None
+    if not isinstance(meta, Mapping) or not isinstance(ours, Mapping):
+        return out  # not ours to repair: what the agent wrote goes out as it wrote it
+    listed = [locales] if isinstance(locales, str) else list(locales)
+    out["_meta"] = {**meta, "thinktrans": {**ours, "locales": listed}}
+    return out
 
 
 # -- lanes ---------------------------------------------------------------------------------
@@ -199,6 +248,12 @@ class _Slot:
     message: Any = None
     thoughts: _Thoughts | None = None
     done: bool = False
+    held: bool = False  # the message is not final yet (an initialize answer being completed)
+
+
+def _same_id(a: object, b: object) -> bool:
+    """JSON-RPC ids are numbers or strings: ``1``, ``"1"`` and ``true`` are three ids."""
+    return type(a) is type(b) and a == b
 
 
 class ThoughtTranslator:
@@ -206,7 +261,9 @@ class ThoughtTranslator:
 
     ``feed`` never waits on the network; ``send`` is called from a task of the translator,
     one message at a time. Call ``drain`` when a turn ends (thoughts still open are flushed)
-    and ``aclose`` at the end. ``stream_options`` go to ``ThinktransClient.stream``.
+    and ``aclose`` at the end. ``stream_options`` go to ``ThinktransClient.stream``
+    (``model``, ``policy``, ``backend``, ``flush_interval_s``...). ``advertise_locales``:
+    add the locales thoughts can be translated into to the agent's ``initialize`` answer.
     """
 
     def __init__(
@@ -218,6 +275,7 @@ class ThoughtTranslator:
         allowed: Sequence[str] = (),
         lane: Lane = default_lane,
         stream_options: Mapping[str, Any] | None = None,
+        advertise_locales: bool = True,
     ) -> None:
         self.client = client
         allowed = (allowed,) if isinstance(allowed, str) else tuple(allowed)
@@ -234,6 +292,8 @@ class ThoughtTranslator:
         self._allowed = allowed
         self._lane = lane
         self._stream_options = dict(stream_options or {})
+        self.advertise_locales = advertise_locales
+        self._initialize_id: Any = _NO_ID
         self._nonce = secrets.token_hex(3)
         self._count = 0
         self._open: dict[tuple[str, str], _Thoughts] = {}
@@ -244,7 +304,7 @@ class ThoughtTranslator:
         self._idle.set()
         self._closing = False
         self._emitter: asyncio.Task[None] | None = None
-        self._readers: set[asyncio.Task[None]] = set()
+        self._tasks: set[asyncio.Task[None]] = set()  # readers, and the locales look-up
 
     async def __aenter__(self) -> ThoughtTranslator:
         return self
@@ -274,12 +334,20 @@ class ThoughtTranslator:
         if isinstance(message, Mapping) and message.get("method") == "initialize":
             self.client_locale = locale_from_initialize(message.get("params"),
                                                         allowed=self._allowed)
+            if self.advertise_locales and "id" in message:
+                self._initialize_id = message["id"]
         prompt = _prompt_text(message)
         if prompt is not None:
             self._user_text[prompt[0]] = prompt[1]
         scope = _session_of(message)
         await self.flush(scope)
-        self._append(_Slot(scope, message=message))
+        slot = _Slot(scope, message=message)
+        if self._answers_initialize(message):
+            # Held in its place (and everything after it) until the look-up ends, which
+            # the client bounds by its timeout_s: feed itself never waits on the network.
+            slot.held = True
+            self._spawn(self._advertise_into(slot), "thinktrans-acp:locales")
+        self._append(slot)
 
     async def flush(self, session: str | None = None) -> None:
         """Close the open thought streams of ``session`` (of every session when None)."""
@@ -303,10 +371,10 @@ class ThoughtTranslator:
             if self._emitter is not None:
                 await self._emitter
         finally:
-            if self._readers:  # only releasing their server streams by now
-                await asyncio.wait(set(self._readers), timeout=self.client.timeout_s * 2)
-            for reader in self._readers:
-                reader.cancel()
+            if self._tasks:  # readers releasing their server streams (the look-up has ended)
+                await asyncio.wait(set(self._tasks), timeout=self.client.timeout_s * 2)
+            for task in self._tasks:
+                task.cancel()
 
     # -- thinking parts ----------------------------------------------------------------------
 
@@ -317,11 +385,13 @@ class ThoughtTranslator:
             user_text=None if target else self._user_text.get(session), **self._stream_options)
         self._count += 1
         thoughts = _Thoughts(stream, message)
-        reader = asyncio.create_task(self._read(thoughts),
-                                     name=f"thinktrans-acp:{stream.stream_id}")
-        self._readers.add(reader)
-        reader.add_done_callback(self._readers.discard)
+        self._spawn(self._read(thoughts), f"thinktrans-acp:{stream.stream_id}")
         return thoughts
+
+    def _spawn(self, coro: Coroutine[Any, Any, None], name: str) -> None:
+        task = asyncio.create_task(coro, name=name)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
 
     async def _read(self, thoughts: _Thoughts) -> None:
         try:
@@ -334,6 +404,49 @@ class ThoughtTranslator:
             self._wake.set()
             await thoughts.stream.aclose()
 
+    # -- the initialize answer ---------------------------------------------------------------
+
+    def _answers_initialize(self, message: Any) -> bool:
+        """Whether ``message`` is the successful answer to the ``initialize`` seen earlier."""
+        if (self._initialize_id is _NO_ID or not isinstance(message, Mapping)
+                or "method" in message or not _same_id(message.get("id"), self._initialize_id)):
+            return False
+        self._initialize_id = _NO_ID  # answered (or refused): later ids may be reused
+        return isinstance(message.get("result"), Mapping)
+
+    async def _advertise_into(self, slot: _Slot) -> None:
+        """Add the locales to the held answer; on any failure it goes out unchanged."""
+        try:
+            offered = await self._locales_to_offer()
+            if offered == []:
+                # Often backends still loading at start-up: "none" would stick for the session.
+                log.warning("initialize answer passed on without locales: the sidecar "
+                            "serves no target the translator admits, now")
+            else:
+                result = advertise_locales(slot.message["result"], offered)
+                slot.message = {**slot.message, "result": result}
+        except SidecarError as exc:
+            log.warning("initialize answer passed on without locales: %s", exc.reason)
+        except Exception:  # a bug here must not cost the client the agent's answer
+            log.exception("initialize answer passed on without locales")
+        finally:
+            slot.held = False
+            self._wake.set()
+
+    async def _locales_to_offer(self) -> list[str] | None:
+        """The locales worth a client's asking: the sidecar's targets now, within ``allowed``;
+        with a fixed ``target``, that one alone (the client's locale is not used then).
+        None: any. SidecarError when the sidecar does not say."""
+        targets = await self.client.supported_targets()
+        if targets is None:  # the sidecar takes any target; the translator may not
+            offered = [self.target] if self.target is not None else [
+                tag for entry in self._allowed if (tag := _usable_locale(entry, ())) is not None]
+            return offered or None
+        if self.target is not None:
+            # ``allowed`` semantics on the sidecar's list: its ``zh`` serves a ``zh-CN``.
+            return [self.target] if targets and _usable_locale(self.target, targets) else []
+        return [tag for tag in targets if _usable_locale(tag, self._allowed) is not None]
+
     @staticmethod
     def _chunk(template: Mapping[str, Any], seg: TranslatedSegment) -> dict[str, Any]:
         """An ``agent_thought_chunk`` like ``template`` carrying one segment."""
@@ -345,6 +458,10 @@ class ThoughtTranslator:
                                 "backend": seg.backend}
         if seg.error is not None:
             info["error"] = seg.error
+        if seg.model is not None:
+            info["model"] = seg.model
+        if seg.cached:
+            info["cached"] = True
         meta = update.get("_meta")
         update["_meta"] = {**(meta if isinstance(meta, Mapping) else {}), "thinktrans": info}
         params["update"] = update
@@ -393,6 +510,8 @@ class ThoughtTranslator:
     async def _emit_slot(self, slot: _Slot) -> None:
         thoughts = slot.thoughts
         if thoughts is None:
+            if slot.held:
+                return
             await self._send(slot.message)
             slot.done = True
             return

@@ -20,6 +20,13 @@ sidecar only through the HTTP contract (API.md).
                 replace(item.index, item.text)  # segment that went out as `deadline`
         await stream.aclose()
 
+Choosing. ``translate`` and ``stream`` take ``model`` (a model for the backends to use;
+``models()`` lists the sidecar's catalog, which is advice: a name not listed is tried) and
+``policy`` (``"hide"``: segments not in the target language come back ``hidden``, with
+empty text and the original kept). Each is sent only when set, so a sidecar that predates
+them keeps serving everyone else. ``supported_targets()`` says which targets the sidecar
+can translate into now (None: any), for a client to offer only those.
+
 Sending. ``push`` only appends to a buffer; a background task posts the buffer as one
 chunk every ``flush_interval_s`` (or sooner once ``flush_chars`` are waiting). Each chunk
 gets the next seq when it is formed and never changes after, so a retry re-posts the same
@@ -47,6 +54,11 @@ later push the same way. So, whatever happens, the ``original`` fields of everyt
 ``results`` yields, joined, equal the pushed deltas, joined. After a failure of the
 sidecar itself (not a 4xx), new streams and translations skip it for ``cooloff_s``.
 
+The fallback is the same under ``policy="hide"``: the originals, shown, as ``error``. Only
+the sidecar can tell which segments are foreign; hiding all the text instead would turn a
+failing sidecar into thinking that silently disappears, which no user could tell apart
+from an agent that did not think.
+
 What streams use of the client, all public: ``request`` (one call within the budget),
 ``note_failure`` (starts the skip), ``release_stream`` (a background DELETE that
 ``aclose`` waits for) and the budgets ``timeout_s``, ``stall_s`` and ``poll_wait_s``.
@@ -65,11 +77,12 @@ from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar, get_args
 
 import httpx
 
 __all__ = [
+    "Policy",
     "SegmentUpdate",
     "SidecarError",
     "StreamItem",
@@ -92,6 +105,11 @@ MAX_CHUNK_CHARS = 8192
 MAX_CHUNKS_PER_POST = 256
 MAX_CHARS_PER_POST = 65536
 
+# What becomes of segments not in the target language (API.md): translated, or hidden
+# (status ``hidden``, empty text). None leaves it to the server's THINKTRANS_POLICY.
+Policy = Literal["translate", "hide"]
+POLICIES: tuple[str, ...] = get_args(Policy)
+
 
 # -- results -------------------------------------------------------------------------------
 
@@ -103,13 +121,17 @@ class TranslatedSegment:
     index: int
     original: str
     text: str
-    status: str  # translated, same_language, skipped, deadline, error, no_target
+    # translated, same_language, skipped, deadline, error, no_target, or hidden (the
+    # stream asked ``policy="hide"``: ``text`` is empty, ``original`` still holds the text)
+    status: str
     source_lang: str | None = None
     target: str | None = None
     backend: str | None = None
     error: str | None = None
     queued_ms: float = 0.0
     latency_ms: float = 0.0
+    model: str | None = None  # the model that translated it, where the backend has one
+    cached: bool = False  # True: it came from the sidecar's translation cache
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> TranslatedSegment:
@@ -119,6 +141,7 @@ class TranslatedSegment:
             target=data.get("target"), backend=data.get("backend"), error=data.get("error"),
             queued_ms=float(data.get("queued_ms") or 0.0),
             latency_ms=float(data.get("latency_ms") or 0.0),
+            model=_optional_str(data.get("model")), cached=data.get("cached") is True,
         )
 
 
@@ -131,6 +154,16 @@ class SegmentUpdate:
     status: str  # translated, or error when the late translation failed
     backend: str | None = None
     error: str | None = None
+    model: str | None = None
+    cached: bool = False
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> SegmentUpdate:
+        return cls(
+            index=int(data["index"]), text=str(data["text"]), status=str(data["status"]),
+            backend=data.get("backend"), error=data.get("error"),
+            model=_optional_str(data.get("model")), cached=data.get("cached") is True,
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -190,6 +223,26 @@ def safe_stream_id(*parts: str) -> str:
             clean = f"{clean[: room - len(digest) - 1]}.{digest}"
         out.append(clean)
     return ":".join(out)[:128]
+
+
+def _optional_str(value: object) -> str | None:
+    """A field that is a string or absent; None for anything else (an answer is not trusted)."""
+    return value if isinstance(value, str) else None
+
+
+def _choices(model: str | None, policy: str | None) -> dict[str, str]:
+    """The request fields for ``model`` and ``policy``, only those set.
+
+    Left out when unset, not sent as null: a sidecar that predates them refuses a body with
+    fields it does not know (422), and would then serve nobody who did not ask for them.
+    """
+    if model is not None and (not isinstance(model, str) or not model):
+        raise ValueError("model must be a non-empty string, or None for the backend's own")
+    if policy is not None and policy not in POLICIES:
+        raise ValueError(f"policy must be one of {', '.join(POLICIES)}, or None for the "
+                         "server's THINKTRANS_POLICY")
+    fields = {"model": model, "policy": policy}
+    return {name: value for name, value in fields.items() if value is not None}
 
 
 def _retry_after(response: httpx.Response) -> float | None:
@@ -341,17 +394,30 @@ class ThinktransClient:
         target: str | None = None,
         source: str | None = None,
         backend: str | None = None,
+        model: str | None = None,
+        policy: Policy | None = None,
         fallback: bool = True,
     ) -> list[TranslatedText]:
-        """Translate whole texts; on failure, the originals (status ``error``) if ``fallback``."""
+        """Translate whole texts; on failure, the originals (status ``error``) if ``fallback``.
+
+        ``model``: a model for the backends to use (``models()`` lists what they offer; a
+        name not listed is tried too); ``policy``: ``"hide"`` answers segments not in the
+        target language with status ``hidden`` and empty text. Both are sent only when set.
+
+        The fallback is the same under ``policy="hide"``: the originals, shown, with status
+        ``error``. Only the sidecar knows which segments are foreign, and hiding everything
+        instead would make a failing sidecar silently swallow the agent's thinking.
+        """
         texts = list(texts)
         if not texts:
             return []
+        choices = _choices(model, policy)
         try:
             if not self.available:
                 raise _Skipped()
             body = await self.request("POST", "/v1/translate", json={
-                "target": target, "source": source, "backend": backend, "texts": texts})
+                "target": target, "source": source, "backend": backend, **choices,
+                "texts": texts})
             try:
                 results = [
                     TranslatedText(str(r["text"]),
@@ -373,6 +439,58 @@ class ThinktransClient:
             return [TranslatedText(t, (TranslatedSegment(0, t, t, "error", target=target,
                                                          error=reason),)) for t in texts]
 
+    # -- what the sidecar offers --------------------------------------------------------------
+
+    async def languages(self) -> dict[str, Any]:
+        """``GET /v1/languages`` as the sidecar answers it; SidecarError when it does not.
+
+        ``{"default_target", "allowed_locales", "targets", "backends"}``: see
+        ``supported_targets`` for ``targets``; ``backends`` gives each backend's readiness,
+        targets and models.
+        """
+        data = await self._info("/v1/languages")
+        if not isinstance(data, dict):
+            raise SidecarError("malformed answer to languages")
+        return data
+
+    async def supported_targets(self) -> list[str] | None:
+        """The targets the sidecar's default chain can translate into now; None: any.
+
+        Raises SidecarError when the sidecar does not say (down, failing, or older than
+        ``targets``): callers decide what to offer then, as "any" would not be known.
+        """
+        data = await self.languages()
+        if "targets" not in data:
+            raise SidecarError("the answer to languages has no targets (an older sidecar)")
+        targets = data["targets"]
+        if targets is None:
+            return None
+        if not isinstance(targets, list) or not all(isinstance(t, str) for t in targets):
+            raise SidecarError("malformed targets in the answer to languages")
+        return list(targets)
+
+    async def models(self) -> list[dict[str, Any]]:
+        """``GET /v1/models``: ``{"backend", "model", "languages", "default", "notes"}`` each.
+
+        Advice, not a whitelist: ``translate`` and ``stream`` may name a model not listed.
+        Raises SidecarError when the sidecar does not answer.
+        """
+        data = await self._info("/v1/models")
+        models = data.get("models") if isinstance(data, dict) else None
+        if not isinstance(models, list) or not all(isinstance(m, dict) for m in models):
+            raise SidecarError("malformed answer to models")
+        return models
+
+    async def _info(self, path: str) -> Any:
+        """A GET of what the sidecar offers, honouring and starting the cool-off as others do."""
+        try:
+            if not self.available:
+                raise _Skipped()
+            return await self.request("GET", path)
+        except SidecarError as exc:
+            self.note_failure(exc)
+            raise
+
     # -- streams -----------------------------------------------------------------------------
 
     def stream(
@@ -382,18 +500,25 @@ class ThinktransClient:
         target: str | None = None,
         user_text: str | None = None,
         backend: str | None = None,
+        model: str | None = None,
+        policy: Policy | None = None,
         flush_interval_s: float = 0.05,
         flush_chars: int = 256,
     ) -> ThinkingStream:
-        """A stream for one thinking part; nothing goes over the network before its first push."""
+        """A stream for one thinking part; nothing goes over the network before its first push.
+
+        ``model`` and ``policy`` as in ``translate``, sent when the stream opens, only when
+        set; the fallback under ``policy="hide"`` shows the originals too (status ``error``).
+        """
         if not STREAM_ID.match(stream_id):
             raise ValueError(f"stream_id must be 1-128 of A-Za-z0-9._:- (see safe_stream_id), "
                              f"got {len(stream_id)} characters that are not")
         if flush_interval_s < 0 or flush_chars < 1:
             raise ValueError("flush_interval_s must be >= 0 and flush_chars >= 1")
+        _choices(model, policy)  # a bad value is the caller's bug: say so now, not in a log
         return ThinkingStream(self, stream_id, target=target, user_text=user_text,
-                              backend=backend, flush_interval_s=flush_interval_s,
-                              flush_chars=flush_chars)
+                              backend=backend, model=model, policy=policy,
+                              flush_interval_s=flush_interval_s, flush_chars=flush_chars)
 
 
 # -- streams -------------------------------------------------------------------------------
@@ -452,11 +577,15 @@ class ThinkingStream:
 
     def __init__(self, client: ThinktransClient, stream_id: str, *, target: str | None,
                  user_text: str | None, backend: str | None, flush_interval_s: float,
-                 flush_chars: int) -> None:
+                 flush_chars: int, model: str | None = None,
+                 policy: Policy | None = None) -> None:
         self.client = client
         self.stream_id = stream_id
         self.target = target  # as asked; the resolved one once the stream is open
         self.target_source: str | None = None
+        # As asked; once open, as the sidecar answers (its policy when none was asked).
+        self.model = model
+        self.policy: str | None = policy
         self.failure: str | None = None  # why the stream fell back to the originals
         self._user_text = user_text
         self._backend = backend
@@ -614,12 +743,17 @@ class ThinkingStream:
 
     async def _open(self) -> None:
         body = {"stream_id": self.stream_id, "target": self.target, "backend": self._backend,
-                "user_text": self._user_text}
+                **_choices(self.model, self.policy), "user_text": self._user_text}
         data = await self._retrying(
             lambda: self.client.request("POST", "/v1/streams", json=body), time.monotonic())
         try:
             self.target = data["target"]
             self.target_source = data["target_source"]
+            # A sidecar that predates model and policy does not answer them: keep what was asked.
+            if "model" in data:
+                self.model = _optional_str(data["model"])
+            if isinstance(data.get("policy"), str):
+                self.policy = data["policy"]
         except (KeyError, TypeError):
             raise SidecarError("malformed answer to open") from None
         self._opened.set()
@@ -782,8 +916,7 @@ class ThinkingStream:
             if kind == "segment":
                 item: StreamItem | None = TranslatedSegment.from_json(data)
             elif kind == "update":
-                item = SegmentUpdate(int(data["index"]), str(data["text"]), str(data["status"]),
-                                     data.get("backend"), data.get("error"))
+                item = SegmentUpdate.from_json(data)
             else:
                 item = None
         except (KeyError, TypeError, ValueError):
