@@ -128,8 +128,9 @@ class Translator(ABC):
         ``{"model", "languages" (BCP 47 targets or None: any), "default", "notes"}``."""
         return []
 
-    def supports(self, source: str | None, target: str) -> bool:
-        """Whether this backend can serve the pair; the default: every pair."""
+    def supports(self, source: str | None, target: str, model: str | None = None) -> bool:
+        """Whether this backend can serve the pair (with ``model`` when one is named; it
+        comes only then); the default: every pair."""
         return True
 
     def languages(self) -> list[str] | None:

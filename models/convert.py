@@ -91,17 +91,22 @@ class _Source:
     fingerprint: str
 
 
+def directory_fingerprint(path: Path) -> str:
+    """A checkpoint directory's version: its path and its files' names, sizes and times."""
+    digest = hashlib.sha256(str(path.resolve()).encode())
+    for entry in sorted(path.iterdir()):
+        if entry.is_file():
+            stat = entry.stat()
+            digest.update(f"{entry.name}:{stat.st_size}:{stat.st_mtime_ns}".encode())
+    return digest.hexdigest()[:16]
+
+
 def _source(model_id: str, offline: bool) -> _Source:
     """A directory is fingerprinted by its files' names, sizes and times; a hub id by the
     revision its cached ``config.json`` belongs to (fetched first when online)."""
     path = Path(model_id).expanduser()
     if path.is_dir():
-        digest = hashlib.sha256(str(path.resolve()).encode())
-        for entry in sorted(path.iterdir()):
-            if entry.is_file():
-                stat = entry.stat()
-                digest.update(f"{entry.name}:{stat.st_size}:{stat.st_mtime_ns}".encode())
-        return _Source(str(path), digest.hexdigest()[:16])
+        return _Source(str(path), directory_fingerprint(path))
     from transformers.utils import cached_file
 
     try:

@@ -245,7 +245,7 @@ class DeepLTranslator(RemoteTranslator):
             return plain if plain in self._server_targets else None
         return code if code in self._server_targets else None
 
-    def supports(self, source: str | None, target: str) -> bool:
+    def supports(self, source: str | None, target: str, model: str | None = None) -> bool:
         """Whether DeepL has a code for ``target``; any source works (DeepL detects it)."""
         return self._target_code(target) is not None
 

@@ -515,7 +515,7 @@ class LLMTranslator(RemoteTranslator):
             raise UnsupportedLanguage(f"no language name is known for {standard!r}")
         return name
 
-    def supports(self, source: str | None, target: str) -> bool:
+    def supports(self, source: str | None, target: str, model: str | None = None) -> bool:
         """Any target the service can name; a chat model handles most languages."""
         try:
             self._language_name(target)
@@ -538,8 +538,10 @@ class LLMTranslator(RemoteTranslator):
         resolved = self.resolve_model(model, source, target)
         if resolved is None:
             return None
+        # The endpoint too: two servers may give one model name to different weights.
+        endpoint = hashlib.sha256((self._base_url or "").encode()).hexdigest()[:12]
         return (
-            f"llm|{resolved}|{PROMPT_ID}|json={self._json_mode}"
+            f"llm|{resolved}|at={endpoint}|{PROMPT_ID}|json={self._json_mode}"
             f"|check={self._check_items}|ctx={self.uses_context}"
         )
 
@@ -829,6 +831,10 @@ class LLMTranslator(RemoteTranslator):
                                retry_after=retry_after)  # fmt: skip
         if model_missing(response):
             return self._no_such_model(model, status)
+        if model != self._model and (status == 404 or status >= 500):
+            # A model a request named: its failure is its own, never the backend's for
+            # every stream (the batcher keeps it out of the breaker for the same reason).
+            return BackendError(f"the LLM endpoint answered HTTP {status} for model {model!r}")
         if status == 404:
             reason = (
                 f"the LLM endpoint answered 404 for model {model!r}; check "

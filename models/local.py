@@ -152,6 +152,10 @@ MAX_BATCH_TOKENS = 8192
 # How long a failed on-demand load is remembered: asks meanwhile get its reason at once, so a
 # mistyped model name costs one load attempt a minute, not one per segment.
 EXTRA_RETRY_S = 60.0
+# Models loading on demand at once (queued on the one loader thread), and failed names
+# remembered: both are the requests' choice, so both are bounded.
+MAX_LOADING_ON_DEMAND = 2
+MAX_FAILURES_REMEMBERED = 256
 # Targets written without spaces between sentences: split parts are rejoined without one.
 _NO_SPACE_TARGETS = frozenset({"zh-Hans", "zh-Hant", "ja"})
 _PAIR = re.compile(r"^(?P<src>[A-Za-z]{2,8})-(?P<tgt>[A-Za-z]{2,8}(?:-[A-Za-z0-9]{1,8})*)$")
@@ -195,6 +199,8 @@ class _Spec:
     model_id: str
     pair: tuple[str, str] | None = None
     marian_only: bool = False
+    setting: str = "THINKTRANS_LOCAL_MODEL"  # where it was named, for failure reasons
+    on_demand: bool = False  # named by a request, not configured
 
 
 @dataclass
@@ -209,6 +215,9 @@ class _Slot:
     codes: dict[str, str]
     source: str | None = None  # Marian: the pair's source key
     drop_ids: frozenset[int] = frozenset()  # never decoded: specials and language tokens
+    # A directory's files (names, sizes, times), so that a checkpoint replaced in place
+    # never shares cached translations with the one before; "" for a hub id.
+    version: str = ""
     max_positions: int = 1024
     batches: int = 0  # batches run on it (the worker thread alone writes it)
 
@@ -314,7 +323,10 @@ def _hub_unreachable(model_id: str, timeout_s: float = 3.0) -> bool:
     return False
 
 
-def not_found_reason(model_id: str, exc: BaseException) -> str:
+def not_found_reason(model_id: str, exc: BaseException,
+                     setting: str = "THINKTRANS_LOCAL_MODEL") -> str:
+    """Why ``model_id`` could not be loaded, and what to set (``setting``: where it was
+    named) to fix it."""
     looks_local = model_id.startswith(("/", "./", "../", "~")) or Path(model_id).exists()
     path = Path(model_id).expanduser()
     unreadable = sorted(p.name for p in path.iterdir()
@@ -327,18 +339,18 @@ def not_found_reason(model_id: str, exc: BaseException) -> str:
         )
     if looks_local and not path.exists():
         return (
-            f"model directory {model_id!r} does not exist: set THINKTRANS_LOCAL_MODEL to a "
+            f"model directory {model_id!r} does not exist: set {setting} to a "
             "checkpoint directory or a hub id (HF_HUB_OFFLINE=1 keeps hub ids to the local cache)"
         )
     if path.is_dir():
         return (
             f"{model_id!r} is not a loadable checkpoint directory ({first_line(exc)}): set "
-            "THINKTRANS_LOCAL_MODEL to a directory written by save_pretrained, or to a hub id "
+            f"{setting} to a directory written by save_pretrained, or to a hub id "
             "(HF_HUB_OFFLINE=1 keeps hub ids to the local cache)"
         )
     return (
         f"model {model_id!r} not found locally and the hub is unreachable or does not have it "
-        f"({first_line(exc)}): set THINKTRANS_LOCAL_MODEL to a local directory or pre-seed HF_HOME "
+        f"({first_line(exc)}): set {setting} to a local directory or pre-seed HF_HOME "
         "with it; HF_HUB_OFFLINE=1 skips the network"
     )
 
@@ -375,7 +387,8 @@ def _specs_from(config: LocalConfig) -> list[_Spec]:
     """The configured checkpoints, the main one first: ``models`` when set, else ``model``
     and ``marian_models``; ConfigError for a malformed entry."""
     if config.models:
-        specs = [_Spec(model_id, pair) for pair, model_id in map(parse_pair_spec, config.models)]
+        specs = [_Spec(model_id, pair, setting="THINKTRANS_LOCAL_MODELS")
+                 for pair, model_id in map(parse_pair_spec, config.models)]
         if not all(spec.model_id for spec in specs):
             raise ConfigError("local_models (THINKTRANS_LOCAL_MODELS) has an empty entry: "
                               f"{', '.join(config.models)!r}")
@@ -548,14 +561,17 @@ class LocalTranslator(Translator):
         tag = canonical(target)
         return tag is not None and table_key(tag) in (self.languages() or [])
 
-    def supports(self, source: str | None, target: str) -> bool:
-        """Whether the pair is servable; True until loaded, as the languages are not known yet."""
+    def supports(self, source: str | None, target: str, model: str | None = None) -> bool:
+        """Whether the pair is servable (by ``model`` when named: a configured model or one
+        loaded on demand); True until loaded, as the languages are not known yet."""
         if not self.ready:
             return True
         try:
-            self._route(source, target)
+            self._route(source, target, model)
         except UnsupportedLanguage:
             return False
+        except BackendUnavailable:
+            return True  # a model dropped since it was asked for: translate says why
         return True
 
     def info(self) -> dict[str, object]:
@@ -669,7 +685,8 @@ class LocalTranslator(Translator):
             return None
         config = self.config
         return (
-            f"local|{slot.model_id}|{self.engine_name}|{self.dtype}|beams={config.num_beams}"
+            f"local|{slot.model_id}|v={slot.version}|{self.engine_name}|{self.dtype}"
+            f"|beams={config.num_beams}"
             f"|ngram={config.no_repeat_ngram_size}|maxin={config.max_input_tokens}"
             f"|device={self.device}"
         )
@@ -725,6 +742,10 @@ class LocalTranslator(Translator):
                 return failed[1]
             self._extras_failed.pop(model, None)
             if model not in self._extras_loading:
+                if len(self._extras_loading) >= MAX_LOADING_ON_DEMAND:
+                    # Names are the requests' choice: never queue loads without bound.
+                    return (f"{len(self._extras_loading)} models are loading on demand "
+                            f"already; model {model!r} is not loaded (try again later)")
                 try:
                     self._ondemand.submit(self._load_extra, model)
                 except RuntimeError:  # "cannot schedule new futures after shutdown"
@@ -743,6 +764,8 @@ class LocalTranslator(Translator):
             if slot is None:
                 reason = f"{reason} (tried again after {EXTRA_RETRY_S:g} s)"
                 self._extras_failed[name] = (time.monotonic(), reason)
+                while len(self._extras_failed) > MAX_FAILURES_REMEMBERED:  # oldest first
+                    del self._extras_failed[next(iter(self._extras_failed))]
                 log.error("local: on demand: %s", reason)
                 return
             if self._closed:
@@ -763,7 +786,8 @@ class LocalTranslator(Translator):
     def _try_load_extra(self, name: str) -> tuple[_Slot | None, str]:
         pair, model_id = parse_pair_spec(name)
         try:
-            slot = self._load_slot(_Spec(model_id, pair))
+            slot = self._load_slot(_Spec(model_id, pair, setting="the request's `model`",
+                                         on_demand=True))
             self._warm_up(slot)
         except _LoadError as exc:
             return None, str(exc)
@@ -1017,7 +1041,7 @@ class LocalTranslator(Translator):
                     f"({first_line(exc)}): convert it with `thinktrans convert`, which copies "
                     "them, or copy the checkpoint's tokenizer files beside model.bin"
                 ) from exc
-            raise _LoadError(not_found_reason(spec.model_id, exc)) from exc
+            raise _LoadError(not_found_reason(spec.model_id, exc, spec.setting)) from exc
         family = detect_family(config, tokenizer)
         if family is None:
             raise _LoadError(
@@ -1036,8 +1060,10 @@ class LocalTranslator(Translator):
         loaded = self._engine.load(spec.model_id, tokenizer, offline=offline, converted=converted,
                                    d_model=d_model)
         if getattr(config, "thinktrans_test_checkpoint", False):
-            # `thinktrans make-test-model` output: random weights, text in no language.
-            self.check_output_language = False
+            # `thinktrans make-test-model` output: random weights, text in no language. The
+            # output check stays on when a request named it: it is on for the configured ones.
+            if not spec.on_demand:
+                self.check_output_language = False
             log.warning("local: %r is a random-weight test checkpoint; its output is noise",
                         spec.model_id)
         slot = _Slot(
@@ -1047,6 +1073,7 @@ class LocalTranslator(Translator):
             loaded=loaded,
             codes={},
             max_positions=int(getattr(config, "max_position_embeddings", 1024) or 1024),
+            version=_version(spec.model_id),
         )
         drop = set(tokenizer.all_special_ids)
         if family == "nllb":
@@ -1081,6 +1108,14 @@ class LocalTranslator(Translator):
         if src_code is not None:
             slot.tokenizer.src_lang = src_code
         self._generate_into(_Stats(), route, ["Hello."])
+
+
+def _version(model_id: str) -> str:
+    """A checkpoint directory's fingerprint (models.convert); "" for a hub id."""
+    from models.convert import directory_fingerprint
+
+    path = Path(model_id).expanduser()
+    return directory_fingerprint(path) if path.is_dir() else ""
 
 
 def detect_family(config: Any, tokenizer: Any) -> str | None:

@@ -12,8 +12,9 @@ for each anyway: the estimate leans high. ``ttl_s`` applies to the file only: an
 in memory stays until it is evicted or the process ends.
 
 **File** (when ``path`` is set). A table keyed by the SHA-256 of the key: the original
-text, which is the agent's thinking, never reaches the disk, only its digest and the
-translation. A memory miss looks the digest up (an indexed read on the loop thread,
+text never reaches the disk, only its digest; the translation does, in clear, and it is
+the agent's thinking translated, hence a private file (0600) and an opt-in setting. A
+memory miss looks the digest up (an indexed read on the loop thread,
 microseconds) and serves a row younger than ``ttl_s``, keeping it in memory. Writes never
 run on the loop: ``put`` only queues a row; a writer task hands the queue to a worker
 thread every 0.5 s, which, in one transaction, deletes rows past ``ttl_s``, then the
@@ -160,6 +161,9 @@ class _Store:
         # Created here rather than by SQLite so that it is never readable by others, even
         # for a moment; SQLite gives its -wal and -shm files the same mode.
         os.close(os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600))
+        # A file that was there already (made by hand, or by an older run) is made private
+        # too: it holds translations of thinking text.
+        os.chmod(self.path, 0o600)
         self._writer = writer = sqlite3.connect(
             self.path, timeout=_WRITE_TIMEOUT_S, isolation_level=None, check_same_thread=False
         )

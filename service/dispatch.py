@@ -230,13 +230,14 @@ class Dispatcher:
             if problem is not None:
                 errors.append(f"{name}: {problem}")
                 continue
-            found = self._cached(name, attempt)
+            key = self._key(name, attempt)
+            found = self._found(name, attempt, key)
             if found is not None:
                 return found
-            if not self._usable(name, attempt.source, attempt.target, errors):
+            if not self._usable(name, attempt, errors):
                 continue
             try:
-                return self._queue(name, attempt, force=False)
+                return self._queue(name, attempt, key, force=False)
             except Overloaded:
                 full.append(name)
             except BackendError as exc:
@@ -245,45 +246,50 @@ class Dispatcher:
             name = full[0]
             attempt.rest[:0] = full[1:]  # still to try, should this one fail
             try:
-                return self._queue(name, attempt, force=True)
+                return self._queue(name, attempt, self._key(name, attempt), force=True)
             except BackendError as exc:
                 errors.append(f"{name}: {exc.detail}")
         return None
 
-    def _cached(self, name: str, attempt: _Attempt) -> _Work | None:
-        """A cached answer from ``name``, or identical work in flight there; else None
-        (``attempt.key`` is then the key to cache the new work's answer under)."""
-        attempt.backend = name
-        attempt.key = None
+    def _key(self, name: str, attempt: _Attempt) -> CacheKey | None:
+        """The attempt's cache key on backend ``name``; None: not cached there."""
         if self.cache is None:
             return None
         identity = self.backends[name].cache_identity(attempt.model, attempt.source,
                                                       attempt.target)
         if identity is None:
             return None
-        key = attempt.key = (identity, attempt.source, attempt.target, attempt.text)
+        return (identity, attempt.source, attempt.target, attempt.text)
+
+    def _found(self, name: str, attempt: _Attempt, key: CacheKey | None) -> _Work | None:
+        """A cached answer of ``name``'s, or identical work in flight there; else None."""
+        if key is None or self.cache is None:
+            return None
         hit = self.cache.get(key)
         if hit is not None:
-            attempt.key = None
             if self.backends[name].billed and self.metrics is not None:
                 self._saved_counter(name, self.metrics).inc(len(attempt.text))
             future: asyncio.Future[Translation] = asyncio.get_running_loop().create_future()
             future.set_result(Translation(hit.text, name, 0.0, hit.model, cached=True))
+            attempt.backend, attempt.key = name, None
             return _Work(future)
         work = self._inflight.get(key)
-        if work is not None and not work.future.done():
-            work.waiters += 1
-            attempt.key = None  # its owner caches the answer
-            attempt.held = self.batchers[name]
-            attempt.held.hold()  # a waiting segment all the same: the queue bound covers it
-            return work
-        return None
+        if work is None or work.future.done():
+            return None
+        work.waiters += 1
+        # Each waiter keeps the key: whichever is still waiting when the answer comes
+        # caches it, should the one that queued it have given up.
+        attempt.backend, attempt.key = name, key
+        attempt.held = self.batchers[name]
+        attempt.held.hold()  # a waiting segment all the same: the queue bound covers it
+        return work
 
-    def _queue(self, name: str, attempt: _Attempt, *, force: bool) -> _Work:
+    def _queue(self, name: str, attempt: _Attempt, key: CacheKey | None, *,
+               force: bool) -> _Work:
         future = self.batchers[name].submit(attempt.text, attempt.source, attempt.target,
                                             attempt.context, model=attempt.model, force=force)
+        attempt.backend, attempt.key = name, key
         work = _Work(future)
-        key = attempt.key
         if key is not None:
             self._inflight[key] = work
             future.add_done_callback(functools.partial(self._done_inflight, key, work))
@@ -299,7 +305,8 @@ class Dispatcher:
             counter = self._saved[name] = metrics.cache_billed_chars_saved.labels(name)
         return counter
 
-    def _usable(self, name: str, source: str | None, target: str, errors: list[str]) -> bool:
+    def _usable(self, name: str, attempt: _Attempt, errors: list[str]) -> bool:
+        source, target, model = attempt.source, attempt.target, attempt.model
         translator = self.backends[name]
         if not translator.ready:
             errors.append(f"{name}: {translator.reason or 'not ready'}")
@@ -308,8 +315,11 @@ class Dispatcher:
         if not batcher.available():
             errors.append(f"{name}: {batcher.breaker_reason}")
             return False
-        if not translator.supports(source, target):
-            errors.append(f"{name}: cannot translate {source or 'auto'} -> {target}")
+        served = (translator.supports(source, target) if model is None
+                  else translator.supports(source, target, model=model))
+        if not served:
+            what = "" if model is None else f" with model {model!r}"
+            errors.append(f"{name}: cannot translate {source or 'auto'} -> {target}{what}")
             return False
         return True
 

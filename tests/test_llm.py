@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import re
 import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any
@@ -754,14 +755,20 @@ def test_model_missing_reads_what_servers_say(status: int, body: Any, missing: b
 async def test_cache_identity_names_model_prompt_and_options(make: Make) -> None:
     backend = make()
     default = backend.cache_identity(None, "en", "de")
-    assert default == f"llm|fake-model|{PROMPT_ID}|json=False|check=True|ctx=True"
+    assert default is not None
+    endpoint = default.split("|")[2]
+    assert re.fullmatch(r"at=[0-9a-f]{12}", endpoint)
+    assert default == f"llm|fake-model|{endpoint}|{PROMPT_ID}|json=False|check=True|ctx=True"
     assert backend.cache_identity("fake-model", "en", "de") == default
     assert backend.cache_identity("other-model", "en", "de") == default.replace(
         "fake-model", "other-model"
     )
     assert make(llm_json_mode=True, llm_check_items=False).cache_identity(None, "en", "de") == (
-        f"llm|fake-model|{PROMPT_ID}|json=True|check=False|ctx=True"
+        f"llm|fake-model|{endpoint}|{PROMPT_ID}|json=True|check=False|ctx=True"
     )
+    # Another endpoint serving a model of the same name: another identity.
+    other = make(llm_base_url="http://127.0.0.1:9/v1").cache_identity(None, "en", "de")
+    assert other is not None and other != default
     assert make(llm_model=None).cache_identity(None, "en", "de") is None
     assert make(llm_model=None).cache_identity("named", "en", "de") is not None
 

@@ -22,6 +22,7 @@ pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 from models import local as local_module
+from models.convert import directory_fingerprint
 from models.local import M2M_CODES, LocalTranslator
 from service.errors import BackendUnavailable, UnsupportedLanguage
 from service.tools.testmodel import make_test_model
@@ -307,8 +308,9 @@ async def test_cache_identity_names_the_model_and_what_decides_the_output(
         await backend.start()
         assert await backend.wait_ready(timeout_s=120), backend.reason
         de = backend.cache_identity(None, "en", "de")
-        assert de == (f"local|{marian}|transformers|float32|beams=1|ngram=6|maxin=256"
-                      "|device=cpu")
+        version = directory_fingerprint(Path(marian))
+        assert de == (f"local|{marian}|v={version}|transformers|float32|beams=1|ngram=6"
+                      "|maxin=256|device=cpu")
         assert backend.cache_identity(None, "en", "de") == de  # stable
         assert backend.cache_identity(marian, "en", "de") == de  # the same model: shared
         fr = backend.cache_identity(None, "en", "fr")
@@ -352,3 +354,28 @@ async def test_two_streams_on_one_server_each_get_their_own_model(ckpt: dict[str
         # Not named: the pair's first model, en-de's Marian one.
         r = await app.client.post("/v1/translate", json={"target": "de", "texts": [text]})
         assert {s["model"] for s in r.json()["results"][0]["segments"]} == {ckpt["marian"]}
+
+
+async def test_a_model_named_on_demand_serves_a_pair_the_configured_ones_lack(
+        ckpt: dict[str, str]) -> None:
+    """Through the dispatcher: en-de is configured, a stream names an en-ja model. Its first
+    segments go down the chain while it loads; once loaded it serves en -> ja alone."""
+    from tests.conftest import app_with
+
+    async with app_with(backend="local", local_models=f"en-de={ckpt['marian']}",
+                        local_engine="transformers", deadline_ms=60_000) as app:
+        assert await app.runtime.wait_ready(timeout_s=120)
+        body = {"target": "ja", "model": ckpt["marian-ja"], "texts": [TEXTS[0]]}
+        r = await app.client.post("/v1/translate", json=body)
+        [first] = r.json()["results"][0]["segments"]
+        assert first["status"] == "error" and LOADING in first["error"]
+        give_up = time.monotonic() + 60
+        while True:
+            r = await app.client.post("/v1/translate", json=body)
+            [seg] = r.json()["results"][0]["segments"]
+            if seg["status"] == "translated" or time.monotonic() > give_up:
+                break
+            await asyncio.sleep(0.2)
+        assert (seg["status"], seg["model"]) == ("translated", ckpt["marian-ja"]), seg
+        listed = [m["model"] for m in (await app.client.get("/v1/models")).json()["models"]]
+        assert listed == [ckpt["marian"], ckpt["marian-ja"]]

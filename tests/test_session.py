@@ -212,3 +212,50 @@ async def test_the_cache_keys_on_the_model() -> None:
         assert "cached" not in seg and seg["model"] == "m2"
         [seg] = await _one(app, ENGLISH, model="m1")
         assert seg["cached"] is True and seg["model"] == "m1"
+
+
+# -- the dispatcher's sharing, directly ------------------------------------------------------------
+
+
+async def test_joined_segments_hold_queue_places_until_their_work_is_done() -> None:
+    fake = FakeTranslator(gate=asyncio.Event())
+    async with app_with(fake, max_wait_ms=0) as app:
+        dispatcher = app.runtime.dispatcher
+        batcher = dispatcher.batchers["fake"]
+        first = dispatcher.submit(ENGLISH, "en", "de", ["fake"])
+        await fake.started.wait()  # its batch runs: its item has left the queue
+        joined = [dispatcher.submit(ENGLISH, "en", "de", ["fake"]) for _ in range(3)]
+        assert batcher.queue_size == 3  # each a waiting segment, though none is queued
+        joined[0].cancel()
+        await asyncio.sleep(0)
+        assert batcher.queue_size == 2
+        first.cancel()  # the one that queued it gives up: the others still wait on it
+        await asyncio.sleep(0)
+        fake.gate.set()  # type: ignore[union-attr]
+        answers = await asyncio.gather(*joined[1:])
+        assert {a.text for a in answers} == {f"<de>{ENGLISH}"}
+        assert batcher.queue_size == 0 and len(fake.calls) == 1
+        # Cached by a segment that joined, since the one that queued it was gone.
+        again = await dispatcher.submit(ENGLISH, "en", "de", ["fake"])
+        assert again.cached and len(fake.calls) == 1
+
+
+async def test_work_forced_onto_a_full_backend_is_cached_as_that_backends() -> None:
+    a = FakeTranslator(name_="a", gate=asyncio.Event())
+    b = FakeTranslator(name_="b", gate=asyncio.Event())
+    backends = {"a": a, "b": b, "passthrough": PassthroughTranslator()}
+    async with app_with(backends=backends, backend="a,b", max_queue_size=1,
+                        max_wait_ms=0) as app:
+        dispatcher = app.runtime.dispatcher
+        for fake in (a, b):  # one batch stuck, one item queued: full
+            dispatcher.batchers[fake.name].submit("busy one", "en", "de")
+            await fake.started.wait()
+            dispatcher.batchers[fake.name].submit("busy two", "en", "de")
+        forced = dispatcher.submit(ENGLISH, "en", "de", ["a", "b"])
+        a.gate.set()  # type: ignore[union-attr]
+        b.gate.set()  # type: ignore[union-attr]
+        assert (await forced).backend == "a"
+        by_b = await dispatcher.submit(ENGLISH, "en", "de", ["b"])
+        assert (by_b.backend, by_b.cached) == ("b", False)
+        by_a = await dispatcher.submit(ENGLISH, "en", "de", ["a"])
+        assert (by_a.backend, by_a.cached) == ("a", True)
