@@ -56,6 +56,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from models.engines import cpuinfo
 from service.tools.testmodel import SHAPES as TESTMODEL_SHAPES
 from service.tools.testmodel import shape_config
 
@@ -252,15 +253,7 @@ def mib(n: int) -> str:
 
 
 def cpu_name() -> str:
-    cpu = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as fh:
-            for line in fh:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return cpu
+    return cpuinfo("model name") or platform.processor() or platform.machine()
 
 
 def cores() -> int:

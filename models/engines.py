@@ -255,7 +255,7 @@ class CT2Engine:
         self.threads = self.options.threads or min(4, len(os.sched_getaffinity(0)) or 1)
         if wanted.startswith("int8") and os.environ.get("CT2_USE_MKL", "") in ("1", "ON", "on",
                                                                                 "true"):
-            if _cpu_vendor() == "AuthenticAMD":
+            if cpuinfo("vendor_id") == "AuthenticAMD":
                 log.warning(
                     "local: CT2_USE_MKL=1 on an AMD CPU: int8 runs many times slower with MKL "
                     "there; unset CT2_USE_MKL to use the default backend"
@@ -357,11 +357,13 @@ def _target_vocabulary(path: Path) -> frozenset[str]:
     return frozenset()
 
 
-def _cpu_vendor() -> str | None:
+def cpuinfo(field: str) -> str | None:
+    """A field of /proc/cpuinfo's first processor (``vendor_id``, ``model name``); None
+    where there is no such file or field."""
     try:
         with open("/proc/cpuinfo", encoding="utf-8") as fh:
             for line in fh:
-                if line.startswith("vendor_id"):
+                if line.startswith(field):
                     return line.split(":", 1)[1].strip()
     except OSError:
         pass

@@ -458,6 +458,9 @@ class LLMTranslator(RemoteTranslator):
         super().__init__()
         self.config = config
         self._base_url = config.base_url.rstrip("/") if config.base_url else None
+        # In each cache identity (asked once a segment): two endpoints may give one model
+        # name to different weights.
+        self._endpoint_id = hashlib.sha256((self._base_url or "").encode()).hexdigest()[:12]
         self._model = config.model or None
         self._timeout_s = config.timeout_s
         self._json_mode = config.json_mode
@@ -538,10 +541,8 @@ class LLMTranslator(RemoteTranslator):
         resolved = self.resolve_model(model, source, target)
         if resolved is None:
             return None
-        # The endpoint too: two servers may give one model name to different weights.
-        endpoint = hashlib.sha256((self._base_url or "").encode()).hexdigest()[:12]
         return (
-            f"llm|{resolved}|at={endpoint}|{PROMPT_ID}|json={self._json_mode}"
+            f"llm|{resolved}|at={self._endpoint_id}|{PROMPT_ID}|json={self._json_mode}"
             f"|check={self._check_items}|ctx={self.uses_context}"
         )
 

@@ -3,9 +3,8 @@
 A batch goes when it is full (``max_batch_size`` items or ``max_batch_chars``
 characters) or ``max_wait_ms`` after its first item. Items are grouped by
 (source, target, model), since a tokenizer or a vendor call takes one pair and one model
-at a time. The
-loop takes a concurrency slot *before* it forms a batch, so while the backend is busy
-items pile up and the next batch goes full. Every future is resolved whatever
+at a time. The loop takes a concurrency slot *before* it forms a batch, so while the
+backend is busy items pile up and the next batch goes full. Every future is resolved whatever
 happens: a result, a BackendError, or cancelled by its caller (then dropped unrun).
 """
 

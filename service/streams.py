@@ -105,17 +105,6 @@ def _reason(exc: BaseException) -> str:
     return exc.detail if isinstance(exc, BackendError) else type(exc).__name__
 
 
-def _served(tr: Translation) -> dict[str, Any]:
-    """The optional fields of a translated result: its model, and whether it was cached
-    (left out when unset, so that results without them stay as they were)."""
-    found: dict[str, Any] = {}
-    if tr.model is not None:
-        found["model"] = tr.model
-    if tr.cached:
-        found["cached"] = True
-    return found
-
-
 @dataclass(eq=False)
 class _Segment:
     index: int
@@ -580,7 +569,7 @@ class Stream:
         original = seg.piece.text
         status: Status
         text, backend, error, queued_ms = original, None, None, 0.0
-        found: dict[str, Any] = {}  # the fields left out unless set: error, model, cached
+        model, cached = None, False
         task = seg.task
         if seg.decision.status is not None:
             status = seg.decision.status
@@ -595,14 +584,12 @@ class Stream:
             tr = task.result()
             status, backend, queued_ms = "translated", tr.backend, tr.queued_ms
             text = keep_whitespace(original, tr.text)
-            found.update(_served(tr))
-        if error is not None:
-            found["error"] = error
+            model, cached = tr.model, tr.cached
         result = SegmentResult(
             index=seg.index, original=original, text=text,
             source_lang=seg.decision.source_lang, target=self.target, status=status,
             backend=backend, queued_ms=round(queued_ms, 3), latency_ms=round(latency_ms, 3),
-            **found,
+            error=error, model=model, cached=cached,  # left out of the JSON when unset
         )
         self.manager.count(result)
         return result
@@ -623,7 +610,8 @@ class Stream:
         else:
             tr = task.result()
             update = SegmentUpdate(index=seg.index, text=keep_whitespace(original, tr.text),
-                                   status="translated", backend=tr.backend, **_served(tr))
+                                   status="translated", backend=tr.backend, model=tr.model,
+                                   cached=tr.cached)
         self.log.publish(update)
         self._maybe_end()
 

@@ -27,24 +27,20 @@ from models.registry import build_backend
 from service.cli import app
 from service.errors import ConfigError
 from service.settings import load_settings
-from service.tools.testmodel import make_test_model
 from tests.conftest import make_settings, post_chunks, read_until, segments, start_app
+from tests.test_local import TEXTS as LOCAL_TEXTS
+from tests.test_local import models  # noqa: F401 - the session's checkpoints, built once
 
 pytestmark = pytest.mark.filterwarnings("ignore:Recommended. pip install sacremoses")
 
 FAMILIES = ("nllb", "m2m100", "marian")
-TEXTS = [
-    "Hmm, the user said hello.",
-    "First, I need to check the file and then run the tests again.",
-    "ok",
-    "The function returns a list of numbers; maybe the bug is in the loop.",
-]
+TEXTS = LOCAL_TEXTS[:4]  # the English ones
 
 
 @pytest.fixture(scope="module")
-def checkpoints(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    root = tmp_path_factory.mktemp("checkpoints")
-    return {family: make_test_model(family, root / family) for family in FAMILIES}
+def checkpoints(models: dict[str, Path]) -> dict[str, Path]:  # noqa: F811 - the fixture
+    """The session's test checkpoints (tests/test_local.py), one per family; read only."""
+    return {family: models[family] for family in FAMILIES}
 
 
 @pytest.fixture(scope="module")
