@@ -503,3 +503,143 @@ def test_stream_ids_are_valid() -> None:
     ids = [safe_stream_id(session, "ab12cd.3") for session in sessions]
     assert ids[0] == "sess_7f3c2a:ab12cd.3"
     assert all(STREAM_ID.match(i) for i in ids) and len(set(ids)) == len(ids)
+
+
+# -- what the client sends: observe --------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def slow_flush_sidecar() -> Iterator[Server]:
+    """Passthrough; a segment without a sentence end waits 30 s, or for its stream's close."""
+    with served(THINKTRANS_FLUSH_IDLE_MS="30000") as server:
+        yield server
+
+
+def request(id_: Any, method: str, params: dict[str, Any]) -> dict[str, Any]:
+    return {"jsonrpc": "2.0", "id": id_, "method": method, "params": params}
+
+
+def answer(id_: Any, result: dict[str, Any]) -> dict[str, Any]:
+    return {"jsonrpc": "2.0", "id": id_, "result": result}
+
+
+class Collected:
+    """A translator's output, with a wait for what should arrive."""
+
+    def __init__(self) -> None:
+        self.messages: list[Any] = []
+        self.changed = asyncio.Event()
+
+    async def send(self, message: Any) -> None:
+        self.messages.append(message)
+        self.changed.set()
+
+    def originals(self, session: str) -> str:
+        return "".join(update["_meta"]["thinktrans"]["original"] for m in self.messages
+                       if is_thought(m) and m["params"]["sessionId"] == session
+                       and (update := update_of(m)) is not None)
+
+    async def until(self, check: Any, timeout_s: float = 10.0) -> None:
+        async with asyncio.timeout(timeout_s):
+            while not check():
+                self.changed.clear()
+                await self.changed.wait()
+
+
+async def test_cancel_and_the_end_of_a_turn_close_only_their_sessions_parts(
+        slow_flush_sidecar: Server) -> None:
+    out = Collected()
+    async with ThinktransClient(slow_flush_sidecar.url, timeout_s=2.0) as client:
+        translator = ThoughtTranslator(client, out.send, target="de")
+        for id_, session in ((1, "a"), (2, "b"), (3, "c")):
+            await translator.observe(request(id_, "session/prompt", {
+                "sessionId": session, "prompt": [{"type": "text", "text": "go"}]}))
+            await translator.feed(thought(f"thinking in {session}, no end yet", session))
+        await translator.observe({"jsonrpc": "2.0", "method": "session/cancel",
+                                  "params": {"sessionId": "a"}})
+        await out.until(lambda: out.originals("a") == "thinking in a, no end yet")
+        assert out.originals("b") == out.originals("c") == ""  # still open: not cut short
+        await translator.feed(answer(2, {"stopReason": "end_turn"}))  # b's turn ends
+        await out.until(lambda: any(m.get("id") == 2 for m in out.messages))
+        assert out.originals("b") == "thinking in b, no end yet"
+        assert out.originals("c") == ""  # an answer of b's request does not close c's part
+        await translator.aclose()
+    assert out.originals("c") == "thinking in c, no end yet"
+
+
+async def test_a_new_message_id_starts_a_new_part(sidecar: Server) -> None:
+    def chunk(text: str, message_id: str | None) -> dict[str, Any]:
+        message = thought(text)
+        if message_id is not None:
+            message["params"]["update"]["messageId"] = message_id
+        return message
+
+    messages = [chunk("First thought", "m1"), chunk(" goes on", "m1"), chunk(" still", None),
+                chunk("Second thought", "m2"), chunk(" ends.", "m2")]
+    out = await translate_all(sidecar.url, messages, target="de")
+    parts: dict[str, str] = {}
+    for message in out:
+        update = update_of(message)
+        assert update is not None
+        key = update["messageId"]
+        parts[key] = parts.get(key, "") + update["_meta"]["thinktrans"]["original"]
+    assert parts == {"m1": "First thought goes on still", "m2": "Second thought ends."}
+
+
+async def test_the_session_locale_comes_before_the_clients(allowed_sidecar: Server,
+                                                           caplog: pytest.LogCaptureFixture
+                                                           ) -> None:
+    out = Collected()
+    async with ThinktransClient(allowed_sidecar.url, timeout_s=2.0) as client:
+        translator = ThoughtTranslator(client, out.send)
+        await translator.observe(request(0, "initialize", {
+            "protocolVersion": 1, "_meta": {"locale": "zh-CN"}}))
+        await translator.feed(answer(0, {"protocolVersion": 1}))
+        await translator.drain()  # a client waits for this answer (with the locales)
+        await translator.observe(request(1, "session/new", {
+            "cwd": "/", "mcpServers": [], "_meta": {"locale": "de-AT"}}))
+        await translator.feed(answer(1, {"sessionId": "s-de"}))
+        await translator.observe(request("2", "session/fork", {"sessionId": "s-de", "cwd": "/"}))
+        await translator.feed(answer("2", {"sessionId": "s-fork"}))
+        await translator.observe(request(3, "session/load", {
+            "sessionId": "s-bad", "cwd": "/", "mcpServers": [],
+            "_meta": {"locale": "de_DE\u202e"}}))
+        await translator.feed(answer(3, {}))
+        await translator.observe(request(4, "session/new", {
+            "cwd": "/", "mcpServers": [], "_meta": {"locale": "fr"}}))  # not offered
+        await translator.feed(answer(4, {"sessionId": "s-fr"}))
+        for session in ("s-de", "s-fork", "s-bad", "s-fr", "s-other"):
+            await translator.feed(thought(f"Thinking in {session}.", session))
+        await translator.aclose()
+    targets = {m["params"]["sessionId"]: update["_meta"]["thinktrans"]["target"]
+               for m in out.messages if is_thought(m) and (update := update_of(m)) is not None}
+    # The sidecar allows de and zh-CN: de-AT is served by its German.
+    assert targets == {"s-de": "de-AT", "s-fork": "de-AT", "s-bad": "zh-CN", "s-fr": "zh-CN",
+                       "s-other": "zh-CN"}
+    logged = [r.getMessage() for r in caplog.records]
+    assert any("locale fr is not among the sidecar's targets" in line for line in logged)
+    assert not any("de_DE" in line for line in logged)
+
+
+async def test_a_locale_the_sidecar_refuses_is_passed_over(sidecar: Server,
+                                                           caplog: pytest.LogCaptureFixture
+                                                           ) -> None:
+    """``zz`` is well formed, so the client sends it; the sidecar refuses it (422). That part
+    passes through; the next ones use the next choice (here the user's text)."""
+    out = Collected()
+    async with ThinktransClient(sidecar.url, timeout_s=2.0) as client:
+        translator = ThoughtTranslator(client, out.send, advertise_locales=False)
+        await translator.observe(request(0, "initialize", {
+            "protocolVersion": 1, "_meta": {"locale": "zz"}}))
+        await translator.observe(request(1, "session/prompt", {
+            "sessionId": SESSION, "prompt": [{"type": "text", "text": "请解释一下这个错误"}]}))
+        await translator.feed(thought("First part."))
+        await translator.feed(other("agent_message_chunk"))
+        await translator.drain()
+        await translator.feed(thought("Second part."))
+        await translator.aclose()
+    metas = thinktrans_meta(out.messages)
+    assert [m["status"] for m in metas] == ["error", "translated"]
+    assert metas[1]["target"] == "zh-Hans"
+    assert sum("locale zz was refused by the sidecar" in r.getMessage()
+               for r in caplog.records) == 1

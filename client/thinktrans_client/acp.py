@@ -13,8 +13,9 @@ message passes through unchanged, in order, but for the ``initialize`` answer (b
 
 - any other ``session/update`` of a session (a tool call, a message chunk, a plan...)
   first closes that session's open thought streams, and goes out after all they emit;
-- a message of no session (a JSON-RPC response, ``initialize``...) does the same for every
-  session;
+- an answer to a request of a session (the end of a prompt turn) counts as that
+  session's; any other message of no session (``initialize``, its answer, a line that is
+  not JSON...) does the same for every session;
 - sessions do not wait for one another, and sub-agent thoughts (an update whose ``_meta``
   names a sub-agent or a parent tool call, see ``default_lane``) keep streams of their own.
 
@@ -33,9 +34,20 @@ Under ``policy: hide`` a foreign segment goes out as a chunk with empty ``text``
 original in ``_meta.thinktrans.original`` (status ``hidden``), so the originals still join
 back to the agent's thinking; a failing sidecar shows the thoughts (status ``error``).
 
-The target is, first that applies: ``target`` given to the translator; the client's
-locale from ``initialize``; none, in which case the service detects the language of the
-session's last ``session/prompt`` and then uses its own default (API.md's order).
+The target is, first that applies: ``target`` given to the translator; the session's own
+locale (``_meta.locale`` of the ``session/new``, ``session/fork``, ``session/load`` or
+``session/resume`` request that made or reopened it); the client's locale from
+``initialize``; none, in which case the service detects the language of the session's last
+``session/prompt`` and then uses its own default (API.md's order). A locale whose
+language the sidecar said it does not serve (its targets, fetched for the ``initialize``
+answer) is passed over with a log line, so a well-formed but unknown tag (``zz``) does not
+cost a session its translations. The translator learns what the client sends through
+``observe`` (a proxy, or an agent server, handing it the client's messages) or through
+``feed`` (a recording of both directions, in order).
+
+A thinking part is the run of ``agent_thought_chunk`` updates of one session (and lane)
+between its other updates; a new ``messageId`` starts a new part, and so do the end of the
+prompt turn (the agent's answer to ``session/prompt``) and ``session/cancel``.
 
 ACP chunks are append-only, so a late ``update`` of a segment that went out as
 ``deadline`` cannot replace it; the translator leaves it out (a UI that can replace text
@@ -74,7 +86,7 @@ from thinktrans_client.client import (
     TranslatedSegment,
     safe_stream_id,
 )
-from thinktrans_client.locale import InvalidLocale, canonicalize, is_allowed
+from thinktrans_client.locale import InvalidLocale, canonicalize, is_allowed, language_of
 
 __all__ = [
     "ThoughtTranslator",
@@ -92,6 +104,13 @@ Lane = Callable[[Mapping[str, Any]], str]
 THOUGHT = "agent_thought_chunk"
 _NO_ID: Any = object()  # no initialize request awaits its answer
 MAX_USER_TEXT_CHARS = 2000  # enough to detect a language; the service takes up to 100k
+# Requests awaiting their answer, and sessions' locales, remembered (oldest forgotten first).
+MAX_TRACKED = 1024
+# The sidecar's answers that refuse a stream's target: the next choice is used after them.
+TARGET_REFUSED = frozenset({"invalid-locale", "locale-not-allowed"})
+# Requests whose answer names a new session, and those that reopen the one they name.
+_NEW_SESSION = frozenset({"session/new", "session/fork"})
+_REOPEN_SESSION = frozenset({"session/load", "session/resume"})
 
 
 # -- the client's locale -------------------------------------------------------------------
@@ -205,6 +224,25 @@ def _thought_text(message: Any) -> tuple[str, Mapping[str, Any], str] | None:
     return session, update, content["text"]
 
 
+RequestKey = tuple[str, str | int]
+
+
+def _request_key(message: Mapping[str, Any]) -> RequestKey | None:
+    """A JSON-RPC id as a dict key (``1`` and ``"1"`` differ); None when it has no usable id."""
+    value = message.get("id")
+    if isinstance(value, str | int) and not isinstance(value, bool):
+        return type(value).__name__, value
+    return None
+
+
+def _remember(table: dict[Any, Any], key: Any, value: Any) -> None:
+    """Set ``table[key]``, forgetting the oldest entries past ``MAX_TRACKED``."""
+    table.pop(key, None)
+    table[key] = value
+    while len(table) > MAX_TRACKED:
+        del table[next(iter(table))]
+
+
 def _session_of(message: Any) -> str | None:
     """The session a message belongs to, or None for one that concerns every session."""
     if isinstance(message, Mapping) and "method" in message:
@@ -236,6 +274,8 @@ class _Thoughts:
 
     stream: ThinkingStream
     template: Mapping[str, Any]
+    message_id: object = None  # the chunks' ``messageId``: a new one starts a new part
+    chosen: str | None = None  # the session's or client's locale it asked for, if any
     ready: deque[dict[str, Any]] = field(default_factory=deque)
     finished: bool = False
 
@@ -298,6 +338,11 @@ class ThoughtTranslator:
         self._count = 0
         self._open: dict[tuple[str, str], _Thoughts] = {}
         self._user_text: dict[str, str] = {}
+        self._session_locales: dict[str, str] = {}
+        self._new_sessions: dict[RequestKey, str | None] = {}  # request -> locale it asked for
+        self._request_sessions: dict[RequestKey, str] = {}  # request -> the session it is of
+        self._served: list[str] | None = None  # the sidecar's targets, once it has said
+        self._passed_over: set[str] = set()  # locales not served or refused (logged once)
         self._slots: list[_Slot] = []
         self._wake = asyncio.Event()
         self._idle = asyncio.Event()
@@ -325,21 +370,21 @@ class ThoughtTranslator:
             session, update, text = thought
             key = (session, self._lane(update))
             current = self._open.get(key)
+            message_id = update.get("messageId")
+            if current is not None and message_id is not None and (
+                    message_id != current.message_id):
+                await self._open.pop(key).stream.close()
+                current = None
             if current is None:
-                current = self._start(session, message)
+                current = self._start(session, message, message_id)
                 self._open[key] = current
                 self._append(_Slot(session, thoughts=current))
             await current.stream.push(text)
             return
-        if isinstance(message, Mapping) and message.get("method") == "initialize":
-            self.client_locale = locale_from_initialize(message.get("params"),
-                                                        allowed=self._allowed)
-            if self.advertise_locales and "id" in message:
-                self._initialize_id = message["id"]
-        prompt = _prompt_text(message)
-        if prompt is not None:
-            self._user_text[prompt[0]] = prompt[1]
+        self._note_client(message)
         scope = _session_of(message)
+        if scope is None and isinstance(message, Mapping) and "method" not in message:
+            scope = self._answered(message)
         await self.flush(scope)
         slot = _Slot(scope, message=message)
         if self._answers_initialize(message):
@@ -348,6 +393,65 @@ class ThoughtTranslator:
             slot.held = True
             self._spawn(self._advertise_into(slot), "thinktrans-acp:locales")
         self._append(slot)
+
+    async def observe(self, message: Any) -> None:
+        """Take a message from the client to the agent, which the translator does not send.
+
+        What it learns: the client's locale and the ``initialize`` request to answer with
+        locales; each session's own locale; the user's text of each prompt; which session a
+        request is of, so its answer (the end of a prompt turn) closes only that session's
+        thinking parts. ``session/cancel`` closes them at once. Anything else is ignored.
+        """
+        self._note_client(message)
+        if isinstance(message, Mapping) and message.get("method") == "session/cancel":
+            session = _session_of(message)
+            if session is not None:
+                await self.flush(session)
+
+    def _note_client(self, message: Any) -> None:
+        """Learn from a client's request (see ``observe``); never raises, never sends."""
+        if not isinstance(message, Mapping) or not isinstance(message.get("method"), str):
+            return
+        method, params, key = message["method"], message.get("params"), _request_key(message)
+        if method == "initialize":
+            self.client_locale = locale_from_initialize(params, allowed=self._allowed)
+            if self.advertise_locales and "id" in message:
+                self._initialize_id = message["id"]
+            return
+        if not isinstance(params, Mapping):
+            return
+        session = params.get("sessionId")
+        session = session if isinstance(session, str) else None
+        if method in _NEW_SESSION or method in _REOPEN_SESSION:
+            meta = params.get("_meta")
+            locale = (locale_from_initialize(params, allowed=self._allowed)
+                      if isinstance(meta, Mapping) and "locale" in meta else None)
+            if method in _NEW_SESSION:
+                if key is not None:  # a fork keeps its source's locale unless it names one
+                    inherited = self._session_locales.get(session) if session else None
+                    _remember(self._new_sessions, key, locale or inherited)
+                return
+            if session is not None and locale is not None:
+                _remember(self._session_locales, session, locale)
+        if session is not None and key is not None:
+            _remember(self._request_sessions, key, session)
+        prompt = _prompt_text(message)
+        if prompt is not None:
+            _remember(self._user_text, prompt[0], prompt[1])
+
+    def _answered(self, response: Mapping[str, Any]) -> str | None:
+        """The session an answer from the agent is of (None: unknown, or of none)."""
+        key = _request_key(response)
+        if key is None:
+            return None
+        if key in self._new_sessions:
+            locale = self._new_sessions.pop(key)
+            result = response.get("result")
+            session = result.get("sessionId") if isinstance(result, Mapping) else None
+            if locale is not None and isinstance(session, str):
+                _remember(self._session_locales, session, locale)
+            return None
+        return self._request_sessions.pop(key, None)
 
     async def flush(self, session: str | None = None) -> None:
         """Close the open thought streams of ``session`` (of every session when None)."""
@@ -378,13 +482,35 @@ class ThoughtTranslator:
 
     # -- thinking parts ----------------------------------------------------------------------
 
-    def _start(self, session: str, message: Mapping[str, Any]) -> _Thoughts:
-        target = self.target or self.client_locale
+    def _target_for(self, session: str) -> str | None:
+        """The fixed target; else the session's locale, else the client's, if served."""
+        if self.target is not None:
+            return self.target
+        for tag in (self._session_locales.get(session), self.client_locale):
+            if tag is None or tag in self._passed_over:
+                continue
+            # The sidecar resolves script and region (its zh-Hans serves a zh-CN): the
+            # language decides. Nothing listed (none ready yet) is no reason to pass over.
+            if not self._served or language_of(tag) in {language_of(t) for t in self._served}:
+                return tag
+            self._pass_over(tag, "is not among the sidecar's targets")
+        return None
+
+    def _pass_over(self, tag: str, why: str) -> None:
+        if len(self._passed_over) < MAX_TRACKED:
+            self._passed_over.add(tag)
+            # A canonical tag is letters, digits and '-': safe to log.
+            log.warning("locale %s %s; using the next choice", tag, why)
+
+    def _start(self, session: str, message: Mapping[str, Any],
+               message_id: object = None) -> _Thoughts:
+        target = self._target_for(session)
         stream = self.client.stream(
             safe_stream_id(session, f"{self._nonce}.{self._count}"), target=target,
             user_text=None if target else self._user_text.get(session), **self._stream_options)
         self._count += 1
-        thoughts = _Thoughts(stream, message)
+        thoughts = _Thoughts(stream, message, message_id,
+                             chosen=target if target != self.target else None)
         self._spawn(self._read(thoughts), f"thinktrans-acp:{stream.stream_id}")
         return thoughts
 
@@ -403,6 +529,9 @@ class ThoughtTranslator:
             thoughts.finished = True
             self._wake.set()
             await thoughts.stream.aclose()
+            # This part went out untranslated; the session's next ones take the next choice.
+            if thoughts.chosen is not None and thoughts.stream.failure_slug in TARGET_REFUSED:
+                self._pass_over(thoughts.chosen, "was refused by the sidecar")
 
     # -- the initialize answer ---------------------------------------------------------------
 
@@ -438,6 +567,7 @@ class ThoughtTranslator:
         with a fixed ``target``, that one alone (the client's locale is not used then).
         None: any. SidecarError when the sidecar does not say."""
         targets = await self.client.supported_targets()
+        self._served = targets
         if targets is None:  # the sidecar takes any target; the translator may not
             offered = [self.target] if self.target is not None else [
                 tag for entry in self._allowed if (tag := _usable_locale(entry, ())) is not None]

@@ -181,11 +181,12 @@ class SidecarError(Exception):
     """The sidecar did not serve a request; ``reason`` says why, without thinking text."""
 
     def __init__(self, reason: str, *, status: int | None = None,
-                 retry_after_s: float | None = None) -> None:
+                 retry_after_s: float | None = None, slug: str | None = None) -> None:
         super().__init__(reason)
         self.reason = reason
         self.status = status
         self.retry_after_s = retry_after_s
+        self.slug = slug  # the problem type's slug, e.g. ``invalid-locale``
 
     @property
     def transient(self) -> bool:
@@ -377,7 +378,7 @@ class ThinktransClient:
         if status >= 400:
             slug = _problem_slug(response)
             raise SidecarError(f"HTTP {status}{' ' + slug if slug else ''}", status=status,
-                               retry_after_s=_retry_after(response))
+                               retry_after_s=_retry_after(response), slug=slug or None)
         if status == 204:
             return None
         try:
@@ -587,6 +588,7 @@ class ThinkingStream:
         self.model = model
         self.policy: str | None = policy
         self.failure: str | None = None  # why the stream fell back to the originals
+        self.failure_slug: str | None = None  # the sidecar's problem slug, when it refused
         self._user_text = user_text
         self._backend = backend
         self._flush_interval_s = flush_interval_s
@@ -673,6 +675,7 @@ class ThinkingStream:
         if self.failure is not None:
             return
         self.failure = exc.reason
+        self.failure_slug = exc.slug
         self.client.note_failure(exc)
         # A skip follows a failure already logged: one warning per outage, not per stream.
         log.log(logging.INFO if isinstance(exc, _Skipped) else logging.WARNING,
