@@ -8,7 +8,7 @@ PY=${PYTHON:-python3}
 # other hosts, see the README for getting the CPU build. The agent-side client (client/)
 # is its own distribution; the server's tests drive it against a served sidecar.
 .venv/bin/python -m pip install -q --disable-pip-version-check -c .ci/constraints.txt \
-    -e '.[all,dev]' -e ./client
+    -e '.[all,dev]' -e './client[acp]'
 .venv/bin/pytest -q -p no:cacheprovider "$@"
 .venv/bin/ruff check service models client tests bench examples
 .venv/bin/mypy service models client/thinktrans_client

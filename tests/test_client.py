@@ -61,12 +61,12 @@ def chat(chat_server: FakeChat) -> FakeChat:
     return chat_server
 
 
-def llm_server(chat: FakeChat) -> AbstractContextManager[Server]:
+def llm_server(chat: FakeChat, **env: str) -> AbstractContextManager[Server]:
     """The llm backend on FakeChat, which answers "<language name>: <text>": visible."""
     return served(
         THINKTRANS_BACKEND="llm", THINKTRANS_LLM_BASE_URL=f"{chat.origin}/v1",
         THINKTRANS_LLM_MODEL="fake-model", THINKTRANS_CHECK_OUTPUT_LANGUAGE="false",
-        THINKTRANS_DEADLINE_MS="700",
+        THINKTRANS_DEADLINE_MS="700", **env,
     )
 
 

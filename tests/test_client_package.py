@@ -60,13 +60,19 @@ def _imported_modules(path: Path) -> set[str]:
 
 
 def test_sources_import_only_httpx_and_the_standard_library() -> None:
-    """Imports anywhere in the package, lazy ones in functions included."""
+    """Imports anywhere in the package, lazy ones in functions included; the proxy also
+    imports the ACP SDK (its ``acp`` extra), and nothing imports the proxy."""
     sources = sorted(PACKAGE.glob("*.py"))
-    assert {p.name for p in sources} >= {"__init__.py", "client.py", "acp.py", "locale.py"}
+    assert {p.name for p in sources} >= {"__init__.py", "client.py", "acp.py", "locale.py",
+                                         "proxy.py"}
     for path in sources:
         extra = _imported_modules(path) - sys.stdlib_module_names - {"httpx",
                                                                      "thinktrans_client"}
-        assert extra == set(), f"{path.name} imports {sorted(extra)}"
+        assert extra == ({"acp"} if path.name == "proxy.py" else set()), (
+            f"{path.name} imports {sorted(extra)}")
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        assert not any(isinstance(node, ast.ImportFrom) and node.module
+                       and node.module.endswith("proxy") for node in ast.walk(tree))
 
 
 def test_no_class_reaches_into_another_objects_private_members() -> None:
@@ -106,7 +112,8 @@ def test_pyproject_depends_on_httpx_only_and_ships_only_its_package() -> None:
     assert project["requires-python"] == ">=3.11"
     assert project["license"] == "Apache-2.0"
     assert project["dependencies"] == ["httpx>=0.27"]
-    assert "optional-dependencies" not in project
+    assert project["optional-dependencies"] == {"acp": ["agent-client-protocol>=0.12"]}
+    assert project["scripts"] == {"thinktrans-acp": "thinktrans_client.proxy:main"}
     assert meta["tool"]["setuptools"]["packages"]["find"]["include"] == ["thinktrans_client*"]
     assert any(req.startswith("setuptools") for req in meta["build-system"]["requires"])
     assert (CLIENT / "README.md").is_file()

@@ -1,0 +1,163 @@
+"""A fake ACP agent written with the ACP SDK's agent side; the proxy's tests run it as a child.
+
+    python tests/acp_agent.py
+
+A prompt whose text is ``turn`` streams the turn below: thought chunks (deltas, cut inside
+words) between message chunks, a tool call, its update, a plan and a permission request,
+then ends with ``end_turn``. ``wait`` streams a thought without a sentence end and waits
+for ``session/cancel``, then ends with ``cancelled``. Every message it sends is appended to
+``$ACP_AGENT_LOG`` (one JSON line each, as the SDK put it on the wire). It writes one line
+to stderr when it starts, exits with ``$ACP_AGENT_EXIT`` when its stdin closes, and with 42
+on SIGTERM (after a line on stderr).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import sys
+from typing import Any
+
+from acp import (
+    Client,
+    InitializeResponse,
+    NewSessionResponse,
+    PromptResponse,
+    RequestError,
+    run_agent,
+    start_tool_call,
+    text_block,
+    update_agent_message_text,
+    update_plan,
+    update_tool_call,
+)
+from acp.connection import StreamDirection, StreamEvent
+from acp.schema import (
+    AgentCapabilities,
+    AgentThoughtChunk,
+    PermissionOption,
+    PlanEntry,
+    ToolCallUpdate,
+)
+
+SIGTERM_EXIT = 42
+
+# (kind, payload): "thought" text is cut into deltas; "permission" asks the client.
+TURN: list[tuple[str, Any]] = [
+    ("thought", ("t1", "The test parses dates in the local timezone. "
+                       "On CI the timezone is UTC, so the day can shift.")),
+    ("message", "Let me look at the test."),
+    ("tool", None),
+    ("thought", ("t2", "这个测试在本地通过，因为时区是 Asia/Shanghai。 "
+                       "I should read parse_dates next.")),
+    ("tool_done", None),
+    ("plan", None),
+    ("permission", None),
+    ("thought", ("t3", "The fix is to pass tz=UTC explicitly. "
+                       "Then the test no longer depends on the machine.")),
+    ("message", "Fixed: the test now parses dates in UTC."),
+]
+
+
+def deltas(text: str, size: int = 7) -> list[str]:
+    """``text`` cut every ``size`` characters, inside words, as a model streams it."""
+    return [text[i:i + size] for i in range(0, len(text), size)]
+
+
+class FakeAgent:
+    def __init__(self) -> None:
+        self.conn: Client | None = None
+        self.sessions = 0
+        self.cancelled: dict[str, asyncio.Event] = {}
+
+    def on_connect(self, conn: Client) -> None:
+        self.conn = conn
+
+    async def initialize(self, protocol_version: int, client_capabilities: Any = None,
+                         client_info: Any = None, **kwargs: Any) -> InitializeResponse:
+        return InitializeResponse(protocol_version=protocol_version,
+                                  agent_capabilities=AgentCapabilities(load_session=True))
+
+    async def new_session(self, cwd: str, mcp_servers: Any = None,
+                          **kwargs: Any) -> NewSessionResponse:
+        self.sessions += 1
+        session = f"sess-{self.sessions}"
+        self.cancelled[session] = asyncio.Event()
+        return NewSessionResponse(session_id=session)
+
+    async def load_session(self, cwd: str, session_id: str, mcp_servers: Any = None,
+                           **kwargs: Any) -> None:
+        self.cancelled.setdefault(session_id, asyncio.Event())
+        return None
+
+    async def cancel(self, session_id: str, **kwargs: Any) -> None:
+        self.cancelled.setdefault(session_id, asyncio.Event()).set()
+
+    async def prompt(self, session_id: str, prompt: list[Any], **kwargs: Any) -> PromptResponse:
+        assert self.conn is not None
+        command = " ".join(getattr(block, "text", "") for block in prompt).strip()
+        if command == "wait":
+            for delta in deltas("Let me think about the dates and how they are parsed"):
+                await self._thought(session_id, "w1", delta)
+            await self.cancelled[session_id].wait()
+            return PromptResponse(stop_reason="cancelled")
+        if command != "turn":
+            raise RequestError.invalid_params({"prompt": "send 'turn' or 'wait'"})
+        for kind, payload in TURN:
+            await self._step(session_id, kind, payload)
+            await asyncio.sleep(0.01)  # a model's pace: the proxy sees the turn unfold
+        return PromptResponse(stop_reason="end_turn")
+
+    async def _thought(self, session_id: str, message_id: str, delta: str) -> None:
+        assert self.conn is not None
+        await self.conn.session_update(session_id, AgentThoughtChunk(
+            session_update="agent_thought_chunk", content=text_block(delta),
+            message_id=message_id))
+
+    async def _step(self, session_id: str, kind: str, payload: Any) -> None:
+        assert self.conn is not None
+        if kind == "thought":
+            message_id, text = payload
+            for delta in deltas(text):
+                await self._thought(session_id, message_id, delta)
+        elif kind == "message":
+            await self.conn.session_update(session_id, update_agent_message_text(payload))
+        elif kind == "tool":
+            await self.conn.session_update(session_id, start_tool_call(
+                "call_1", "Read tests/test_dates.py", kind="read", status="in_progress"))
+        elif kind == "tool_done":
+            await self.conn.session_update(session_id, update_tool_call(
+                "call_1", status="completed"))
+        elif kind == "plan":
+            await self.conn.session_update(session_id, update_plan([
+                PlanEntry(content="Parse dates in UTC", priority="high", status="pending")]))
+        elif kind == "permission":
+            await self.conn.request_permission(
+                session_id=session_id,
+                tool_call=ToolCallUpdate(tool_call_id="call_2", title="Edit parse_dates"),
+                options=[PermissionOption(option_id="allow", name="Allow",
+                                          kind="allow_once")])
+
+
+def main() -> int:
+    log_path = os.environ.get("ACP_AGENT_LOG")
+
+    def record(event: StreamEvent) -> None:
+        if log_path and event.direction is StreamDirection.OUTGOING:
+            with open(log_path, "a", encoding="utf-8") as out:
+                out.write(json.dumps(event.message, ensure_ascii=False) + "\n")
+
+    def on_sigterm(*_: Any) -> None:
+        print("fake agent: SIGTERM", file=sys.stderr, flush=True)
+        os._exit(SIGTERM_EXIT)
+
+    signal.signal(signal.SIGTERM, on_sigterm)
+    print("fake agent: started", file=sys.stderr, flush=True)
+    asyncio.run(run_agent(FakeAgent(), observers=[record]))
+    return int(os.environ.get("ACP_AGENT_EXIT", "0"))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,310 @@
+"""``thinktrans-acp`` between the ACP SDK's client side and a fake agent on its agent side.
+
+The agent (``tests/acp_agent.py``) runs as the proxy's child; the proxy is the installed
+console script; the sidecar is a real server. Every message the editor receives is checked
+against ACP's published JSON schema (``tests/data/acp-schema-v1.json``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import pytest
+from acp import PROTOCOL_VERSION, RequestPermissionResponse, spawn_agent_process, text_block
+from acp.connection import StreamDirection, StreamEvent
+from acp.schema import AllowedOutcome
+
+from tests.acp_agent import SIGTERM_EXIT, TURN
+from tests.conftest import Server
+from tests.fakes_remote import FakeChat
+from tests.test_acp import is_thought, others, thinktrans_meta, thought_parts, update_of
+from tests.test_client import llm_server
+
+ROOT = Path(__file__).resolve().parent.parent
+PROXY = str(Path(sys.executable).with_name("thinktrans-acp"))
+AGENT = (sys.executable, str(ROOT / "tests" / "acp_agent.py"))
+SCHEMA = json.loads((ROOT / "tests" / "data" / "acp-schema-v1.json").read_text())
+
+
+def validator(definition: str | None = None) -> jsonschema.Draft202012Validator:
+    """The published schema's root (any ACP message), or one of its definitions."""
+    schema = SCHEMA if definition is None else {
+        "$schema": SCHEMA["$schema"], "$defs": SCHEMA["$defs"],
+        "$ref": f"#/$defs/{definition}"}
+    return jsonschema.Draft202012Validator(schema)
+
+
+ANY_MESSAGE = validator()
+SESSION_NOTIFICATION = validator("SessionNotification")
+INITIALIZE_RESPONSE = validator("InitializeResponse")
+
+
+@pytest.fixture(scope="module")
+def chat(chat_server: FakeChat) -> FakeChat:
+    return chat_server
+
+
+@pytest.fixture(scope="module")
+def llm_sidecar(chat: FakeChat) -> Iterator[Server]:
+    """The llm backend on FakeChat ("<language name>: <text>"), offering two locales."""
+    with llm_server(chat, THINKTRANS_ALLOWED_LOCALES="zh-CN,de") as server:
+        yield server
+
+
+class Editor:
+    """The SDK's client side: every session update; a permission request runs ``hook``."""
+
+    def __init__(self, hook: Callable[[], None] | None = None) -> None:
+        self.hook = hook
+        self.updates: list[tuple[str, Any]] = []
+        self.wire: list[dict[str, Any]] = []  # what the proxy sent, as read off the pipe
+
+    def observe(self, event: StreamEvent) -> None:
+        if event.direction is StreamDirection.INCOMING:
+            self.wire.append(event.message)
+
+    async def session_update(self, session_id: str, update: Any, **kwargs: Any) -> None:
+        self.updates.append((session_id, update))
+
+    async def request_permission(self, options: Any, session_id: str, tool_call: Any,
+                                 **kwargs: Any) -> RequestPermissionResponse:
+        if self.hook is not None:
+            self.hook()
+        return RequestPermissionResponse(
+            outcome=AllowedOutcome(option_id="allow", outcome="selected"))
+
+
+class Run:
+    """One proxy process: the editor's view, the agent's own record, stderr, exit code."""
+
+    def __init__(self, tmp: Path) -> None:
+        self.agent_log = tmp / "agent.jsonl"
+        self.stderr_path = tmp / "stderr.txt"
+        self.returncode: int | None = None
+
+    def agent_sent(self) -> list[dict[str, Any]]:
+        return [json.loads(line) for line in self.agent_log.read_text().splitlines()]
+
+    def stderr(self) -> str:
+        return self.stderr_path.read_text(errors="replace")
+
+
+def without_locales(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The messages with ``_meta.thinktrans`` taken out of an initialize answer."""
+    out = []
+    for message in messages:
+        meta = (message.get("result") or {}).get("_meta") if "result" in message else None
+        if isinstance(meta, dict) and "thinktrans" in meta:
+            rest = {k: v for k, v in meta.items() if k != "thinktrans"}
+            result = {k: v for k, v in message["result"].items() if k != "_meta"}
+            message = {**message, "result": {**result, **({"_meta": rest} if rest else {})}}
+        out.append(message)
+    return out
+
+
+async def drive(tmp: Path, url: str, *proxy_args: str, client_locale: str | None = "zh-CN",
+                session_locale: str | None = "de", prompt: str = "turn",
+                hook: Callable[[], None] | None = None, exit_code: int = 3,
+                during: Callable[[Any, str], Any] | None = None) -> tuple[Run, Editor, Any]:
+    """initialize, session/new and one prompt through the proxy; the proxy then exits."""
+    run, editor = Run(tmp), Editor(hook)
+    env = {**os.environ, "ACP_AGENT_LOG": str(run.agent_log), "ACP_AGENT_EXIT": str(exit_code)}
+    with run.stderr_path.open("wb") as stderr:
+        async with spawn_agent_process(
+                editor, PROXY, "--url", url, "--timeout", "0.5", *proxy_args, "--", *AGENT,
+                env=env, cwd=ROOT, observers=[editor.observe],
+                transport_kwargs={"stderr": stderr, "shutdown_timeout": 20}) as (conn, proc):
+            init = await conn.initialize(protocol_version=PROTOCOL_VERSION, **(
+                {"locale": client_locale} if client_locale else {}))
+            session = await conn.new_session(cwd=str(tmp), mcp_servers=[], **(
+                {"locale": session_locale} if session_locale else {}))
+            turn = asyncio.ensure_future(conn.prompt(session_id=session.session_id,
+                                                     prompt=[text_block(prompt)]))
+            if during is not None:
+                await during(conn, session.session_id)
+            answer = await asyncio.wait_for(turn, 30)
+            assert init.protocol_version == PROTOCOL_VERSION
+        run.returncode = proc.returncode
+    return run, editor, answer
+
+
+def assert_relayed(run: Run, editor: Editor) -> None:
+    """Everything the agent sent reached the editor, in order, thoughts whole and valid."""
+    sent, got = run.agent_sent(), editor.wire
+    assert others(without_locales(got)) == others(sent)
+    assert thought_parts(got, output=True) == thought_parts(sent, output=False)
+    for message in got:
+        ANY_MESSAGE.validate(message)
+        if message.get("method") == "session/update":
+            SESSION_NOTIFICATION.validate(message["params"])
+    # Each output chunk keeps its part's messageId.
+    ids = [(update["_meta"]["thinktrans"]["original"], update.get("messageId"))
+           for m in got if is_thought(m) and (update := update_of(m)) is not None]
+    assert [i for _, i in ids] == sorted((i for _, i in ids), key=str)
+    assert set(i for _, i in ids) == {payload[0] for kind, payload in TURN if kind == "thought"}
+
+
+def test_the_schema_has_teeth() -> None:
+    bad = {"sessionId": "s", "update": {"sessionUpdate": "agent_thought_chunk",
+                                        "content": {"type": "text"}}}
+    with pytest.raises(jsonschema.ValidationError):
+        SESSION_NOTIFICATION.validate(bad)
+
+
+async def test_a_turn_through_the_proxy(tmp_path: Path, llm_sidecar: Server,
+                                        chat: FakeChat) -> None:
+    chat.reset()
+    run, editor, answer = await drive(tmp_path, llm_sidecar.url)
+    assert answer.stop_reason == "end_turn"
+    assert run.returncode == 3  # the agent's exit code
+    assert_relayed(run, editor)
+    got = editor.wire
+    # The initialize answer offers the sidecar's locales, and stays a valid answer.
+    [init] = [m for m in got if "protocolVersion" in m.get("result", {})]
+    INITIALIZE_RESPONSE.validate(init["result"])
+    assert init["result"]["_meta"]["thinktrans"]["locales"] == ["zh-CN", "de"]
+    # The session asked for German: its thoughts are in German, originals kept.
+    metas = thinktrans_meta(got)
+    assert {m["target"] for m in metas} == {"de"}
+    assert {m["status"] for m in metas} == {"translated"}
+    texts = [u["content"]["text"] for m in got if is_thought(m) and (u := update_of(m))]
+    assert all(text.startswith("German: ") for text in texts)
+    assert len(texts) == 6  # deltas came back as sentences
+    # The SDK's client side got every update, in the wire's order.
+    assert len(editor.updates) == sum(m.get("method") == "session/update" for m in got)
+    stderr = run.stderr()
+    assert "fake agent: started" in stderr  # the agent's stderr is the proxy's
+    assert "timezone" not in stderr and "时区" not in stderr  # no thinking text logged
+
+
+async def test_the_target_order(tmp_path: Path, llm_sidecar: Server, chat: FakeChat) -> None:
+    chat.reset()
+    # No session locale: the client's. A malformed one is ignored (one log line, no value).
+    (tmp_path / "a").mkdir()
+    run, editor, _ = await drive(tmp_path / "a", llm_sidecar.url, session_locale="de_DE\u202e")
+    assert {m["target"] for m in thinktrans_meta(editor.wire)} == {"zh-CN"}
+    assert "de_DE" not in run.stderr()
+    # --target wins over both.
+    (tmp_path / "b").mkdir()
+    run, editor, _ = await drive(tmp_path / "b", llm_sidecar.url, "--target", "de",
+                                 session_locale="zh-CN")
+    assert {m["target"] for m in thinktrans_meta(editor.wire)} == {"de"}
+    assert_relayed(run, editor)
+    # A well-formed locale the sidecar does not offer: passed over, with a line naming it.
+    (tmp_path / "c").mkdir()
+    run, editor, _ = await drive(tmp_path / "c", llm_sidecar.url, session_locale="fr")
+    assert {m["target"] for m in thinktrans_meta(editor.wire)} == {"zh-CN"}
+    assert "locale fr is not among the sidecar's targets" in run.stderr()
+
+
+async def test_the_sidecar_killed_mid_turn(tmp_path: Path, chat: FakeChat) -> None:
+    """The editor's permission dialog kills the sidecar: the rest passes through, in order."""
+    chat.reset()
+    with llm_server(chat) as server:
+        run, editor, answer = await drive(tmp_path, server.url, hook=server.proc.kill,
+                                          exit_code=5)
+    assert answer.stop_reason == "end_turn"
+    assert run.returncode == 5
+    assert_relayed(run, editor)
+    got = editor.wire
+    cut = next(i for i, m in enumerate(got) if m.get("method") == "session/request_permission")
+    before, after = thinktrans_meta(got[:cut]), thinktrans_meta(got[cut:])
+    assert before and {m["status"] for m in before} == {"translated"}
+    assert after and {m["status"] for m in after} == {"error"}
+    for message in got[cut:]:
+        if is_thought(message) and (update := update_of(message)) is not None:
+            assert update["content"]["text"] == update["_meta"]["thinktrans"]["original"]
+
+
+async def test_cancel_ends_the_thinking_part(tmp_path: Path, llm_sidecar: Server,
+                                             chat: FakeChat) -> None:
+    chat.reset()
+
+    async def cancel(conn: Any, session_id: str) -> None:
+        await asyncio.sleep(0.5)
+        await conn.cancel(session_id=session_id)
+
+    run, editor, answer = await drive(tmp_path, llm_sidecar.url, prompt="wait", during=cancel)
+    assert answer.stop_reason == "cancelled"
+    parts = thought_parts(editor.wire, output=True)
+    assert parts == ["Let me think about the dates and how they are parsed"]
+    assert others(without_locales(editor.wire)) == others(run.agent_sent())
+
+
+# -- the relay itself: bytes, signals, exit codes (no SDK on the other side) ---------------
+
+ECHO = ("import sys\n"
+        "print('echo: started', file=sys.stderr, flush=True)\n"
+        "for line in sys.stdin.buffer:\n"
+        "    sys.stdout.buffer.write(line); sys.stdout.buffer.flush()\n")
+
+
+async def proxy_process(*command: str, url: str = "http://127.0.0.1:9"
+                        ) -> asyncio.subprocess.Process:
+    return await asyncio.create_subprocess_exec(
+        PROXY, "--url", url, "--timeout", "0.3", "--", *command, cwd=ROOT,
+        stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE)
+
+
+async def test_every_line_passes_byte_for_byte() -> None:
+    """An echoing agent: what the editor sends comes back unchanged, both ways through."""
+    from thinktrans_client.proxy import MAX_PARSED_LINE_BYTES, READ_BUFFER_BYTES
+
+    lines = [
+        b'{"jsonrpc": "2.0", "id": 7, "method": "x/custom",  "params": {"b": 1, "a": 2}}\n',
+        b"this line is not JSON {\n",
+        b"\n",
+        b'{"jsonrpc":"2.0","method":"session/update","params":{}}\r\n',
+        b"[1, 2, 3]\n",
+        b"\xff\xfe not utf-8\n",
+        b'{"big": "' + b"x" * MAX_PARSED_LINE_BYTES + b'"}\n',
+        b'{"bigger": "' + b"y" * (READ_BUFFER_BYTES + 5) + b'"}\n',
+        b'{"jsonrpc":"2.0","id":"1","result":{"\\u00e9":"\\ud800"}}\n',
+        b"no newline at the end",
+    ]
+    data = b"".join(lines)
+    proc = await proxy_process(sys.executable, "-c", ECHO)
+    out, err = await asyncio.wait_for(proc.communicate(data), 60)
+    assert out == data
+    assert proc.returncode == 0
+    assert b"echo: started" in err
+
+
+async def test_signals_reach_the_agent_and_its_code_is_the_proxys() -> None:
+    proc = await proxy_process(*AGENT)
+    assert proc.stderr is not None
+    assert b"started" in await asyncio.wait_for(proc.stderr.readline(), 30)
+    proc.send_signal(signal.SIGTERM)
+    _, err = await asyncio.wait_for(proc.communicate(), 30)
+    assert b"fake agent: SIGTERM" in err
+    assert proc.returncode == SIGTERM_EXIT
+
+
+@pytest.mark.parametrize(("command", "code"), [
+    (("sh", "-c", "kill -KILL $$"), 128 + 9),
+    (("sh", "-c", "exit 7"), 7),
+    (("/nonexistent/agent",), 127),
+])
+async def test_exit_codes(command: tuple[str, ...], code: int) -> None:
+    proc = await proxy_process(*command)
+    _, err = await asyncio.wait_for(proc.communicate(b""), 30)
+    assert proc.returncode == code, err.decode()
+
+
+async def test_usage_errors() -> None:
+    for args in ((), ("--target", "zh_CN", "--", "true")):
+        proc = await asyncio.create_subprocess_exec(
+            PROXY, *args, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE)
+        out, err = await asyncio.wait_for(proc.communicate(), 30)
+        assert proc.returncode == 2 and out == b""
+        assert b"after --" in err or b"use '-', not '_'" in err
