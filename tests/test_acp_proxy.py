@@ -289,6 +289,16 @@ async def test_signals_reach_the_agent_and_its_code_is_the_proxys() -> None:
     assert proc.returncode == SIGTERM_EXIT
 
 
+async def test_an_agent_that_ignores_the_end_of_its_input_is_stopped() -> None:
+    ignores_eof = ("import signal, sys, time\n"
+                   "signal.signal(signal.SIGTERM, lambda *_: sys.exit(9))\n"
+                   "time.sleep(60)\n")
+    proc = await proxy_process(sys.executable, "-c", ignores_eof)
+    _, err = await asyncio.wait_for(proc.communicate(b""), 30)  # stdin closed at once
+    assert proc.returncode == 9
+    assert b"sending SIGTERM" in err
+
+
 @pytest.mark.parametrize(("command", "code"), [
     (("sh", "-c", "kill -KILL $$"), 128 + 9),
     (("sh", "-c", "exit 7"), 7),

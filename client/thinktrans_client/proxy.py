@@ -62,8 +62,6 @@ log = logging.getLogger("thinktrans.acp.proxy")
 MAX_PARSED_LINE_BYTES = 1 << 20  # thought chunks and session requests are far smaller
 READ_BUFFER_BYTES = 8 << 20  # per direction; a longer line passes through in pieces
 CHILD_EXIT_GRACE_S = 5.0  # after its stdin closes, before the agent is sent SIGTERM
-CHILD_OUTPUT_GRACE_S = 2.0  # after the agent exits, for its last output (a grandchild may
-#                             hold the pipe open)
 DEFAULT_URL = "http://127.0.0.1:8088"
 FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 INSTALL_HINT = "pip install 'thinktrans-client[acp]'"
@@ -140,8 +138,11 @@ async def _relay(lines: AsyncIterator[tuple[bytes, bool]], translator: ThoughtTr
 
 
 async def _client_to_agent(reader: asyncio.StreamReader, agent_stdin: asyncio.StreamWriter,
-                           translator: ThoughtTranslator) -> None:
-    """Every line the editor sends, on to the agent at once; the translator looks first."""
+                           translator: ThoughtTranslator,
+                           process: asyncio.subprocess.Process) -> None:
+    """Every line the editor sends, on to the agent at once; the translator looks first.
+    At the end of the editor's input, the agent's stdin is closed, and an agent that does
+    not exit within ``CHILD_EXIT_GRACE_S`` is sent SIGTERM, then after as long SIGKILL."""
     try:
         async for piece, whole in _pieces(reader):
             message = parse_line(piece, whole=whole)
@@ -155,6 +156,15 @@ async def _client_to_agent(reader: asyncio.StreamReader, agent_stdin: asyncio.St
         agent_stdin.write_eof()
     except (ConnectionError, OSError):
         log.info("the agent's stdin is closed; the editor's input is no longer passed on")
+        return
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            await asyncio.wait_for(asyncio.shield(process.wait()), CHILD_EXIT_GRACE_S)
+            return
+        except TimeoutError:
+            log.warning("the agent is still running %gs after its input ended; sending %s",
+                        CHILD_EXIT_GRACE_S, sig.name)
+            _forward(process, sig)
 
 
 async def _stdio() -> tuple[asyncio.StreamReader, Callable[[bytes], Awaitable[None]]]:
@@ -237,17 +247,16 @@ async def run(command: Sequence[str], *, url: str = DEFAULT_URL, token: str | No
         stack.callback(_restore_signals, loop)
         translator = ThoughtTranslator(client, send, target=target,
                                        stream_options=stream_options)
-        inbound = asyncio.create_task(_client_to_agent(reader, agent_stdin, translator),
-                                      name="thinktrans-acp:to-agent")
+        inbound = asyncio.create_task(
+            _client_to_agent(reader, agent_stdin, translator, process),
+            name="thinktrans-acp:to-agent")
         stack.push_async_callback(_cancel, inbound)
         outbound = asyncio.create_task(_relay(_pieces(agent_stdout), translator),
                                        name="thinktrans-acp:to-client")
-        exited = asyncio.create_task(process.wait(), name="thinktrans-acp:agent")
-        await asyncio.wait({outbound, exited}, return_when=asyncio.FIRST_COMPLETED)
-        if not outbound.done():  # the agent is gone; something else holds its stdout
-            await asyncio.wait({outbound}, timeout=CHILD_OUTPUT_GRACE_S)
-        await _cancel(outbound)
-        if not outbound.cancelled() and outbound.exception() is not None:
+        # Until the agent's stdout ends: it exited, or closed it (or, left alone here, its
+        # own children that inherited the pipe exited too).
+        await asyncio.wait({outbound})
+        if outbound.exception() is not None:
             log.error("output to the editor failed: %s; stopping the agent",
                       outbound.exception())
             _forward(process, signal.SIGTERM)
@@ -255,7 +264,7 @@ async def run(command: Sequence[str], *, url: str = DEFAULT_URL, token: str | No
             await translator.aclose()  # what was read goes out, bounded by the timeout
         except (ConnectionError, OSError, RuntimeError) as exc:
             log.error("output to the editor failed: %s", exc)
-        await exited
+        await process.wait()
     return _exit_code(process.returncode)
 
 
