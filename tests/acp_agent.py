@@ -5,10 +5,11 @@
 A prompt whose text is ``turn`` streams the turn below: thought chunks (deltas, cut inside
 words) between message chunks, a tool call, its update, a plan and a permission request,
 then ends with ``end_turn``. ``wait`` streams a thought without a sentence end and waits
-for ``session/cancel``, then ends with ``cancelled``. Every message it sends is appended to
-``$ACP_AGENT_LOG`` (one JSON line each, as the SDK put it on the wire). It writes one line
-to stderr when it starts, exits with ``$ACP_AGENT_EXIT`` when its stdin closes, and with 42
-on SIGTERM (after a line on stderr).
+for ``session/cancel``, then ends with ``cancelled`` ``CANCEL_ANSWER_DELAY_S`` later. Every
+message it sends is appended to ``$ACP_AGENT_LOG`` (one JSON line each, as the SDK put it on
+the wire). It writes one line to stderr when it starts, exits with ``$ACP_AGENT_EXIT`` when
+its stdin closes, and on SIGINT, SIGTERM or SIGHUP writes a line to stderr and exits with
+``signal_exit(signum)``.
 """
 
 from __future__ import annotations
@@ -42,7 +43,13 @@ from acp.schema import (
     ToolCallUpdate,
 )
 
-SIGTERM_EXIT = 42
+CANCEL_ANSWER_DELAY_S = 1.5
+
+
+def signal_exit(signum: int) -> int:
+    """The exit code on a signal: distinct from 128 + N, so the test sees the agent's own."""
+    return 100 + signum
+
 
 # (kind, payload): "thought" text is cut into deltas; "permission" asks the client.
 TURN: list[tuple[str, Any]] = [
@@ -102,6 +109,7 @@ class FakeAgent:
             for delta in deltas("Let me think about the dates and how they are parsed"):
                 await self._thought(session_id, "w1", delta)
             await self.cancelled[session_id].wait()
+            await asyncio.sleep(CANCEL_ANSWER_DELAY_S)  # the thought must not wait for this
             return PromptResponse(stop_reason="cancelled")
         if command != "turn":
             raise RequestError.invalid_params({"prompt": "send 'turn' or 'wait'"})
@@ -149,11 +157,12 @@ def main() -> int:
             with open(log_path, "a", encoding="utf-8") as out:
                 out.write(json.dumps(event.message, ensure_ascii=False) + "\n")
 
-    def on_sigterm(*_: Any) -> None:
-        print("fake agent: SIGTERM", file=sys.stderr, flush=True)
-        os._exit(SIGTERM_EXIT)
+    def on_signal(signum: int, _: Any) -> None:
+        print(f"fake agent: {signal.Signals(signum).name}", file=sys.stderr, flush=True)
+        os._exit(signal_exit(signum))
 
-    signal.signal(signal.SIGTERM, on_sigterm)
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, on_signal)
     print("fake agent: started", file=sys.stderr, flush=True)
     asyncio.run(run_agent(FakeAgent(), observers=[record]))
     return int(os.environ.get("ACP_AGENT_EXIT", "0"))

@@ -643,3 +643,54 @@ async def test_a_locale_the_sidecar_refuses_is_passed_over(sidecar: Server,
     assert metas[1]["target"] == "zh-Hans"
     assert sum("locale zz was refused by the sidecar" in r.getMessage()
                for r in caplog.records) == 1
+
+
+async def test_the_agents_request_ids_are_not_the_clients(slow_flush_sidecar: Server) -> None:
+    """Both sides number their requests from 0: the agent's permission request 3 in session
+    b must not take the place of the client's prompt 3 of session a."""
+    out = Collected()
+    async with ThinktransClient(slow_flush_sidecar.url, timeout_s=2.0) as client:
+        translator = ThoughtTranslator(client, out.send, target="de")
+        await translator.observe(request(3, "session/prompt", {
+            "sessionId": "a", "prompt": [{"type": "text", "text": "go"}]}))
+        await translator.feed(thought("thinking in a, no end yet", "a"))
+        await translator.feed(request(3, "session/request_permission", {
+            "sessionId": "b", "toolCall": {"toolCallId": "t"}, "options": []}))
+        await translator.feed(answer(3, {"stopReason": "end_turn"}))  # a's turn ends
+        await out.until(lambda: any(m.get("result") for m in out.messages))
+        await translator.aclose()
+    kinds = ["thought" if is_thought(m) else m.get("method", "answer") for m in out.messages]
+    assert kinds.index("thought") < kinds.index("answer")
+    assert out.originals("a") == "thinking in a, no end yet"
+
+
+async def test_an_empty_thought_chunk_goes_out_as_it_is(sidecar: Server) -> None:
+    messages = [thought("Let me see. "), thought(""), thought("It works.")]
+    out = await translate_all(sidecar.url, messages, target="de")
+    assert messages[1] in out
+    assert thought_parts([m for m in out if m != messages[1]], output=True) == [
+        "Let me see. It works."]
+
+
+async def test_feed_waits_for_room_when_the_client_does_not_read(sidecar: Server) -> None:
+    gate = asyncio.Event()
+    sent: list[Any] = []
+
+    async def slow_send(message: Any) -> None:
+        await gate.wait()
+        sent.append(message)
+
+    async with ThinktransClient(sidecar.url, timeout_s=2.0) as client:
+        translator = ThoughtTranslator(client, slow_send, max_pending=4)
+
+        async def feed_all() -> None:
+            for i in range(10):
+                await translator.feed(other("tool_call", toolCallId=str(i)))
+
+        feeding = asyncio.ensure_future(feed_all())
+        await asyncio.sleep(0.2)
+        assert not feeding.done()  # 4 waiting (and one in send): the rest wait for room
+        gate.set()
+        await asyncio.wait_for(feeding, 5)
+        await translator.aclose()
+    assert [m["params"]["update"]["toolCallId"] for m in sent] == [str(i) for i in range(10)]

@@ -11,7 +11,9 @@ import asyncio
 import json
 import os
 import signal
+import subprocess
 import sys
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -22,7 +24,7 @@ from acp import PROTOCOL_VERSION, RequestPermissionResponse, spawn_agent_process
 from acp.connection import StreamDirection, StreamEvent
 from acp.schema import AllowedOutcome
 
-from tests.acp_agent import SIGTERM_EXIT, TURN
+from tests.acp_agent import CANCEL_ANSWER_DELAY_S, TURN, signal_exit
 from tests.conftest import Server
 from tests.fakes_remote import FakeChat
 from tests.test_acp import is_thought, others, thinktrans_meta, thought_parts, update_of
@@ -54,8 +56,10 @@ def chat(chat_server: FakeChat) -> FakeChat:
 
 @pytest.fixture(scope="module")
 def llm_sidecar(chat: FakeChat) -> Iterator[Server]:
-    """The llm backend on FakeChat ("<language name>: <text>"), offering two locales."""
-    with llm_server(chat, THINKTRANS_ALLOWED_LOCALES="zh-CN,de") as server:
+    """The llm backend on FakeChat ("<language name>: <text>"), offering two locales; a
+    thinking part ends by a message or a close, not by the 30 s idle flush."""
+    with llm_server(chat, THINKTRANS_ALLOWED_LOCALES="zh-CN,de",
+                    THINKTRANS_FLUSH_IDLE_MS="30000") as server:
         yield server
 
 
@@ -66,10 +70,12 @@ class Editor:
         self.hook = hook
         self.updates: list[tuple[str, Any]] = []
         self.wire: list[dict[str, Any]] = []  # what the proxy sent, as read off the pipe
+        self.arrived: list[float] = []  # when each of them was read
 
     def observe(self, event: StreamEvent) -> None:
         if event.direction is StreamDirection.INCOMING:
             self.wire.append(event.message)
+            self.arrived.append(time.monotonic())
 
     async def session_update(self, session_id: str, update: Any, **kwargs: Any) -> None:
         self.updates.append((session_id, update))
@@ -237,6 +243,12 @@ async def test_cancel_ends_the_thinking_part(tmp_path: Path, llm_sidecar: Server
     parts = thought_parts(editor.wire, output=True)
     assert parts == ["Let me think about the dates and how they are parsed"]
     assert others(without_locales(editor.wire)) == others(run.agent_sent())
+    # The part went out at the cancel, not with the answer the agent sent later.
+    last_thought = max(t for m, t in zip(editor.wire, editor.arrived, strict=True)
+                       if is_thought(m))
+    [answered] = [t for m, t in zip(editor.wire, editor.arrived, strict=True)
+                  if (m.get("result") or {}).get("stopReason") == "cancelled"]
+    assert answered - last_thought > CANCEL_ANSWER_DELAY_S / 2
 
 
 # -- the relay itself: bytes, signals, exit codes (no SDK on the other side) ---------------
@@ -269,6 +281,7 @@ async def test_every_line_passes_byte_for_byte() -> None:
         b'{"big": "' + b"x" * MAX_PARSED_LINE_BYTES + b'"}\n',
         b'{"bigger": "' + b"y" * (READ_BUFFER_BYTES + 5) + b'"}\n',
         b'{"jsonrpc":"2.0","id":"1","result":{"\\u00e9":"\\ud800"}}\n',
+        b'{"a":' * 5000 + b"1" + b"}" * 5000 + b"\n",  # nested past the parser's stack
         b"no newline at the end",
     ]
     data = b"".join(lines)
@@ -279,14 +292,62 @@ async def test_every_line_passes_byte_for_byte() -> None:
     assert b"echo: started" in err
 
 
-async def test_signals_reach_the_agent_and_its_code_is_the_proxys() -> None:
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP])
+async def test_signals_reach_the_agent_and_its_code_is_the_proxys(sig: signal.Signals) -> None:
     proc = await proxy_process(*AGENT)
     assert proc.stderr is not None
     assert b"started" in await asyncio.wait_for(proc.stderr.readline(), 30)
-    proc.send_signal(signal.SIGTERM)
+    proc.send_signal(sig)
     _, err = await asyncio.wait_for(proc.communicate(), 30)
-    assert b"fake agent: SIGTERM" in err
-    assert proc.returncode == SIGTERM_EXIT
+    assert f"fake agent: {sig.name}".encode() in err
+    assert proc.returncode == signal_exit(sig)
+
+
+TICKER = ("import sys, time\n"
+          "line = b'{\"jsonrpc\":\"2.0\",\"method\":\"x/tick\",\"params\":{\"pad\":\"'"
+          " + b'p' * int(sys.argv[1]) + b'\"}}\\n'\n"
+          "for _ in range(int(sys.argv[2])):\n"
+          "    sys.stdout.buffer.write(line)\n"
+          "sys.stdout.buffer.flush()\n"
+          "time.sleep(60)\n")
+
+
+def rss_mib(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    raise AssertionError("no VmRSS")
+
+
+def test_an_editor_that_does_not_read_holds_the_agent_back() -> None:
+    """100 MB of agent output while the editor reads nothing: the proxy stays small (the
+    agent waits on its pipe), and every line arrives once the editor reads."""
+    lines, size = 10_000, 10_000
+    proc = subprocess.Popen([PROXY, "--url", "http://127.0.0.1:9", "--", sys.executable,
+                             "-c", TICKER, str(size), str(lines)], cwd=ROOT,
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    try:
+        time.sleep(3)
+        assert rss_mib(proc.pid) < 150
+        assert proc.stdout is not None
+        expected = (b'{"jsonrpc":"2.0","method":"x/tick","params":{"pad":"' + b"p" * size
+                    + b'"}}\n')
+        for _ in range(lines):
+            assert proc.stdout.readline() == expected
+    finally:
+        proc.kill()
+        proc.wait(10)
+
+
+def test_an_editor_that_closes_its_end_stops_the_agent() -> None:
+    proc = subprocess.Popen([PROXY, "--url", "http://127.0.0.1:9", "--", sys.executable,
+                             "-c", TICKER, "10", "100000000"], cwd=ROOT,
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert proc.stdout is not None and proc.stderr is not None
+    proc.stdout.readline()
+    proc.stdout.close()
+    assert proc.wait(20) == 128 + signal.SIGTERM
+    assert b"output to the editor failed" in proc.stderr.read()
 
 
 async def test_an_agent_that_ignores_the_end_of_its_input_is_stopped() -> None:
@@ -311,10 +372,11 @@ async def test_exit_codes(command: tuple[str, ...], code: int) -> None:
 
 
 async def test_usage_errors() -> None:
-    for args in ((), ("--target", "zh_CN", "--", "true")):
+    for args in ((), ("--target", "zh_CN", "--", "true"), ("--timeout", "0", "--", "true")):
         proc = await asyncio.create_subprocess_exec(
             PROXY, *args, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.PIPE)
         out, err = await asyncio.wait_for(proc.communicate(), 30)
         assert proc.returncode == 2 and out == b""
-        assert b"after --" in err or b"use '-', not '_'" in err
+        assert (b"after --" in err or b"use '-', not '_'" in err
+                or b"positive number of seconds" in err)

@@ -108,8 +108,15 @@ MAX_USER_TEXT_CHARS = 2000  # enough to detect a language; the service takes up 
 MAX_TRACKED = 1024
 # The sidecar's answers that refuse a stream's target: the next choice is used after them.
 TARGET_REFUSED = frozenset({"invalid-locale", "locale-not-allowed"})
+# Messages waiting to go out (messages, and translated chunks) before ``feed`` waits for
+# room: a client that stops reading then stops the agent's output, not memory.
+MAX_PENDING_MESSAGES = 256
 # Requests whose answer names a new session, and those that reopen the one they name.
 _NEW_SESSION = frozenset({"session/new", "session/fork"})
+# Requests an agent sends its client: in a recording of both directions (``feed``), their
+# ids are the agent's, not the client's, and say nothing of the client's requests.
+_FROM_THE_AGENT = frozenset({"session/update", "session/request_permission"})
+_FROM_THE_AGENT_PREFIXES = ("fs/", "terminal/", "elicitation/", "mcp/")
 _REOPEN_SESSION = frozenset({"session/load", "session/resume"})
 
 
@@ -243,6 +250,13 @@ def _remember(table: dict[Any, Any], key: Any, value: Any) -> None:
         del table[next(iter(table))]
 
 
+def _sent_by_agent(message: Mapping[str, Any]) -> bool:
+    """Whether a request or notification is one an agent sends (see ``_FROM_THE_AGENT``)."""
+    method = message.get("method")
+    return isinstance(method, str) and (
+        method in _FROM_THE_AGENT or method.startswith(_FROM_THE_AGENT_PREFIXES))
+
+
 def _session_of(message: Any) -> str | None:
     """The session a message belongs to, or None for one that concerns every session."""
     if isinstance(message, Mapping) and "method" in message:
@@ -299,11 +313,14 @@ def _same_id(a: object, b: object) -> bool:
 class ThoughtTranslator:
     """Feeds ACP messages in, sends them out with thoughts translated and the order kept.
 
-    ``feed`` never waits on the network; ``send`` is called from a task of the translator,
-    one message at a time. Call ``drain`` when a turn ends (thoughts still open are flushed)
-    and ``aclose`` at the end. ``stream_options`` go to ``ThinktransClient.stream``
-    (``model``, ``policy``, ``backend``, ``flush_interval_s``...). ``advertise_locales``:
-    add the locales thoughts can be translated into to the agent's ``initialize`` answer.
+    ``feed`` never waits on the network, only for room: with ``max_pending`` messages and
+    translated chunks waiting to be sent (``send`` slow, or thoughts before them not back
+    yet, which the client's budgets bound), it waits until one has gone out. ``send`` is
+    called from a task of the translator, one message at a time. Call ``drain`` when a turn
+    ends (thoughts still open are flushed) and ``aclose`` at the end. ``stream_options`` go
+    to ``ThinktransClient.stream`` (``model``, ``policy``, ``backend``,
+    ``flush_interval_s``...). ``advertise_locales``: add the locales thoughts can be
+    translated into to the agent's ``initialize`` answer.
     """
 
     def __init__(
@@ -316,6 +333,7 @@ class ThoughtTranslator:
         lane: Lane = default_lane,
         stream_options: Mapping[str, Any] | None = None,
         advertise_locales: bool = True,
+        max_pending: int = MAX_PENDING_MESSAGES,
     ) -> None:
         self.client = client
         allowed = (allowed,) if isinstance(allowed, str) else tuple(allowed)
@@ -347,6 +365,9 @@ class ThoughtTranslator:
         self._wake = asyncio.Event()
         self._idle = asyncio.Event()
         self._idle.set()
+        self.max_pending = max_pending
+        self._ready_count = 0  # translated chunks waiting in parts' ``ready``
+        self._room = asyncio.Event()
         self._closing = False
         self._emitter: asyncio.Task[None] | None = None
         self._tasks: set[asyncio.Task[None]] = set()  # readers, and the locales look-up
@@ -365,7 +386,15 @@ class ThoughtTranslator:
         if self._closing:
             raise RuntimeError("the translator is closed")
         self._check_emitter()
+        while len(self._slots) + self._ready_count >= self.max_pending:
+            self._room.clear()  # the emitter sets it as messages go out, or when it stops
+            await self._room.wait()
+            self._check_emitter()
         thought = _thought_text(message)
+        if thought is not None and not thought[2]:
+            # No text to translate: it goes out as it is, after the part it belongs to.
+            self._append(_Slot(thought[0], message=message))
+            return
         if thought is not None:
             session, update, text = thought
             key = (session, self._lane(update))
@@ -381,7 +410,8 @@ class ThoughtTranslator:
                 self._append(_Slot(session, thoughts=current))
             await current.stream.push(text)
             return
-        self._note_client(message)
+        if isinstance(message, Mapping) and not _sent_by_agent(message):
+            self._note_client(message)
         scope = _session_of(message)
         if scope is None and isinstance(message, Mapping) and "method" not in message:
             scope = self._answered(message)
@@ -448,9 +478,11 @@ class ThoughtTranslator:
             locale = self._new_sessions.pop(key)
             result = response.get("result")
             session = result.get("sessionId") if isinstance(result, Mapping) else None
-            if locale is not None and isinstance(session, str):
+            if not isinstance(session, str):
+                return None
+            if locale is not None:
                 _remember(self._session_locales, session, locale)
-            return None
+            return session  # a new session: no one else's thinking waits on it
         return self._request_sessions.pop(key, None)
 
     async def flush(self, session: str | None = None) -> None:
@@ -524,6 +556,7 @@ class ThoughtTranslator:
             async for item in thoughts.stream.results(updates=False):
                 if isinstance(item, TranslatedSegment):
                     thoughts.ready.append(self._chunk(thoughts.template, item))
+                    self._ready_count += 1
                     self._wake.set()
         finally:
             thoughts.finished = True
@@ -604,6 +637,8 @@ class ThoughtTranslator:
         self._idle.clear()
         if self._emitter is None:
             self._emitter = asyncio.create_task(self._emit(), name="thinktrans-acp:emit")
+            # A feed waiting for room learns that no more will come.
+            self._emitter.add_done_callback(lambda _: self._room.set())
         self._wake.set()
 
     def _check_emitter(self) -> None:
@@ -630,6 +665,7 @@ class ThoughtTranslator:
                         held_all = True
                     held_sessions.add(slot.session)
             self._slots = [slot for slot in self._slots if not slot.done]
+            self._room.set()
             if not self._slots:
                 self._idle.set()
                 if self._closing:
@@ -647,6 +683,8 @@ class ThoughtTranslator:
             return
         while thoughts.ready:
             await self._send(thoughts.ready.popleft())
+            self._ready_count -= 1
+            self._room.set()
         if thoughts.finished and not thoughts.ready:
             slot.done = True
 

@@ -17,21 +17,29 @@ process and relays JSON-RPC over stdio both ways, line by line and in order:
   locales in ``_meta.thinktrans.locales``.
 
 It is never in the way: with the sidecar down, slow or failing, thoughts pass through
-unchanged and in order (the client's fallback, bounded by ``--timeout``); a line that is
-not a JSON object passes through as it came; the agent's stderr is the proxy's stderr;
-SIGINT, SIGTERM and SIGHUP are passed to the agent; the agent's exit code is the proxy's
-(128 + N when a signal N ended it; 127 when the command is not found, 126 when it cannot
-be run). The proxy's own log goes to stderr and never holds thinking text.
+unchanged and in order (the client's fallback: a request gives up after ``--timeout``, a
+stream with no result after ``--stall``; a session's later messages wait no longer); a line
+that is not a JSON object passes through as it came; the agent's stderr is the proxy's
+stderr; SIGINT, SIGTERM and SIGHUP are passed to the agent (before it starts, or once it
+has exited, they end the proxy); the agent's exit code is the proxy's (128 + N when a
+signal N ended it; 127 when the command is not found, 126 when it cannot be run). At the
+end of the editor's input the agent's stdin is closed; an agent still running
+``CHILD_EXIT_GRACE_S`` later is sent SIGTERM, and as long after that SIGKILL. When the
+editor closes the proxy's stdout, the agent is sent SIGTERM. The proxy's own log goes to
+stderr and never holds thinking text.
 
 Limits: a line is parsed only up to ``MAX_PARSED_LINE_BYTES`` (a longer one passes through
-untouched, and the proxy learns nothing from it); a line longer than
-``READ_BUFFER_BYTES`` passes through in pieces, so memory stays bounded.
+untouched, and the proxy learns nothing from it); a longer line passes through in pieces of
+at most that; at most ``MAX_PENDING_MESSAGES`` (``thinktrans_client.acp``) wait to go to the
+editor, after which the agent's output waits, as it would on a slow editor without the
+proxy. Memory stays bounded by their product.
 
-The relay needs the ACP SDK (``pip install 'thinktrans-client[acp]'``): its stdio streams
-and its child-process transport. Its connection classes do not fit a relay, which must
-forward every method, id and field it does not know without answering or re-encoding it.
-``translate_stdio`` is the agent-to-client half alone, for a recording of both directions
-on stdin (``examples/acp_bridge.py``).
+The relay needs the ACP SDK (``pip install 'thinktrans-client[acp]'``) for its child
+process transport. Its connection classes do not fit a relay, which must forward every
+method, id and field it does not know without answering or re-encoding it; nor does its
+stdout writer, which does not notice an editor that closed the pipe. ``translate_stdio`` is
+the agent-to-client half alone, for a recording of both directions on stdin
+(``examples/acp_bridge.py``).
 """
 
 from __future__ import annotations
@@ -60,8 +68,9 @@ __all__ = ["MAX_PARSED_LINE_BYTES", "READ_BUFFER_BYTES", "ProxyError", "RawLine"
 log = logging.getLogger("thinktrans.acp.proxy")
 
 MAX_PARSED_LINE_BYTES = 1 << 20  # thought chunks and session requests are far smaller
-READ_BUFFER_BYTES = 8 << 20  # per direction; a longer line passes through in pieces
+READ_BUFFER_BYTES = MAX_PARSED_LINE_BYTES  # per direction; a longer line comes in pieces
 CHILD_EXIT_GRACE_S = 5.0  # after its stdin closes, before the agent is sent SIGTERM
+EXIT_POLL_S = 0.05  # the agent's exit is seen from its return code, not its pipes
 DEFAULT_URL = "http://127.0.0.1:8088"
 FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 INSTALL_HINT = "pip install 'thinktrans-client[acp]'"
@@ -95,7 +104,7 @@ def parse_line(piece: bytes, *, whole: bool = True) -> Any:
         return RawLine(piece)
     try:
         value = json.loads(piece)
-    except ValueError:  # not JSON, or not UTF-8
+    except (ValueError, RecursionError):  # not JSON, not UTF-8, or nested past the stack
         return RawLine(piece)
     return _Received(value, piece) if isinstance(value, dict) else RawLine(piece)
 
@@ -145,12 +154,12 @@ async def _client_to_agent(reader: asyncio.StreamReader, agent_stdin: asyncio.St
     not exit within ``CHILD_EXIT_GRACE_S`` is sent SIGTERM, then after as long SIGKILL."""
     try:
         async for piece, whole in _pieces(reader):
-            message = parse_line(piece, whole=whole)
-            if not isinstance(message, RawLine):
-                try:
+            try:
+                message = parse_line(piece, whole=whole)
+                if not isinstance(message, RawLine):
                     await translator.observe(message)
-                except Exception:  # a bug here must not cost the agent its input
-                    log.exception("a message from the client was passed on unread")
+            except Exception:  # a bug here must not cost the agent its input
+                log.exception("a message from the client was passed on unread")
             agent_stdin.write(piece)
             await agent_stdin.drain()
         agent_stdin.write_eof()
@@ -158,54 +167,21 @@ async def _client_to_agent(reader: asyncio.StreamReader, agent_stdin: asyncio.St
         log.info("the agent's stdin is closed; the editor's input is no longer passed on")
         return
     for sig in (signal.SIGTERM, signal.SIGKILL):
-        try:
-            await asyncio.wait_for(asyncio.shield(process.wait()), CHILD_EXIT_GRACE_S)
+        if await _exited_within(process, CHILD_EXIT_GRACE_S):
             return
-        except TimeoutError:
-            log.warning("the agent is still running %gs after its input ended; sending %s",
-                        CHILD_EXIT_GRACE_S, sig.name)
-            _forward(process, sig)
+        log.warning("the agent is still running %gs after its input ended; sending %s",
+                    CHILD_EXIT_GRACE_S, sig.name)
+        _forward(process, sig)
 
 
-async def _stdio() -> tuple[asyncio.StreamReader, Callable[[bytes], Awaitable[None]]]:
-    """This process's stdin as a stream, and a writer to its stdout.
-
-    Pipes and terminals (an editor gives pipes) through the SDK's stdio streams; a regular
-    file (``< requests.jsonl > out.jsonl`` in a shell) read and written from threads.
-    """
-    try:
-        from acp.stdio import stdio_streams
-    except ImportError as exc:
-        raise ProxyError(f"the ACP SDK is not installed: {INSTALL_HINT}") from exc
-    if not any(stat.S_ISREG(os.fstat(f.fileno()).st_mode) for f in (sys.stdin, sys.stdout)):
-        reader, writer = await stdio_streams(limit=READ_BUFFER_BYTES)
-
-        async def to_pipe(data: bytes) -> None:
-            writer.write(data)
-            await writer.drain()
-
-        return reader, to_pipe
+async def _exited_within(process: asyncio.subprocess.Process, seconds: float) -> bool:
+    """Whether the agent exits within ``seconds``. Its return code is set at its exit;
+    ``process.wait()`` also waits for its pipes, which its own children may hold open."""
     loop = asyncio.get_running_loop()
-    reader = asyncio.StreamReader(limit=READ_BUFFER_BYTES)
-    stdin, stdout = sys.stdin.fileno(), sys.stdout.buffer
-
-    def feed() -> None:
-        try:
-            while chunk := os.read(stdin, 1 << 16):
-                loop.call_soon_threadsafe(reader.feed_data, chunk)
-        finally:
-            loop.call_soon_threadsafe(reader.feed_eof)
-
-    threading.Thread(target=feed, name="thinktrans-acp:stdin", daemon=True).start()
-
-    def blocking_write(data: bytes) -> None:
-        stdout.write(data)
-        stdout.flush()
-
-    async def to_file(data: bytes) -> None:
-        await asyncio.to_thread(blocking_write, data)
-
-    return reader, to_file
+    give_up = loop.time() + seconds
+    while process.returncode is None and loop.time() < give_up:
+        await asyncio.sleep(EXIT_POLL_S)
+    return process.returncode is not None
 
 
 def _exit_code(returncode: int | None) -> int:
@@ -214,8 +190,119 @@ def _exit_code(returncode: int | None) -> int:
     return 128 - returncode if returncode < 0 else returncode
 
 
+class _EditorOutput(asyncio.Protocol):
+    """The write side of the proxy's stdout pipe: flow control, and an error once the editor
+    has closed it (a plain StreamWriter's drain would wait forever then)."""
+
+    def __init__(self) -> None:
+        self.transport: asyncio.WriteTransport | None = None
+        self._paused = False
+        self._waiter: asyncio.Future[None] | None = None
+        self._lost = False
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.WriteTransport)
+        self.transport = transport
+
+    def pause_writing(self) -> None:
+        self._paused = True
+
+    def resume_writing(self) -> None:
+        self._paused = False
+        self._wake()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._lost = True
+        self._wake()
+
+    def _wake(self) -> None:
+        if self._waiter is not None and not self._waiter.done():
+            self._waiter.set_result(None)
+        self._waiter = None
+
+    async def write(self, data: bytes) -> None:
+        if self._lost or self.transport is None or self.transport.is_closing():
+            raise BrokenPipeError("the editor closed the proxy's stdout")
+        self.transport.write(data)
+        while self._paused and not self._lost:
+            self._waiter = asyncio.get_running_loop().create_future()
+            await self._waiter
+        if self._lost:
+            raise BrokenPipeError("the editor closed the proxy's stdout")
+
+
+async def _stdio() -> tuple[asyncio.StreamReader, Callable[[bytes], Awaitable[None]]]:
+    """This process's stdin as a stream, and a writer to its stdout.
+
+    Pipes and terminals (an editor gives pipes) on the event loop; a regular file
+    (``< requests.jsonl > out.jsonl`` in a shell) read and written from threads.
+    """
+    loop = asyncio.get_running_loop()
+    reader = asyncio.StreamReader(limit=READ_BUFFER_BYTES)
+    stdin, stdout = sys.stdin.fileno(), sys.stdout.fileno()
+    if not stat.S_ISREG(os.fstat(stdin).st_mode):
+        await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), sys.stdin)
+    else:
+        def feed() -> None:
+            try:
+                while chunk := os.read(stdin, 1 << 16):
+                    loop.call_soon_threadsafe(reader.feed_data, chunk)
+            finally:
+                loop.call_soon_threadsafe(reader.feed_eof)
+
+        threading.Thread(target=feed, name="thinktrans-acp:stdin", daemon=True).start()
+    if not stat.S_ISREG(os.fstat(stdout).st_mode):
+        _, output = await loop.connect_write_pipe(_EditorOutput, sys.stdout)
+        return reader, output.write
+
+    def blocking_write(data: bytes) -> None:
+        sys.stdout.buffer.write(data)
+        sys.stdout.buffer.flush()
+
+    async def to_file(data: bytes) -> None:
+        await asyncio.to_thread(blocking_write, data)
+
+    return reader, to_file
+
+
+def _sender(write: Callable[[bytes], Awaitable[None]]) -> Callable[[Any], Awaitable[None]]:
+    async def send(message: Any) -> None:
+        try:
+            data = encode(message)
+        except (ValueError, RecursionError):  # not one the agent could have sent either
+            log.error("a message could not be encoded and was left out")
+            return
+        await write(data)
+
+    return send
+
+
+class _Signals:
+    """SIGINT, SIGTERM and SIGHUP: passed to the agent while it runs; before it starts, or
+    once it has exited, they end the proxy (its task is cancelled)."""
+
+    def __init__(self) -> None:
+        self.loop = asyncio.get_running_loop()
+        self.task = asyncio.current_task()
+        self.process: asyncio.subprocess.Process | None = None
+        self.ended_by: signal.Signals | None = None
+        for sig in FORWARDED_SIGNALS:
+            self.loop.add_signal_handler(sig, self._handle, sig)
+
+    def _handle(self, sig: signal.Signals) -> None:
+        if self.process is not None and self.process.returncode is None:
+            _forward(self.process, sig)
+        elif self.ended_by is None and self.task is not None:
+            self.ended_by = sig
+            self.task.cancel()
+
+    def restore(self) -> None:
+        for sig in FORWARDED_SIGNALS:
+            self.loop.remove_signal_handler(sig)
+
+
 async def run(command: Sequence[str], *, url: str = DEFAULT_URL, token: str | None = None,
-              target: str | None = None, timeout_s: float = 2.0,
+              target: str | None = None, timeout_s: float = 2.0, stall_s: float = 10.0,
               stream_options: Mapping[str, Any] | None = None) -> int:
     """Relay this process's stdio to ``command``'s, thoughts translated; its exit code.
 
@@ -225,47 +312,53 @@ async def run(command: Sequence[str], *, url: str = DEFAULT_URL, token: str | No
         from acp.transports import spawn_stdio_transport
     except ImportError as exc:
         raise ProxyError(f"the ACP SDK is not installed: {INSTALL_HINT}") from exc
-    reader, write = await _stdio()
+    signals = _Signals()
+    try:
+        reader, write = await _stdio()
+        async with contextlib.AsyncExitStack() as stack:
+            client = await stack.enter_async_context(
+                ThinktransClient(url, token=token, timeout_s=timeout_s, stall_s=stall_s))
+            try:
+                agent_stdout, agent_stdin, process = await stack.enter_async_context(
+                    spawn_stdio_transport(command[0], *command[1:], env=dict(os.environ),
+                                          stderr=None, limit=READ_BUFFER_BYTES,
+                                          shutdown_timeout=CHILD_EXIT_GRACE_S))
+            except OSError as exc:
+                log.error("cannot start the agent %r: %s", command[0], exc.strerror or exc)
+                return 127 if isinstance(exc, FileNotFoundError) else 126
+            signals.process = process
+            translator = ThoughtTranslator(client, _sender(write), target=target,
+                                           stream_options=stream_options)
+            inbound = asyncio.create_task(
+                _client_to_agent(reader, agent_stdin, translator, process),
+                name="thinktrans-acp:to-agent")
+            stack.push_async_callback(_cancel, inbound)
+            await _agent_to_client(agent_stdout, translator, process)
+            await process.wait()
+        return _exit_code(process.returncode)
+    except asyncio.CancelledError:
+        if signals.ended_by is None:
+            raise
+        agent = signals.process
+        return _exit_code(agent.returncode if agent is not None else -signals.ended_by)
+    finally:
+        signals.restore()
 
-    async def send(message: Any) -> None:
-        await write(encode(message))
 
-    loop = asyncio.get_running_loop()
-    async with contextlib.AsyncExitStack() as stack:
-        client = await stack.enter_async_context(
-            ThinktransClient(url, token=token, timeout_s=timeout_s))
-        try:
-            agent_stdout, agent_stdin, process = await stack.enter_async_context(
-                spawn_stdio_transport(command[0], *command[1:], env=dict(os.environ),
-                                      stderr=None, limit=READ_BUFFER_BYTES,
-                                      shutdown_timeout=CHILD_EXIT_GRACE_S))
-        except OSError as exc:
-            log.error("cannot start the agent %r: %s", command[0], exc.strerror or exc)
-            return 127 if isinstance(exc, FileNotFoundError) else 126
-        for sig in FORWARDED_SIGNALS:
-            loop.add_signal_handler(sig, _forward, process, sig)
-        stack.callback(_restore_signals, loop)
-        translator = ThoughtTranslator(client, send, target=target,
-                                       stream_options=stream_options)
-        inbound = asyncio.create_task(
-            _client_to_agent(reader, agent_stdin, translator, process),
-            name="thinktrans-acp:to-agent")
-        stack.push_async_callback(_cancel, inbound)
-        outbound = asyncio.create_task(_relay(_pieces(agent_stdout), translator),
-                                       name="thinktrans-acp:to-client")
-        # Until the agent's stdout ends: it exited, or closed it (or, left alone here, its
-        # own children that inherited the pipe exited too).
-        await asyncio.wait({outbound})
-        if outbound.exception() is not None:
-            log.error("output to the editor failed: %s; stopping the agent",
-                      outbound.exception())
-            _forward(process, signal.SIGTERM)
-        try:
-            await translator.aclose()  # what was read goes out, bounded by the timeout
-        except (ConnectionError, OSError, RuntimeError) as exc:
-            log.error("output to the editor failed: %s", exc)
-        await process.wait()
-    return _exit_code(process.returncode)
+async def _agent_to_client(agent_stdout: asyncio.StreamReader, translator: ThoughtTranslator,
+                           process: asyncio.subprocess.Process) -> None:
+    """Until the agent's stdout ends (it exited or closed it; its own children that
+    inherited the pipe keep it open): its lines through the translator to the editor."""
+    try:
+        await _relay(_pieces(agent_stdout), translator)
+    except (ConnectionError, OSError, RuntimeError) as exc:
+        # RuntimeError: the translator's output stopped, for the same reason.
+        log.error("output to the editor failed (%s); stopping the agent", type(exc).__name__)
+        _forward(process, signal.SIGTERM)
+    try:
+        await translator.aclose()  # what was read goes out, bounded by the client's budgets
+    except (ConnectionError, OSError, RuntimeError) as exc:
+        log.error("output to the editor failed (%s)", type(exc).__name__)
 
 
 async def translate_stdio(*, url: str = DEFAULT_URL, token: str | None = None,
@@ -274,15 +367,11 @@ async def translate_stdio(*, url: str = DEFAULT_URL, token: str | None = None,
     """Copy stdin to stdout, thoughts translated: a recording of both directions, no agent.
 
     The client's messages in it (``initialize``, ``session/new``...) are read as the proxy
-    reads them, and passed on too. Needs the ACP SDK for stdin and stdout as pipes.
+    reads them, and passed on too.
     """
     reader, write = await _stdio()
-
-    async def send(message: Any) -> None:
-        await write(encode(message))
-
     async with ThinktransClient(url, token=token, timeout_s=timeout_s) as client:
-        async with ThoughtTranslator(client, send, target=target,
+        async with ThoughtTranslator(client, _sender(write), target=target,
                                      stream_options=stream_options) as translator:
             await _relay(_pieces(reader), translator)
 
@@ -291,11 +380,6 @@ def _forward(process: asyncio.subprocess.Process, sig: signal.Signals) -> None:
     if process.returncode is None:
         with contextlib.suppress(ProcessLookupError):
             process.send_signal(sig)
-
-
-def _restore_signals(loop: asyncio.AbstractEventLoop) -> None:
-    for sig in FORWARDED_SIGNALS:
-        loop.remove_signal_handler(sig)
 
 
 async def _cancel(task: asyncio.Task[None]) -> None:
@@ -322,11 +406,22 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--policy", choices=("translate", "hide"),
                         help="translate foreign thoughts, or hide them (originals kept in "
                              "_meta.thinktrans.original)")
-    parser.add_argument("--timeout", type=float, default=2.0, metavar="S",
+    parser.add_argument("--timeout", type=_seconds, default=2.0, metavar="S",
                         help="seconds a sidecar request may take before thoughts pass "
                              "through untranslated (default: 2)")
+    parser.add_argument("--stall", type=_seconds, default=10.0, metavar="S",
+                        help="seconds a thinking part may go without a result before it "
+                             "passes through untranslated; a session's later messages wait "
+                             "no longer (default: 10; above the sidecar's deadline_ms)")
     parser.add_argument("-v", "--verbose", action="store_true", help="log more to stderr")
     return parser
+
+
+def _seconds(value: str) -> float:
+    seconds = float(value)
+    if not 0 < seconds < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a positive number of seconds, not {value}")
+    return seconds
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -353,7 +448,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     token = args.token or os.environ.get("THINKTRANS_API_TOKEN") or None
     try:
         return asyncio.run(run(command, url=args.url, token=token, target=target,
-                               timeout_s=args.timeout, stream_options=options))
+                               timeout_s=args.timeout, stall_s=args.stall,
+                               stream_options=options))
     except ProxyError as exc:
         print(f"thinktrans-acp: {exc}", file=sys.stderr)
         return 2
