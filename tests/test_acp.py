@@ -694,3 +694,27 @@ async def test_feed_waits_for_room_when_the_client_does_not_read(sidecar: Server
         await asyncio.wait_for(feeding, 5)
         await translator.aclose()
     assert [m["params"]["update"]["toolCallId"] for m in sent] == [str(i) for i in range(10)]
+
+
+async def test_room_is_made_when_open_parts_hold_the_rest() -> None:
+    """Sub-agent thoughts queue behind the main agent's open part, with the sidecar down:
+    waiting for room closes the open parts instead of waiting for a message that would."""
+    main = thought("Main thinking starts. ")
+    subs = [thought(f"sub thought {i}. ", meta={"claudeCode": {"parentToolUseId": "t1"}})
+            for i in range(20)]
+    sent: list[Any] = []
+
+    async def send(message: Any) -> None:
+        sent.append(message)
+
+    async with ThinktransClient(closed_port_url(), timeout_s=0.3) as client:
+        translator = ThoughtTranslator(client, send, max_pending=4)
+        async with asyncio.timeout(10):
+            for message in [main, *subs, thought("", meta={"x": 1})]:
+                await translator.feed(message)
+            await translator.aclose()
+    originals = "".join(update["_meta"]["thinktrans"]["original"] for m in sent
+                        if (update := update_of(m)) is not None and "thinktrans" in
+                        update.get("_meta", {}))
+    assert originals == "Main thinking starts. " + "".join(f"sub thought {i}. "
+                                                            for i in range(20))

@@ -345,6 +345,7 @@ def test_an_editor_that_closes_its_end_stops_the_agent() -> None:
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     assert proc.stdout is not None and proc.stderr is not None
     proc.stdout.readline()
+    time.sleep(2)  # the editor does not read: every pipe and buffer on the way fills
     proc.stdout.close()
     assert proc.wait(20) == 128 + signal.SIGTERM
     assert b"output to the editor failed" in proc.stderr.read()
@@ -369,6 +370,18 @@ async def test_exit_codes(command: tuple[str, ...], code: int) -> None:
     proc = await proxy_process(*command)
     _, err = await asyncio.wait_for(proc.communicate(b""), 30)
     assert proc.returncode == code, err.decode()
+
+
+def test_stdin_that_is_not_a_pipe(tmp_path: Path) -> None:
+    """/dev/null (a character device the event loop cannot watch) and a regular file."""
+    command = [PROXY, "--url", "http://127.0.0.1:9", "--", "sh", "-c", "echo hi; cat"]
+    out = subprocess.run(command, stdin=subprocess.DEVNULL, capture_output=True, timeout=30)
+    assert (out.returncode, out.stdout) == (0, b"hi\n")
+    requests = tmp_path / "requests.jsonl"
+    requests.write_bytes(b'{"jsonrpc": "2.0", "id": 1, "method": "x/y"}\nnot JSON\n')
+    with requests.open("rb") as stdin:
+        out = subprocess.run(command, stdin=stdin, capture_output=True, timeout=30)
+    assert (out.returncode, out.stdout) == (0, b"hi\n" + requests.read_bytes())
 
 
 async def test_usage_errors() -> None:

@@ -113,10 +113,13 @@ TARGET_REFUSED = frozenset({"invalid-locale", "locale-not-allowed"})
 MAX_PENDING_MESSAGES = 256
 # Requests whose answer names a new session, and those that reopen the one they name.
 _NEW_SESSION = frozenset({"session/new", "session/fork"})
-# Requests an agent sends its client: in a recording of both directions (``feed``), their
-# ids are the agent's, not the client's, and say nothing of the client's requests.
-_FROM_THE_AGENT = frozenset({"session/update", "session/request_permission"})
-_FROM_THE_AGENT_PREFIXES = ("fs/", "terminal/", "elicitation/", "mcp/")
+# What a client asks an agent: in what ``feed`` gets (an agent's messages, or a recording of
+# both directions) only these are the client's; the ids of the agent's own requests
+# (``session/request_permission``, ``fs/...``, extensions) say nothing of the client's.
+_FROM_THE_CLIENT = frozenset({
+    "initialize", "authenticate", "session/new", "session/load", "session/prompt",
+    "session/cancel", "session/fork", "session/resume", "session/set_mode",
+    "session/set_config_option", "session/list", "session/close"})
 _REOPEN_SESSION = frozenset({"session/load", "session/resume"})
 
 
@@ -250,13 +253,6 @@ def _remember(table: dict[Any, Any], key: Any, value: Any) -> None:
         del table[next(iter(table))]
 
 
-def _sent_by_agent(message: Mapping[str, Any]) -> bool:
-    """Whether a request or notification is one an agent sends (see ``_FROM_THE_AGENT``)."""
-    method = message.get("method")
-    return isinstance(method, str) and (
-        method in _FROM_THE_AGENT or method.startswith(_FROM_THE_AGENT_PREFIXES))
-
-
 def _session_of(message: Any) -> str | None:
     """The session a message belongs to, or None for one that concerns every session."""
     if isinstance(message, Mapping) and "method" in message:
@@ -386,8 +382,14 @@ class ThoughtTranslator:
         if self._closing:
             raise RuntimeError("the translator is closed")
         self._check_emitter()
-        while len(self._slots) + self._ready_count >= self.max_pending:
+        while True:
             self._room.clear()  # the emitter sets it as messages go out, or when it stops
+            if len(self._slots) + self._ready_count < self.max_pending:
+                break
+            # An open part holds back what follows it in its session until it is closed,
+            # which only a later message would do: close them all, so the wait is bounded
+            # by the client's budgets (or by ``send``).
+            await self.flush()
             await self._room.wait()
             self._check_emitter()
         thought = _thought_text(message)
@@ -410,7 +412,7 @@ class ThoughtTranslator:
                 self._append(_Slot(session, thoughts=current))
             await current.stream.push(text)
             return
-        if isinstance(message, Mapping) and not _sent_by_agent(message):
+        if isinstance(message, Mapping) and message.get("method") in _FROM_THE_CLIENT:
             self._note_client(message)
         scope = _session_of(message)
         if scope is None and isinstance(message, Mapping) and "method" not in message:

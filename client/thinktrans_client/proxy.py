@@ -203,6 +203,9 @@ class _EditorOutput(asyncio.Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.WriteTransport)
         self.transport = transport
+        # ``write`` returns once the editor has the bytes: nothing is left in a buffer that
+        # the loop's end would drop.
+        transport.set_write_buffer_limits(high=0)
 
     def pause_writing(self) -> None:
         self._paused = True
@@ -234,13 +237,15 @@ class _EditorOutput(asyncio.Protocol):
 async def _stdio() -> tuple[asyncio.StreamReader, Callable[[bytes], Awaitable[None]]]:
     """This process's stdin as a stream, and a writer to its stdout.
 
-    Pipes and terminals (an editor gives pipes) on the event loop; a regular file
-    (``< requests.jsonl > out.jsonl`` in a shell) read and written from threads.
+    Pipes and sockets (an editor gives pipes) on the event loop; anything else (a file, a
+    terminal, ``/dev/null``) from threads, as is a pipe that is also the proxy's stderr: the
+    loop makes what it uses non-blocking, and the agent, which inherits stderr, must not
+    find it so.
     """
     loop = asyncio.get_running_loop()
     reader = asyncio.StreamReader(limit=READ_BUFFER_BYTES)
     stdin, stdout = sys.stdin.fileno(), sys.stdout.fileno()
-    if not stat.S_ISREG(os.fstat(stdin).st_mode):
+    if _loop_can_use(stdin):
         await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), sys.stdin)
     else:
         def feed() -> None:
@@ -251,7 +256,7 @@ async def _stdio() -> tuple[asyncio.StreamReader, Callable[[bytes], Awaitable[No
                 loop.call_soon_threadsafe(reader.feed_eof)
 
         threading.Thread(target=feed, name="thinktrans-acp:stdin", daemon=True).start()
-    if not stat.S_ISREG(os.fstat(stdout).st_mode):
+    if _loop_can_use(stdout):
         _, output = await loop.connect_write_pipe(_EditorOutput, sys.stdout)
         return reader, output.write
 
@@ -263,6 +268,17 @@ async def _stdio() -> tuple[asyncio.StreamReader, Callable[[bytes], Awaitable[No
         await asyncio.to_thread(blocking_write, data)
 
     return reader, to_file
+
+
+def _loop_can_use(fd: int) -> bool:
+    """A pipe or socket that is not also stderr (see ``_stdio``)."""
+    mode = os.fstat(fd).st_mode
+    if not (stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode)):
+        return False
+    try:
+        return not os.path.samestat(os.fstat(fd), os.fstat(sys.stderr.fileno()))
+    except (OSError, ValueError, AttributeError):  # no stderr: nothing to share it with
+        return True
 
 
 def _sender(write: Callable[[bytes], Awaitable[None]]) -> Callable[[Any], Awaitable[None]]:
@@ -354,11 +370,26 @@ async def _agent_to_client(agent_stdout: asyncio.StreamReader, translator: Thoug
     except (ConnectionError, OSError, RuntimeError) as exc:
         # RuntimeError: the translator's output stopped, for the same reason.
         log.error("output to the editor failed (%s); stopping the agent", type(exc).__name__)
-        _forward(process, signal.SIGTERM)
+        await _stop(process, agent_stdout)
     try:
         await translator.aclose()  # what was read goes out, bounded by the client's budgets
     except (ConnectionError, OSError, RuntimeError) as exc:
         log.error("output to the editor failed (%s)", type(exc).__name__)
+
+
+async def _stop(process: asyncio.subprocess.Process, agent_stdout: asyncio.StreamReader) -> None:
+    """SIGTERM, then SIGKILL after ``CHILD_EXIT_GRACE_S``; meanwhile the agent's output is
+    read and dropped, so that its pipe ends (and nothing waits on a full one)."""
+    async def discard() -> None:
+        async for _ in _pieces(agent_stdout):
+            pass
+
+    draining = asyncio.create_task(discard(), name="thinktrans-acp:discard")
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        _forward(process, sig)
+        if await _exited_within(process, CHILD_EXIT_GRACE_S):
+            break
+    await draining
 
 
 async def translate_stdio(*, url: str = DEFAULT_URL, token: str | None = None,
