@@ -402,9 +402,13 @@ async def translate_stdio(*, url: str = DEFAULT_URL, token: str | None = None,
     """
     reader, write = await _stdio()
     async with ThinktransClient(url, token=token, timeout_s=timeout_s) as client:
-        async with ThoughtTranslator(client, _sender(write), target=target,
-                                     stream_options=stream_options) as translator:
+        translator = ThoughtTranslator(client, _sender(write), target=target,
+                                       stream_options=stream_options)
+        try:
             await _relay(_pieces(reader), translator)
+            await translator.aclose()
+        except (ConnectionError, OSError, RuntimeError) as exc:  # the reader went away
+            log.error("output failed (%s)", type(exc).__name__)
 
 
 def _forward(process: asyncio.subprocess.Process, sig: signal.Signals) -> None:
