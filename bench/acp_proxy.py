@@ -12,7 +12,7 @@ editor -> proxy -> agent -> proxy -> editor. Measured, one line at a time:
   segmenting, the batch, the events read back, close). With ``--backend llm`` etc. the
   backend's own time adds to it. A part that nothing ends waits ``flush_idle_ms``.
 
-The sidecar is a ``thinktrans serve`` started here with the cache off.
+The sidecar is a ``thinktrans serve`` started here with the cache off (``bench/load.py``).
 
     .venv/bin/python bench/acp_proxy.py [--lines 300] [--json]
 """
@@ -22,16 +22,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
-import socket
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
-import httpx
+from load import Server  # bench/load.py: `thinktrans serve` on a free port, until /readyz
 
 ROOT = Path(__file__).resolve().parents[1]
 PROXY = str(Path(sys.executable).with_name("thinktrans-acp"))
@@ -39,12 +36,6 @@ ECHO = ("import sys\n"
         "for line in sys.stdin.buffer:\n"
         "    sys.stdout.buffer.write(line); sys.stdout.buffer.flush()\n")
 SENTENCE = "The test parses dates in the local timezone, so on CI the day can shift. "
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def update(n: int, kind: str) -> bytes:
@@ -104,24 +95,12 @@ def main() -> None:
     parser.add_argument("--backend", default="passthrough")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
-    port = free_port()
-    env = {**os.environ, "THINKTRANS_BACKEND": args.backend, "THINKTRANS_LOG_LEVEL": "warning",
-           "THINKTRANS_CACHE_MB": "0"}
-    server = subprocess.Popen([sys.executable, "-m", "service.cli", "serve", "--port",
-                               str(port)], env=env, cwd=ROOT)
-    url = f"http://127.0.0.1:{port}"
+    server = Server({"THINKTRANS_BACKEND": args.backend})  # the cache off, logs at warning
     try:
-        for _ in range(300):
-            try:
-                if httpx.get(f"{url}/readyz", timeout=1).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            time.sleep(0.1)
-        result = asyncio.run(measure(url, args.lines))
+        result = asyncio.run(measure(server.url, args.lines))
     finally:
-        server.terminate()
-        server.wait(timeout=30)
+        server.stop()
+        server.discard_log()
     result["backend"] = args.backend
     if args.json:
         print(json.dumps(result, indent=2))

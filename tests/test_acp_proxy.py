@@ -358,7 +358,7 @@ async def test_an_agent_that_ignores_the_end_of_its_input_is_stopped() -> None:
     proc = await proxy_process(sys.executable, "-c", ignores_eof)
     _, err = await asyncio.wait_for(proc.communicate(b""), 30)  # stdin closed at once
     assert proc.returncode == 9
-    assert b"sending SIGTERM" in err
+    assert b"sending the agent SIGTERM" in err
 
 
 @pytest.mark.parametrize(("command", "code"), [

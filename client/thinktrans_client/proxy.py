@@ -166,12 +166,21 @@ async def _client_to_agent(reader: asyncio.StreamReader, agent_stdin: asyncio.St
     except (ConnectionError, OSError):
         log.info("the agent's stdin is closed; the editor's input is no longer passed on")
         return
+    # The end of its input is the agent's cue to exit: it gets a grace before SIGTERM.
+    if not await _exited_within(process, CHILD_EXIT_GRACE_S):
+        log.warning("the agent is still running %gs after its input ended",
+                    CHILD_EXIT_GRACE_S)
+        await _terminate(process)
+
+
+async def _terminate(process: asyncio.subprocess.Process) -> None:
+    """SIGTERM, then SIGKILL if the agent has not exited ``CHILD_EXIT_GRACE_S`` later."""
     for sig in (signal.SIGTERM, signal.SIGKILL):
-        if await _exited_within(process, CHILD_EXIT_GRACE_S):
+        if process.returncode is not None:
             return
-        log.warning("the agent is still running %gs after its input ended; sending %s",
-                    CHILD_EXIT_GRACE_S, sig.name)
+        log.warning("sending the agent %s", sig.name)
         _forward(process, sig)
+        await _exited_within(process, CHILD_EXIT_GRACE_S)
 
 
 async def _exited_within(process: asyncio.subprocess.Process, seconds: float) -> bool:
@@ -385,10 +394,7 @@ async def _stop(process: asyncio.subprocess.Process, agent_stdout: asyncio.Strea
             pass
 
     draining = asyncio.create_task(discard(), name="thinktrans-acp:discard")
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        _forward(process, sig)
-        if await _exited_within(process, CHILD_EXIT_GRACE_S):
-            break
+    await _terminate(process)
     await draining
 
 
