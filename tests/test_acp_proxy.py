@@ -312,6 +312,17 @@ TICKER = ("import sys, time\n"
           "time.sleep(60)\n")
 
 
+def stop(proc: subprocess.Popen[bytes]) -> None:
+    """SIGTERM (the proxy passes it to its agent), then SIGKILL: nothing is left running."""
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(10)
+
+
 def rss_mib(pid: int) -> float:
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith("VmRSS:"):
@@ -335,8 +346,7 @@ def test_an_editor_that_does_not_read_holds_the_agent_back() -> None:
         for _ in range(lines):
             assert proc.stdout.readline() == expected
     finally:
-        proc.kill()
-        proc.wait(10)
+        stop(proc)
 
 
 def test_an_editor_that_closes_its_end_stops_the_agent() -> None:
@@ -344,11 +354,14 @@ def test_an_editor_that_closes_its_end_stops_the_agent() -> None:
                              "-c", TICKER, "10", "100000000"], cwd=ROOT,
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     assert proc.stdout is not None and proc.stderr is not None
-    proc.stdout.readline()
-    time.sleep(2)  # the editor does not read: every pipe and buffer on the way fills
-    proc.stdout.close()
-    assert proc.wait(20) == 128 + signal.SIGTERM
-    assert b"output to the editor failed" in proc.stderr.read()
+    try:
+        proc.stdout.readline()
+        time.sleep(2)  # the editor does not read: every pipe and buffer on the way fills
+        proc.stdout.close()
+        assert proc.wait(20) == 128 + signal.SIGTERM
+        assert b"output to the editor failed" in proc.stderr.read()
+    finally:
+        stop(proc)
 
 
 async def test_an_agent_that_ignores_the_end_of_its_input_is_stopped() -> None:

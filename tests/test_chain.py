@@ -21,8 +21,11 @@ def closed_port_url() -> str:
 
 
 async def test_unreachable_deepl_falls_through_to_passthrough() -> None:
+    # The deadline is not what this tests: under a loaded machine, finding out that DeepL
+    # is unreachable (the client's own retries) once ran past the default 3 s.
     settings = make_settings(backend="deepl,passthrough", deepl_api_key="k:fx",
-                             deepl_server_url=closed_port_url(), default_locale="de")
+                             deepl_server_url=closed_port_url(), default_locale="de",
+                             deadline_ms=30000)
     async for app in start_app(settings):
         for _ in range(2):  # the first finds out, the second skips deepl at once
             r = await app.client.post("/v1/translate", json={"texts": [ENGLISH]})
