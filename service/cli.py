@@ -109,7 +109,7 @@ def serve(
         # Checked here, not in the app's lifespan (where a failure is a traceback and
         # uvicorn's exit 3), and before a model loads for minutes.
         _check_port(settings.host, settings.port)
-        get_detector(settings.detector)
+        get_detector(settings.detector, settings.detect_languages)
         application = create_app(settings, backends=build_backends(settings), freeze_gc=True)
     except ThinktransError as exc:
         raise _fail(exc.detail, _exit_code(exc)) from None
@@ -253,7 +253,7 @@ def detect(
 
     settings = _settings(config)
     try:
-        detector = get_detector(settings.detector)
+        detector = get_detector(settings.detector, settings.detect_languages)
     except ThinktransError as exc:
         raise _fail(exc.detail, _exit_code(exc)) from None
     for line in _read_text(text).splitlines() or [""]:

@@ -14,7 +14,9 @@ Detectors are registered by name (``THINKTRANS_DETECTOR``); each returns a Detec
 from __future__ import annotations
 
 import functools
+import gzip
 import json
+import math
 import re
 import threading
 from abc import ABC, abstractmethod
@@ -49,6 +51,9 @@ class Detector(ABC):
     """A language detector; ``detect`` must be deterministic and thread-safe."""
 
     name: ClassVar[str]
+
+    def __init__(self, languages: tuple[str, ...] = ()) -> None:  # noqa: B027 - optional
+        """``languages``: the language subtags it may answer with (empty: all it knows)."""
 
     @abstractmethod
     def detect(self, text: str) -> Detection: ...
@@ -107,13 +112,14 @@ _PRIOR = {"en": 6.0, "de": 3.0, "fr": 3.0, "es": 3.0, "pt": 1.5, "it": 1.5, "ru"
 _PRIOR_OTHERS = 0.5
 # langdetect's smoothing of unseen n-grams (alpha 0.5 over a base frequency of 10000).
 _SMOOTHING = 5e-5
-# Short-text scores are divided by this so that one rare n-gram cannot outvote the prior
-# and the function words (0.938 on phrases at 4, 0.904 undivided: bench/detect_eval.py).
-_NB_TEMPERATURE = 4
+# N-gram scores are divided by this so that one rare n-gram cannot outvote the prior and
+# the word frequencies (tuned on tests/data/detect_dev.tsv: pairs 0.976 at 4, 0.983 at 8).
+_NB_TEMPERATURE = 8
 # Detection reads at most this much of a segment: the language shows long before.
 _MAX_DETECT_CHARS = 240
 _MAX_CACHED_NGRAMS = 200_000
 _MAX_CACHED_WORDS = 100_000
+_MAX_CACHED_VECTORS = 50_000  # word-frequency vectors: at most about 17 MB
 
 # Characters that only Traditional (left) or only Simplified (right) Chinese uses.
 _TRAD_SIMP = (
@@ -154,16 +160,29 @@ _MARKS: tuple[tuple[str, str, float], ...] = (
 )
 
 
+class _ScriptOf(dict[int, str | None]):
+    """A ``str.translate`` table from a character to the index of its script in
+    ``_SCRIPTS`` (as a character), or None for what is not a letter; filled on use."""
+
+    def __missing__(self, code: int) -> str | None:
+        ch = chr(code)
+        found = next((chr(i) for i, (_, rx, _) in enumerate(_SCRIPT_RES) if rx.match(ch)), None)
+        if len(self) < _MAX_CACHED_CHARS:
+            self[code] = found
+        return found
+
+
+_SCRIPT_OF = _ScriptOf()
+_MAX_CACHED_CHARS = 100_000
+
+
 def _count_scripts(text: str) -> Counter[str]:
     if text.isascii():  # most reasoning text: one pass instead of one per script
         letters = len(_ASCII_LETTERS.findall(text))
         return Counter({"Latn": letters}) if letters else Counter()
-    counts: Counter[str] = Counter()
-    for name, rx, _ in _SCRIPT_RES:
-        n = len(rx.findall(text))
-        if n:
-            counts[name] = n
-    return counts
+    # One pass: each character becomes its script's index, the rest is dropped.
+    return Counter({_SCRIPT_RES[ord(i)][0]: n
+                    for i, n in Counter(text.translate(_SCRIPT_OF)).items()})
 
 
 def chinese_script(text: str) -> str:
@@ -211,7 +230,8 @@ class _Langdetect:
             except LangDetectException:
                 return {}
 
-    def naive_bayes(self, words: list[str], prior: dict[str, float]) -> np.ndarray:
+    def naive_bayes(self, words: list[str], prior: dict[str, float],
+                    extra: np.ndarray | None = None) -> np.ndarray:
         """Score every n-gram of the words against every profile: no random walk.
 
         langdetect samples n-grams at random, which on a two-word phrase lets one unlucky
@@ -233,13 +253,18 @@ class _Langdetect:
             if not token:
                 continue
             if not token.islower() and any(ch.isupper() for ch in token):
-                return self._naive_bayes_reference(text, prior)
+                return self._naive_bayes_reference(text, prior, extra)
             vec = self._word_vector(token, i < len(tokens) - 1)
             if vec is not None:
                 total = vec if total is None else total + vec
-        if total is None:
+        if total is None and extra is None:
             return np.zeros(len(self.langs))
-        return self._posterior(self._log_prior(prior) + total)
+        logp = self._log_prior(prior) + (0.0 if total is None else total)
+        return self._posterior(logp if extra is None else logp + extra)
+
+    def posterior(self, prior: dict[str, float], extra: np.ndarray) -> np.ndarray:
+        """The answer of ``naive_bayes`` for a text whose words are scored in ``extra``."""
+        return self._posterior(self._log_prior(prior) + extra)
 
     @staticmethod
     def _posterior(logp: np.ndarray) -> np.ndarray:
@@ -275,17 +300,19 @@ class _Langdetect:
             self._words[key] = vec
         return vec
 
-    def _naive_bayes_reference(self, text: str, prior: dict[str, float]) -> np.ndarray:
+    def _naive_bayes_reference(self, text: str, prior: dict[str, float],
+                               extra: np.ndarray | None) -> np.ndarray:
         """The same scores through langdetect's own n-gram walk (upper-case words)."""
         with self._lock:
             detector = self.factory.create()
             detector.append(text)
             detector.cleaning_text()
             grams = detector._extract_ngrams()
-        if not grams:
+        if not grams and extra is None:
             return np.zeros(len(self.langs))
-        total = np.sum([self._log_vector(gram) for gram in grams], axis=0)
-        return self._posterior(self._log_prior(prior) + total)
+        total = np.sum([self._log_vector(gram) for gram in grams], axis=0) if grams else 0.0
+        logp = self._log_prior(prior) + total
+        return self._posterior(logp if extra is None else logp + extra)
 
     def _log_vector(self, gram: str) -> np.ndarray:
         vec = self._logs.get(gram)
@@ -315,44 +342,235 @@ _LATIN = re.compile(r"[A-z]")
 _NON_LATIN = re.compile("[\u0300-\u1dff\u1f00-\U0010ffff]")
 
 
+class _Frequencies:
+    """How often words are used in each language of a shared script, and Han and Kana
+    characters in Chinese and Japanese (``data/word_freq.tsv.gz``, built from wordfreq by
+    ``service/tools/build_word_data.py``), as natural-log likelihoods.
+
+    A word missing from a language's list (its most frequent ``TOP_WORDS``) is scored as
+    rarer than any listed word: ``_UNLISTED_ZIPF``. Languages without a list score every
+    word so, and are left to the n-gram profiles. The 350,000 (word, language) entries are
+    kept as sorted arrays of the words' hashes (this process's ``hash``), about 4 MB
+    instead of 90 MB of Python dicts.
+    """
+
+    def __init__(self) -> None:
+        raw = resources.files("service.data").joinpath("word_freq.tsv.gz").read_bytes()
+        self.langs: list[str] = []
+        self.chars: dict[str, dict[str, int]] = {}  # lang -> {char: zipf x 10}
+        self.simplified: dict[str, str] = {}
+        hashes: list[int] = []
+        owners: list[int] = []
+        zipfs: list[int] = []
+        for line in gzip.decompress(raw).decode("utf-8").splitlines():
+            kind, *cells = line.split("\t")
+            if kind == "words":
+                self.langs.append(cells[0])
+                for cell in cells[1:]:
+                    word, _, zipf = cell.rpartition(":")
+                    hashes.append(hash(word))
+                    owners.append(len(self.langs) - 1)
+                    zipfs.append(int(zipf))
+            elif kind == "chars":
+                self.chars[cells[0]] = {c[0]: int(c[2:]) for c in cells[1:]}
+            elif kind == "simplified":
+                pairs = cells[0]
+                self.simplified = dict(zip(pairs[0::2], pairs[1::2], strict=True))
+        order = np.argsort(np.array(hashes, dtype=np.int64), kind="stable")
+        self._hashes = np.array(hashes, dtype=np.int64)[order]
+        self._owners = np.array(owners, dtype=np.uint8)[order]
+        self._zipfs = np.array(zipfs, dtype=np.uint8)[order]
+        self._vectors: dict[tuple[str, tuple[str, ...]], np.ndarray | None] = {}
+
+    def listed(self, word: str) -> dict[str, int]:
+        """{language: Zipf x 10} of the lists that have ``word``."""
+        h = hash(word)
+        lo = int(np.searchsorted(self._hashes, h))
+        hi = lo
+        while hi < len(self._hashes) and self._hashes[hi] == h:
+            hi += 1
+        return {self.langs[self._owners[i]]: int(self._zipfs[i]) for i in range(lo, hi)}
+
+    def vector(self, word: str, langs: tuple[str, ...]) -> np.ndarray | None:
+        """ln P(word | lang) for each of ``langs`` less the unlisted floor; None when no
+        language lists the word (it then tells them apart no more than the floor)."""
+        key = (word, langs)
+        if key in self._vectors:
+            return self._vectors[key]
+        listed = self.listed(word)
+        vec = None
+        if any(lang in listed for lang in langs):
+            vec = np.array([(listed.get(lang, _UNLISTED_ZIPF * 10) - _UNLISTED_ZIPF * 10)
+                            * _ZIPF_TO_LN for lang in langs])
+        if len(self._vectors) < _MAX_CACHED_VECTORS:
+            self._vectors[key] = vec
+        return vec
+
+    def japanese_over_chinese(self, han: str) -> float:
+        """ln P(text | ja) - ln P(text | zh) over Han characters, as unigrams; a Traditional
+        character is read as its Simplified form in Chinese."""
+        ja, zh = self.chars["ja"], self.chars["zh"]
+        floor = _UNLISTED_CHAR_ZIPF * 10
+        total = 0.0
+        traditional = False
+        for ch in han:
+            simple = self.simplified.get(ch, ch)
+            traditional = traditional or simple != ch
+            total += ja.get(ch, floor) - zh.get(simple, floor)
+        # Chinese with Traditional-only characters is Traditional Chinese, which is a
+        # minority of Chinese text; Japanese shares many of those characters.
+        return total * _ZIPF_TO_LN - (_LN_TRADITIONAL_SHARE if traditional else 0.0)
+
+
+_ZIPF_TO_LN = math.log(10) / 10  # tenths of a Zipf unit (log10 per billion) to ln
+# A word below a language's list is taken to be this frequent (Zipf 3: once per million).
+_UNLISTED_ZIPF = 3.0
+# How much of Chinese text is written in Traditional characters, as a log.
+_LN_TRADITIONAL_SHARE = math.log(0.25)
+# A Han character neither table has: rarer than any in either (their floors are about 2.5).
+_UNLISTED_CHAR_ZIPF = 1.5
+
+
+@functools.lru_cache(maxsize=1)
+def _frequencies() -> _Frequencies:
+    return _Frequencies()
+
+
 @functools.lru_cache(maxsize=8)
 def _langdetect_for(langs: tuple[str, ...]) -> _Langdetect:
     return _Langdetect(langs)
 
 
+_NAMED = {name: lang for name, _, lang in _SCRIPTS if lang}
+_HAN = re.compile(_SCRIPTS[0][1])
+# ln P(ja) - ln P(zh) a Han-only text needs to be read as Japanese: Chinese is likelier.
+_JAPANESE_MARGIN = 0.0
+# How much the word frequencies count against the n-gram profiles (tempered already).
+_WORD_WEIGHT = 0.5
+_NGRAMS_FOR_LISTED = False
+_BLEND_BELOW = 0
+# Terms carry no grammar: identifiers (camelCase, snake_case, dotted.names), acronyms and
+# words with digits. Mixed-script text is weighed without them; so is a shared script.
+_TERMS = re.compile(
+    r"\b(?:[A-Za-z]*[a-z][A-Z]\w*|[A-Z]{2,}[a-z]?s?|\w*\d\w*|\w+(?:[._/:]\w+)+|\w*_\w*)\b"
+)
+# Mixed-script text is weighed without hyphenated compounds too: "Ruby-on-rails" in a
+# Russian sentence is a name, its "on" no sign of English grammar.
+_COMPOUND_TERMS = re.compile(_TERMS.pattern + r"|\w+(?:-\w+)+")
+# In mixed-script text, what a unit of each script weighs, in words: a Han character
+# carries about two thirds of a word, a Kana character half, a Hangul syllable two fifths.
+_WORDS_PER_CHAR = {"Hani": 1 / 1.5, "Kana": 1 / 2, "Hang": 1 / 2.5}
+# A word of a shared script that is a function word carries grammar; any other is a term.
+_TERM_WEIGHT = 0.3
+
+
+def _without_terms(text: str) -> str:
+    """``text`` less its terms, unless nothing else is left."""
+    rest = _TERMS.sub(" ", text)
+    return rest if _WORDS.search(rest) else text
+
+
+def _grammar_weights(text: str, counts: Counter[str]) -> dict[str, float]:
+    """Each script's weight in words, the shared scripts' words weighed by the grammar
+    they carry: "所以 total 是 59 分钟" is Chinese, "I think 这个 is right" English."""
+    weights: dict[str, float] = {}
+    for script, n in counts.items():
+        if script in _WORDS_PER_CHAR:
+            weights[script] = n * _WORDS_PER_CHAR[script]
+        elif script not in _SHARED:
+            weights[script] = n / 3
+    shared = [s for s in counts if s in _SHARED]
+    if shared:
+        words = _WORDS.findall(_COMPOUND_TERMS.sub(" ", text))
+        for script in shared:
+            weights[script] = 0.0
+        for word in words:
+            of = _script_of(word[0])
+            if of in weights and of in _SHARED:
+                weights[of] += 1.0 if word.lower() in _LEXICON else _TERM_WEIGHT
+        for script in shared:
+            if not weights[script]:
+                del weights[script]
+    return weights or {s: float(n) for s, n in counts.items()}
+
+
+def _script_of(ch: str) -> str | None:
+    index = _SCRIPT_OF[ord(ch)]
+    return None if index is None else _SCRIPT_RES[ord(index)][0]
+
+
 class ScriptDetector(Detector):
-    """Script first, then langdetect within a shared script, helped by function words."""
+    """Script first, then word frequencies and n-grams within a shared script."""
 
     name = "default"
+
+    def __init__(self, languages: tuple[str, ...] = ()) -> None:
+        # A shared script's candidates, restricted to ``languages`` where any of them are
+        # written in it; a script none of them uses keeps all its languages (Cyrillic text
+        # is still told apart when only en and zh are configured).
+        wanted = set(languages)
+        self._shared = {script: tuple(lang for lang in langs if lang in wanted) or langs
+                        for script, langs in _SHARED.items()}
+
+    def warm_up(self) -> None:
+        _frequencies()
+        super().warm_up()
 
     def detect(self, text: str) -> Detection:
         clean = _STRIP.sub(" ", text[:DETECT_MAX_CHARS])
         counts = _count_scripts(clean)
         if not counts:
             return UNKNOWN
-        weighted = {s: n * _WEIGHT.get(s, 1.0) for s, n in counts.items()}
+        if len(counts) > 1:
+            weighted = _grammar_weights(clean, counts)
+        else:
+            weighted = {s: n * _WEIGHT.get(s, 1.0) for s, n in counts.items()}
         total = sum(weighted.values())
         # Han with any Kana is Japanese; Kana alone too.
-        cjk = counts.get("Hani", 0) + counts.get("Kana", 0)
-        if cjk and counts.get("Kana", 0):
-            weighted["Kana"] = weighted.get("Kana", 0.0) + weighted.pop("Hani", 0.0)
+        if counts.get("Kana", 0) and "Hani" in weighted:
+            weighted["Kana"] = weighted.get("Kana", 0.0) + weighted.pop("Hani")
         script = max(weighted, key=lambda s: weighted[s])
-        share = weighted[script] / total
+        share = weighted[script] / total if total else 1.0
         n = counts.get(script, 0) + (counts.get("Hani", 0) if script == "Kana" else 0)
         if script == "Hani":
+            han = "".join(_HAN.findall(clean)[:_MAX_DETECT_CHARS])
+            if _frequencies().japanese_over_chinese(han) > _JAPANESE_MARGIN:
+                return Detection("ja", round(share, 3), n >= 2)
             return Detection(f"zh-{chinese_script(clean)}", round(share, 3), n >= 2)
-        named = {name: lang for name, _, lang in _SCRIPT_RES}
-        if named.get(script):
-            lang = named[script]
-            assert lang is not None
+        lang = _NAMED.get(script)
+        if lang:
             return Detection(lang, round(share, 3), n >= 2)
         return self._within_script(clean, script, share, n)
 
     def _within_script(self, text: str, script: str, share: float, letters: int) -> Detection:
-        langs = _SHARED[script]
-        words = [w.lower() for w in _WORDS.findall(text)]
-        probs = _langdetect_for(langs).naive_bayes(words, _PRIOR)  # in the order of langs
-        if letters < 40:
+        langs = self._shared[script]
+        if len(langs) == 1:
+            return Detection(langs[0], round(share, 3), share >= 0.8 and letters >= 12)
+        words = [w.lower().replace("’", "'")
+                 for w in _WORDS.findall(_without_terms(text)[:_MAX_DETECT_CHARS])]
+        freq = _frequencies()
+        extra: np.ndarray | None = None
+        unlisted = []  # words no list has: the n-gram profiles score them
+        for word in words:
+            vec = freq.vector(word, langs)
+            if vec is None and "'" in word:  # l'architecture: l + architecture, as listed
+                head, _, tail = word.partition("'")
+                parts = [v for v in (freq.vector(head, langs), freq.vector(tail, langs))
+                         if v is not None]
+                vec = sum(parts[1:], parts[0]) if parts else None
+            if vec is not None:
+                extra = vec if extra is None else extra + vec
+            if vec is None or _NGRAMS_FOR_LISTED:
+                unlisted.append(word)
+        if extra is not None:
+            extra = extra * _WORD_WEIGHT
+        detector = _langdetect_for(langs)
+        if unlisted:
+            probs = detector.naive_bayes(unlisted, _PRIOR, extra)  # in langs' order
+        else:  # every word listed: the n-gram profiles have nothing to add
+            assert extra is not None
+            probs = detector.posterior(_PRIOR, extra)
+        if letters < _BLEND_BELOW:
             probs = self._blend(words, probs, langs)
         best = int(np.argmax(probs))
         if not probs[best] > 0:
@@ -385,12 +603,15 @@ class LangdetectDetector(Detector):
 
     name = "langdetect"
 
-    def __init__(self) -> None:
+    def __init__(self, languages: tuple[str, ...] = ()) -> None:
         import os
 
         from langdetect.detector_factory import PROFILES_DIRECTORY
 
-        self._ld = _Langdetect(tuple(sorted(os.listdir(PROFILES_DIRECTORY))), n_trial=7)
+        profiles = sorted(os.listdir(PROFILES_DIRECTORY))
+        wanted = {"zh-cn", "zh-tw"} | set(languages) if "zh" in languages else set(languages)
+        chosen = [p for p in profiles if p in wanted]
+        self._ld = _Langdetect(tuple(chosen if len(chosen) >= 2 else profiles), n_trial=7)
 
     def detect(self, text: str) -> Detection:
         probs = self._ld.probabilities(_STRIP.sub(" ", text[:DETECT_MAX_CHARS]), None)
@@ -401,17 +622,74 @@ class LangdetectDetector(Detector):
         return Detection(tag, round(probs[lang], 3), probs[lang] >= 0.9 and len(text) >= 20)
 
 
+# The languages each script may be answered with, for detectors that restrict themselves.
+KNOWN_LANGUAGES: tuple[str, ...] = tuple(dict.fromkeys(
+    ["zh", *(lang for _, _, lang in _SCRIPTS if lang)] + [x for v in _SHARED.values() for x in v]
+))
+
+
+class LinguaDetector(Detector):
+    """lingua-language-detector (``pip install 'thinktrans[lingua]'``), restricted to the
+    configured languages (and those a script names) or to those the default detector
+    knows; its models are loaded at start."""
+
+    name = "lingua"
+
+    def __init__(self, languages: tuple[str, ...] = ()) -> None:
+        try:
+            from lingua import Language, LanguageDetectorBuilder
+        except ImportError:
+            raise ConfigError(
+                "detector 'lingua' needs the lingua-language-detector package: "
+                "pip install 'thinktrans[lingua]'"
+            ) from None
+        by_code = {lang.iso_code_639_1.name.lower(): lang for lang in Language.all()}
+        by_code["no"] = by_code["nb"]
+        # Scripts that name their language are always answered, as by the default.
+        wanted = {*languages, "zh", *_NAMED.values()} if languages else set(KNOWN_LANGUAGES)
+        chosen = {by_code[code] for code in wanted if code in by_code}
+        if len(chosen) < 2:
+            raise ConfigError("detector 'lingua' needs at least two languages it knows; "
+                              f"it knows {', '.join(sorted(by_code))}")
+        self._detector = (LanguageDetectorBuilder.from_languages(*sorted(chosen, key=str))
+                          .with_preloaded_language_models().build())
+
+    def detect(self, text: str) -> Detection:
+        clean = _STRIP.sub(" ", text[:DETECT_MAX_CHARS])[:_MAX_DETECT_CHARS * 4]
+        letters = sum(_count_scripts(clean).values())
+        if not letters:
+            return UNKNOWN
+        values = self._detector.compute_language_confidence_values(clean)
+        if not values or values[0].value <= 0:
+            return UNKNOWN
+        best = values[0]
+        tag = best.language.iso_code_639_1.name.lower()
+        if tag == "zh":
+            tag = f"zh-{chinese_script(clean)}"
+        conf = round(float(best.value), 3)
+        return Detection(tag, conf, conf >= 0.8 and letters >= 12)
+
+
 DETECTORS: dict[str, type[Detector]] = {
     ScriptDetector.name: ScriptDetector,
     LangdetectDetector.name: LangdetectDetector,
+    LinguaDetector.name: LinguaDetector,
 }
 
 
-def get_detector(name: str) -> Detector:
-    """Build a detector by name, or raise ConfigError naming the choices."""
+def get_detector(name: str, languages: tuple[str, ...] | list[str] = ()) -> Detector:
+    """Build a detector by name, restricted to ``languages`` (language subtags; empty: all
+    it knows), or raise ConfigError naming the choices."""
     try:
-        return DETECTORS[name]()
+        cls = DETECTORS[name]
     except KeyError:
         raise ConfigError(
             f"unknown detector {name!r}; choose from {', '.join(sorted(DETECTORS))}"
         ) from None
+    return cls(tuple(languages))
+
+
+def clear_caches() -> None:
+    """Forget what detection has cached (for benchmarks that time a cold start)."""
+    _frequencies.cache_clear()
+    _langdetect_for.cache_clear()

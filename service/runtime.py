@@ -51,7 +51,7 @@ class Runtime:
         self._stack: AsyncExitStack | None = None
         self.backends: dict[str, Translator] = {}
         self.batchers: dict[str, Batcher] = {}
-        self.detector: Detector = get_detector(settings.detector)
+        self.detector: Detector = get_detector(settings.detector, settings.detect_languages)
         self._dispatcher: Dispatcher | None = None
         self.cache: TranslationCache | None = None
         self._streams: StreamManager | None = None

@@ -100,7 +100,17 @@ class Settings(BaseSettings):
         description="When non-empty, the only targets accepted (a bare language admits its "
         "regions and scripts).",
     )
-    detector: str = Field("default", description="Language detector: `default` or `langdetect`.")
+    detector: str = Field(
+        "default", description="Language detector: `default`, `lingua` (the `lingua` extra) "
+        "or `langdetect`; see docs/benchmarks.md for how they compare."
+    )
+    detect_languages: CommaList = Field(
+        default_factory=list,
+        description="Language subtags detection may answer within a script several "
+        "languages share (Latin, Cyrillic, ...), e.g. `en,de,fr,es,ru`; empty: all the "
+        "detector knows. Scripts that name their language (Han, Kana, Hangul) are always "
+        "answered.",
+    )
     policy: Literal["translate", "hide"] = Field(
         "translate", description="What becomes of a segment not in the target language when "
         "a request or stream does not say (`policy`): `translate` it, or `hide` it (status "
@@ -310,7 +320,7 @@ class Settings(BaseSettings):
     )
 
     @field_validator("backend", "extra_backends", "allowed_locales", "local_marian_models",
-                     "local_models",
+                     "local_models", "detect_languages",
                      mode="before")
     @classmethod
     def _lists(cls, value: Any) -> Any:
@@ -345,6 +355,18 @@ class Settings(BaseSettings):
             return canonicalize(value)
         except InvalidLocale as exc:
             raise ValueError(exc.detail) from None
+
+    @field_validator("detect_languages")
+    @classmethod
+    def _detect_languages(cls, value: list[str]) -> list[str]:
+        from service.detect import KNOWN_LANGUAGES
+
+        out = [tag.strip().lower() for tag in value]
+        unknown = [tag for tag in out if tag not in KNOWN_LANGUAGES]
+        if unknown:
+            raise ValueError(f"unknown languages {', '.join(unknown)}; detection knows "
+                             f"{', '.join(sorted(KNOWN_LANGUAGES))}")
+        return out
 
     @field_validator("allowed_locales")
     @classmethod
