@@ -27,6 +27,19 @@ def wants_detection(text: str, kind: Kind) -> bool:
     return kind == "text" and is_translatable(text)
 
 
+def leans_on_memory(detection: Detection | None, fallback_lang: str | None) -> bool:
+    """Whether ``decide`` would read a segment as ``fallback_lang`` (the stream's recent
+    language) against what its own detection says: an unreliable detection in the same
+    script as the fallback, of another language or of none. A clear script signal (Han in
+    a German stream) never leans on memory."""
+    if fallback_lang is None or detection is None or detection.reliable:
+        return False
+    if detection.lang is None:
+        return True
+    return (full_script(detection.lang) == full_script(fallback_lang)
+            and not same_language(detection.lang, fallback_lang))
+
+
 def decide(
     prose: bool,
     *,

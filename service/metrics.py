@@ -92,6 +92,12 @@ class Metrics:
             "thinktrans_backend_ready", "1 when a backend is ready, else 0.",
             ["backend"], registry=r,
         )
+        self.stream_memory = Counter(
+            "thinktrans_stream_memory",
+            "Short segments of unclear language that waited for the next one: `kept` the "
+            "stream's recent language, or took their `own` detection (a switch came next).",
+            ["outcome"], registry=r,
+        )
         self._cache_metrics(r)
 
     def _cache_metrics(self, r: CollectorRegistry) -> None:

@@ -177,6 +177,14 @@ class Settings(BaseSettings):
     flush_idle_ms: float = Field(
         1500.0, gt=0, description="A stream idle this long has its pending text made a segment."
     )
+    stream_memory_wait_ms: float = Field(
+        300.0, ge=0, le=60_000,
+        description="A short segment whose language is unclear (\"OK.\", \"Genau.\") waits "
+        "this long (at most half of `deadline_ms`) for the stream's next segment: between "
+        "two of the stream's recent language it is read as that language, before one in "
+        "another language as its own detection says. Past the wait, or at a flush, the "
+        "recent language is used; 0 decides at once from the recent language.",
+    )
     stream_idle_expire_s: float = Field(
         600.0, gt=0, description="A stream with no activity this long is dropped."
     )

@@ -26,8 +26,8 @@ from dataclasses import dataclass
 from typing import Any, TypeAlias
 
 from service.batcher import Translation
-from service.decide import Decision, decide, wants_detection
-from service.detect import Detector
+from service.decide import Decision, decide, leans_on_memory, wants_detection
+from service.detect import Detection, Detector
 from service.dispatch import Dispatcher
 from service.errors import (
     BackendError,
@@ -40,7 +40,7 @@ from service.errors import (
     TooManyStreams,
 )
 from service.limits import check_chunks, check_encodable
-from service.locale import ResolvedTarget, resolve_target
+from service.locale import ResolvedTarget, resolve_target, same_language
 from service.metrics import Metrics
 from service.schemas import (
     Policy,
@@ -114,6 +114,11 @@ class _Segment:
     context: str | None = None  # the stream's preceding text, for backends that use it
     task: asyncio.Future[Translation] | None = None
     late: bool = False  # emitted as `deadline`; an update is owed
+    # Waiting for the stream's next segment to be decided (``decision`` is a placeholder):
+    # its detection, and the stream's recent language when it was cut.
+    held: bool = False
+    detection: Detection | None = None
+    memory: str | None = None
 
 
 class EventLog:
@@ -232,6 +237,10 @@ class Stream:
         self._waiting: deque[_Segment] = deque()  # cut and not out yet, in order
         self._late: dict[int, _Segment] = {}  # out as `deadline`, their update owed
         self.recent_lang: str | None = None
+        # At most one segment waits for the next one to settle its language (memory).
+        self._held: _Segment | None = None
+        self._held_timer: asyncio.TimerHandle | None = None
+        self._memory_wait_s = min(settings.stream_memory_wait_ms / 1000.0, self.deadline_s / 2)
         self.closed = False
         self.ended = False
         self.dropped = False
@@ -421,6 +430,12 @@ class Stream:
         prose = wants_detection(piece.text, piece.kind)
         if prose and self.source is None:
             detection = self.manager.detector.detect(piece.text)
+            if self._held is not None:  # this segment settles the one before it
+                self._settle(detection.lang if detection.reliable else None)
+            if (self._memory_wait_s > 0 and self.target is not None
+                    and leans_on_memory(detection, self.recent_lang)):
+                self._hold(piece, detection)
+                return
             if detection.reliable and detection.lang:
                 self.recent_lang = detection.lang
         decision = decide(prose, target=self.target, detection=detection,
@@ -431,11 +446,57 @@ class Stream:
         self._waiting.append(seg)
         if decision.status is None:
             seg.context = self._take_context(piece.text)
-            if self._unstarted is not None:
-                self._unstarted.append(seg)
-            else:
-                self._start(seg)
+            self._begin(seg)
         self._advance()
+
+    def _begin(self, seg: _Segment) -> None:
+        if self._unstarted is not None:
+            self._unstarted.append(seg)
+        else:
+            self._start(seg)
+
+    # -- stream memory -----------------------------------------------------------------------
+
+    def _hold(self, piece: Piece, detection: Detection) -> None:
+        """Cut a segment whose language only the stream's memory can tell, and let it wait
+        (at most ``_memory_wait_s``) for the next segment: see ``_settle``."""
+        seg = _Segment(self.count, piece, Decision(None, detection.lang, None), time.monotonic(),
+                       held=True, detection=detection, memory=self.recent_lang)
+        self.count += 1
+        self._waiting.append(seg)
+        # Its text has its place in the context whatever is decided: the segments after it
+        # take theirs before it is settled.
+        seg.context = self._take_context(piece.text)
+        self._held = seg
+        self._held_timer = asyncio.get_running_loop().call_later(
+            self._memory_wait_s, self._on_memory_wait)
+        self._advance()
+
+    def _settle(self, next_lang: str | None) -> None:
+        """Decide the held segment: between two segments of the stream's recent language
+        it is that language; before a segment reliably in another language (a switch) it
+        is what its own detection says; with no clear next language (the wait ran out, a
+        flush, an unclear next segment) it is the recent language, as it always was."""
+        seg, self._held = self._held, None
+        assert seg is not None
+        if self._held_timer is not None:
+            self._held_timer.cancel()
+            self._held_timer = None
+        memory = seg.memory
+        if next_lang is not None and memory is not None and not same_language(next_lang, memory):
+            memory = None
+        seg.held = False
+        seg.decision = decide(True, target=self.target, detection=seg.detection,
+                              fallback_lang=memory, policy=self.policy)
+        self.manager.metrics.stream_memory.labels("kept" if memory else "own").inc()
+        if seg.decision.status is None:
+            self._begin(seg)
+        self._advance()
+
+    def _on_memory_wait(self) -> None:
+        self._held_timer = None
+        if self._held is not None and not self.dropped:
+            self._settle(None)
 
     def _take_context(self, text: str) -> str | None:
         """The text before this segment (for backends that use it), then remember it."""
@@ -478,9 +539,12 @@ class Stream:
         seg.task.add_done_callback(functools.partial(self._on_task_done, seg))
 
     def flush(self, *, final: bool = True) -> None:
-        """Make whatever text is pending a segment (idle: ``final=False``, or close)."""
+        """Make whatever text is pending a segment (idle: ``final=False``, or close), and
+        settle a segment waiting for the next one: nothing more is coming now."""
         for piece in self.segmenter.flush(final=final):
             self._add_segment(piece)
+        if self._held is not None:
+            self._settle(None)
 
     def _arm_idle_flush(self) -> None:
         if self.idle_timer is None and self.segmenter.pending:
@@ -529,6 +593,8 @@ class Stream:
             self._advance()
 
     def _resolvable(self, seg: _Segment) -> bool:
+        if seg.held:
+            return False  # settled within half its deadline, by the next segment or a timer
         if seg.decision.status is not None or (seg.task is not None and seg.task.done()):
             return True
         if self._unstarted is not None:
@@ -546,7 +612,8 @@ class Stream:
         while waiting:
             seg = waiting[0]
             if not self._resolvable(seg):
-                self._arm_deadline(seg)
+                if not seg.held:
+                    self._arm_deadline(seg)
                 break
             if emitted == EMIT_BATCH:
                 if not self._advance_soon:
@@ -685,7 +752,7 @@ class Stream:
         """Cancel timers and work (of ``segments`` too: ones taken out already); wake
         readers. Nothing is emitted after this."""
         self.dropped = True
-        for timer in (self.idle_timer, self._deadline_timer):
+        for timer in (self.idle_timer, self._deadline_timer, self._held_timer):
             if timer is not None:
                 timer.cancel()
         for seg in itertools.chain(segments, self._waiting, self._late.values()):

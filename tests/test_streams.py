@@ -784,6 +784,83 @@ async def test_short_segments_take_the_streams_language() -> None:
         assert sent["OK."] == "de" and sent["Hmm,"] == "de"
 
 
+GERMAN = "Der Benutzer möchte wissen, wie das Wetter morgen in Berlin wird. "
+
+
+async def memory_run(text: str, **overrides: Any) -> tuple[dict[str, dict[str, Any]], str]:
+    """One stream of ``text`` in a single chunk (target en) through the fake backend; its
+    segments by original, and the metrics after it."""
+    fake = FakeTranslator()
+    async with app_with(fake, **overrides) as run:
+        c = run.client
+        await c.post("/v1/streams", json={"stream_id": "m", "target": "en"})
+        await post_chunks(c, "m", [(0, text)])
+        await c.post("/v1/streams/m/close")
+        events = await read_until(c, "m")
+        check_stream(events, text)
+        metrics = (await c.get("/metrics")).text
+    return {s["original"]: s for s in segments(events)}, metrics
+
+
+async def test_a_short_segment_between_two_of_the_streams_language_is_that_language() -> None:
+    text = GERMAN + "OK. Ich prüfe das noch einmal genau. "
+    by_text, metrics = await memory_run(text)
+    assert by_text["OK. "]["source_lang"] == "de" and by_text["OK. "]["status"] == "translated"
+    assert 'thinktrans_stream_memory_total{outcome="kept"} 1.0' in metrics
+
+
+async def test_a_short_segment_before_a_switch_keeps_its_own_language() -> None:
+    """German, then "OK.", then English: "OK." opens the English part; memory alone (the
+    recent language) would have sent it to be translated from German."""
+    text = GERMAN + "OK. Let me check the forecast once more before I answer. "
+    by_text, metrics = await memory_run(text)
+    assert by_text["OK. "]["status"] == "same_language", by_text["OK. "]
+    assert 'thinktrans_stream_memory_total{outcome="own"} 1.0' in metrics
+    # Without the wait, the recent language decides at once, as before.
+    by_text, metrics = await memory_run(text, stream_memory_wait_ms=0)
+    assert by_text["OK. "]["source_lang"] == "de" and by_text["OK. "]["status"] == "translated"
+    assert "thinktrans_stream_memory_total{" not in metrics
+
+
+async def test_a_clear_script_never_leans_on_memory() -> None:
+    """One Han character in a German stream is Chinese, unreliable or not."""
+    by_text, metrics = await memory_run(GERMAN + "好。Ich prüfe das noch einmal genau. ")
+    assert by_text["好。"]["source_lang"].startswith("zh"), by_text
+    assert "thinktrans_stream_memory_total{" not in metrics
+
+
+async def test_a_held_segment_goes_out_when_the_wait_runs_out() -> None:
+    """Nothing follows "OK." for a while: it is decided from the recent language after
+    stream_memory_wait_ms, long before an idle flush, and the stream stays open."""
+    fake = FakeTranslator()
+    async with app_with(fake, stream_memory_wait_ms=200, flush_idle_ms=60_000) as run:
+        c = run.client
+        await c.post("/v1/streams", json={"stream_id": "w", "target": "en"})
+        t0 = time.monotonic()
+        await post_chunks(c, "w", [(0, GERMAN + "OK. Und")])
+        events = await read_until(c, "w", stop="segment", count=2, timeout_s=5)
+        waited = time.monotonic() - t0
+        ok = [s for s in segments(events) if s["original"] == "OK. "]
+        assert ok and ok[0]["source_lang"] == "de", segments(events)
+        assert 0.15 < waited < 3, waited
+        await post_chunks(c, "w", [(1, " jetzt weiter. ")])
+        await c.post("/v1/streams/w/close")
+        check_stream(await read_until(c, "w"), GERMAN + "OK. Und jetzt weiter. ")
+
+
+def test_leans_on_memory() -> None:
+    from service.decide import leans_on_memory
+    from service.detect import Detection
+
+    unsure_en = Detection("en", 0.4, False)
+    assert leans_on_memory(unsure_en, "de")
+    assert leans_on_memory(Detection(None, 0.0, False), "de")
+    assert not leans_on_memory(unsure_en, None)  # no memory yet
+    assert not leans_on_memory(Detection("en", 0.95, True), "de")  # clear enough alone
+    assert not leans_on_memory(Detection("en", 0.4, False), "en-GB")  # memory says the same
+    assert not leans_on_memory(Detection("zh-Hans", 0.5, False), "de")  # another script
+
+
 async def test_the_target_comes_from_user_text_else_the_default_else_none() -> None:
     async with app_with(default_locale="fr") as run:
         c = run.client
