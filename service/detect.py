@@ -187,8 +187,9 @@ def _count_scripts(text: str) -> Counter[str]:
 
 def chinese_script(text: str) -> str:
     """``Hant`` when Traditional-only characters outnumber Simplified-only ones, else ``Hans``."""
-    trad = sum(ch in _TRAD for ch in text)
-    simp = sum(ch in _SIMP for ch in text)
+    freq = _frequencies()
+    trad = sum(ch in freq.traditional_only for ch in text)
+    simp = sum(ch in freq.simplified_only for ch in text)
     return "Hant" if trad > simp else "Hans"
 
 
@@ -376,6 +377,15 @@ class _Frequencies:
             elif kind == "simplified":
                 pairs = cells[0]
                 self.simplified = dict(zip(pairs[0::2], pairs[1::2], strict=True))
+        # Characters only Traditional or only Simplified Chinese writes (a simplified form
+        # that Japanese also uses, such as 台, is taken to be Traditional too), and those
+        # that Chinese writes and Japanese does not.
+        japanese = self.chars["ja"]
+        self.traditional_only = frozenset(self.simplified) | _TRAD
+        self.simplified_only = frozenset(
+            v for v in self.simplified.values()
+            if v not in self.simplified and v not in japanese) | _SIMP
+        self.chinese_only = (self.traditional_only | self.simplified_only) - japanese.keys()
         order = np.argsort(np.array(hashes, dtype=np.int64), kind="stable")
         self._hashes = np.array(hashes, dtype=np.int64)[order]
         self._owners = np.array(owners, dtype=np.uint8)[order]
@@ -443,6 +453,7 @@ def _langdetect_for(langs: tuple[str, ...]) -> _Langdetect:
 
 _NAMED = {name: lang for name, _, lang in _SCRIPTS if lang}
 _HAN = re.compile(_SCRIPTS[0][1])
+_HIRAGANA = re.compile(r"[\u3041-\u309f]")
 # ln P(ja) - ln P(zh) a Han-only text needs to be read as Japanese: Chinese is likelier.
 _JAPANESE_MARGIN = 0.0
 # How much the word frequencies count against the n-gram profiles (tempered already).
@@ -452,7 +463,8 @@ _BLEND_BELOW = 0
 # Terms carry no grammar: identifiers (camelCase, snake_case, dotted.names), acronyms and
 # words with digits. Mixed-script text is weighed without them; so is a shared script.
 _TERMS = re.compile(
-    r"\b(?:[A-Za-z]*[a-z][A-Z]\w*|[A-Z]{2,}[a-z]?s?|\w*\d\w*|\w+(?:[._/:]\w+)+|\w*_\w*)\b"
+    r"\b(?:[A-Za-z]*[a-z][A-Z]\w*|[A-Z]{2,}[a-z]?s?|\w*\d\w*|\w+(?:[._/:]\w+)+|\w*_\w*"
+    r"|\w+(?:-\w+){2,})\b"  # end-to-end, state-of-the-art: names, whatever the grammar
 )
 # Mixed-script text is weighed without hyphenated compounds too: "Ruby-on-rails" in a
 # Russian sentence is a name, its "on" no sign of English grammar.
@@ -526,9 +538,15 @@ class ScriptDetector(Detector):
         else:
             weighted = {s: n * _WEIGHT.get(s, 1.0) for s, n in counts.items()}
         total = sum(weighted.values())
-        # Han with any Kana is Japanese; Kana alone too.
+        # Han with any Kana is Japanese; Kana alone too. But Katakana alone (a name, a
+        # loanword: no particle) in Han that only Chinese writes is a term in Chinese:
+        # 我喜欢吃日本的ラーメン.
         if counts.get("Kana", 0) and "Hani" in weighted:
-            weighted["Kana"] = weighted.get("Kana", 0.0) + weighted.pop("Hani")
+            if _HIRAGANA.search(clean) or not any(
+                    ch in _frequencies().chinese_only for ch in _HAN.findall(clean)):
+                weighted["Kana"] = weighted.get("Kana", 0.0) + weighted.pop("Hani")
+            else:
+                weighted.pop("Kana", None)
         script = max(weighted, key=lambda s: weighted[s])
         share = weighted[script] / total if total else 1.0
         n = counts.get(script, 0) + (counts.get("Hani", 0) if script == "Kana" else 0)
@@ -645,8 +663,14 @@ class LinguaDetector(Detector):
             ) from None
         by_code = {lang.iso_code_639_1.name.lower(): lang for lang in Language.all()}
         by_code["no"] = by_code["nb"]
-        # Scripts that name their language are always answered, as by the default.
-        wanted = {*languages, "zh", *_NAMED.values()} if languages else set(KNOWN_LANGUAGES)
+        # As the default: scripts that name their language are always answered, and a
+        # shared script none of ``languages`` uses keeps all its languages.
+        wanted = set(KNOWN_LANGUAGES)
+        if languages:
+            wanted = {*languages, "zh", *_NAMED.values()}
+            for langs in _SHARED.values():
+                if not wanted.intersection(langs):
+                    wanted.update(langs)
         chosen = {by_code[code] for code in wanted if code in by_code}
         if len(chosen) < 2:
             raise ConfigError("detector 'lingua' needs at least two languages it knows; "

@@ -31,7 +31,7 @@ from pydantic_settings import (
 )
 
 from service.errors import ConfigError, InvalidLocale, ThinktransError
-from service.locale import canonicalize, check_allowed
+from service.locale import base_language, canonicalize, check_allowed
 
 log = logging.getLogger("thinktrans.settings")
 
@@ -369,7 +369,12 @@ class Settings(BaseSettings):
     def _detect_languages(cls, value: list[str]) -> list[str]:
         from service.detect import KNOWN_LANGUAGES
 
-        out = [tag.strip().lower() for tag in value]
+        out = []
+        for tag in value:
+            try:  # zh-Hans, en-GB: their language
+                out.append(base_language(canonicalize(tag)))
+            except InvalidLocale:
+                out.append(tag.strip().lower())
         unknown = [tag for tag in out if tag not in KNOWN_LANGUAGES]
         if unknown:
             raise ValueError(f"unknown languages {', '.join(unknown)}; detection knows "
