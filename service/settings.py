@@ -109,7 +109,8 @@ class Settings(BaseSettings):
         description="Language subtags detection may answer within a script several "
         "languages share (Latin, Cyrillic, ...), e.g. `en,de,fr,es,ru`; empty: all the "
         "detector knows. Scripts that name their language (Han, Kana, Hangul) are always "
-        "answered.",
+        "answered, and so are a shared script's languages when none of them is listed; text "
+        "in a language left out is read as the closest one listed.",
     )
     policy: Literal["translate", "hide"] = Field(
         "translate", description="What becomes of a segment not in the target language when "
