@@ -19,6 +19,7 @@ import json
 import math
 import re
 import threading
+import unicodedata
 from abc import ABC, abstractmethod
 from collections import Counter
 from dataclasses import dataclass
@@ -166,7 +167,10 @@ class _ScriptOf(dict[int, str | None]):
 
     def __missing__(self, code: int) -> str | None:
         ch = chr(code)
-        found = next((chr(i) for i, (_, rx, _) in enumerate(_SCRIPT_RES) if rx.match(ch)), None)
+        found = None
+        if ch.isalpha():  # not × ÷, Arabic-Indic digits or the danda, within script ranges
+            found = next((chr(i) for i, (_, rx, _) in enumerate(_SCRIPT_RES) if rx.match(ch)),
+                         None)
         if len(self) < _MAX_CACHED_CHARS:
             self[code] = found
         return found
@@ -386,6 +390,7 @@ class _Frequencies:
             v for v in self.simplified.values()
             if v not in self.simplified and v not in japanese) | _SIMP
         self.chinese_only = (self.traditional_only | self.simplified_only) - japanese.keys()
+        self.has_list = frozenset(self.langs)
         order = np.argsort(np.array(hashes, dtype=np.int64), kind="stable")
         self._hashes = np.array(hashes, dtype=np.int64)[order]
         self._owners = np.array(owners, dtype=np.uint8)[order]
@@ -410,8 +415,15 @@ class _Frequencies:
         listed = self.listed(word)
         vec = None
         if any(lang in listed for lang in langs):
-            vec = np.array([(listed.get(lang, _UNLISTED_ZIPF * 10) - _UNLISTED_ZIPF * 10)
-                            * _ZIPF_TO_LN for lang in langs])
+            # A language without a list cannot say the word is rare in it: it scores as
+            # its closest relative with one (af as nl, et as fi), else a little below the
+            # language that uses the word most (sw, cy, sq); its n-grams decide the rest.
+            best = max(listed.values()) - _NO_LIST_PENALTY * 10
+            floor = _UNLISTED_ZIPF * 10
+            vec = np.array([(listed.get(lang, floor) if lang in self.has_list
+                             else listed.get(_NO_LIST_PROXY[lang], floor) - _PROXY_PENALTY * 10
+                             if lang in _NO_LIST_PROXY else best) - floor
+                            for lang in langs]) * _ZIPF_TO_LN
         if len(self._vectors) < _MAX_CACHED_VECTORS:
             self._vectors[key] = vec
         return vec
@@ -435,6 +447,11 @@ class _Frequencies:
 _ZIPF_TO_LN = math.log(10) / 10  # tenths of a Zipf unit (log10 per billion) to ln
 # A word below a language's list is taken to be this frequent (Zipf 3: once per million).
 _UNLISTED_ZIPF = 3.0
+# A language without a list scores a listed word this much rarer (Zipf) than the language
+# that uses it most.
+_NO_LIST_PENALTY = 1.0
+_NO_LIST_PROXY = {"af": "nl", "et": "fi"}
+_PROXY_PENALTY = 0.1
 # How much of Chinese text is written in Traditional characters, as a log.
 _LN_TRADITIONAL_SHARE = math.log(0.25)
 # A Han character neither table has: rarer than any in either (their floors are about 2.5).
@@ -454,8 +471,10 @@ def _langdetect_for(langs: tuple[str, ...]) -> _Langdetect:
 _NAMED = {name: lang for name, _, lang in _SCRIPTS if lang}
 _HAN = re.compile(_SCRIPTS[0][1])
 _HIRAGANA = re.compile(r"[\u3041-\u309f]")
-# ln P(ja) - ln P(zh) a Han-only text needs to be read as Japanese: Chinese is likelier.
+# ln P(ja) - ln P(zh) a Han-only text needs to be read as Japanese, and how far from it
+# the answer is reliable.
 _JAPANESE_MARGIN = 0.0
+_RELIABLE_HAN_ODDS = 2.0
 # How much the word frequencies count against the n-gram profiles (tempered already).
 _WORD_WEIGHT = 0.5
 _NGRAMS_FOR_LISTED = False
@@ -474,6 +493,11 @@ _COMPOUND_TERMS = re.compile(_TERMS.pattern + r"|\w+(?:-\w+)+")
 _WORDS_PER_CHAR = {"Hani": 1 / 1.5, "Kana": 1 / 2, "Hang": 1 / 2.5}
 # A word of a shared script that is a function word carries grammar; any other is a term.
 _TERM_WEIGHT = 0.3
+
+
+def _normalize(text: str) -> str:
+    """NFKC: decomposed accents (macOS) composed, full-width Latin made plain."""
+    return text if text.isascii() else unicodedata.normalize("NFKC", text)
 
 
 def _without_terms(text: str) -> str:
@@ -529,7 +553,7 @@ class ScriptDetector(Detector):
         super().warm_up()
 
     def detect(self, text: str) -> Detection:
-        clean = _STRIP.sub(" ", text[:DETECT_MAX_CHARS])
+        clean = _STRIP.sub(" ", _normalize(text[:DETECT_MAX_CHARS]))
         counts = _count_scripts(clean)
         if not counts:
             return UNKNOWN
@@ -552,9 +576,13 @@ class ScriptDetector(Detector):
         n = counts.get(script, 0) + (counts.get("Hani", 0) if script == "Kana" else 0)
         if script == "Hani":
             han = "".join(_HAN.findall(clean)[:_MAX_DETECT_CHARS])
-            if _frequencies().japanese_over_chinese(han) > _JAPANESE_MARGIN:
-                return Detection("ja", round(share, 3), n >= 2)
-            return Detection(f"zh-{chinese_script(clean)}", round(share, 3), n >= 2)
+            odds = _frequencies().japanese_over_chinese(han)
+            # Reliable only when the characters tell Chinese from Japanese well enough:
+            # 時間 is both.
+            sure = n >= 2 and abs(odds - _JAPANESE_MARGIN) >= _RELIABLE_HAN_ODDS
+            if odds > _JAPANESE_MARGIN:
+                return Detection("ja", round(share, 3), sure)
+            return Detection(f"zh-{chinese_script(clean)}", round(share, 3), sure)
         lang = _NAMED.get(script)
         if lang:
             return Detection(lang, round(share, 3), n >= 2)
@@ -564,7 +592,7 @@ class ScriptDetector(Detector):
         langs = self._shared[script]
         if len(langs) == 1:
             return Detection(langs[0], round(share, 3), share >= 0.8 and letters >= 12)
-        words = [w.lower().replace("’", "'")
+        words = [w.lower().replace("’", "'").replace("i\u0307", "i")  # İ lowered: i + dot
                  for w in _WORDS.findall(_without_terms(text)[:_MAX_DETECT_CHARS])]
         freq = _frequencies()
         extra: np.ndarray | None = None
@@ -585,9 +613,10 @@ class ScriptDetector(Detector):
         detector = _langdetect_for(langs)
         if unlisted:
             probs = detector.naive_bayes(unlisted, _PRIOR, extra)  # in langs' order
-        else:  # every word listed: the n-gram profiles have nothing to add
-            assert extra is not None
+        elif extra is not None:  # every word listed: the n-gram profiles have nothing to add
             probs = detector.posterior(_PRIOR, extra)
+        else:
+            return UNKNOWN
         if letters < _BLEND_BELOW:
             probs = self._blend(words, probs, langs)
         best = int(np.argmax(probs))
@@ -627,7 +656,7 @@ class LangdetectDetector(Detector):
         from langdetect.detector_factory import PROFILES_DIRECTORY
 
         profiles = sorted(os.listdir(PROFILES_DIRECTORY))
-        wanted = {"zh-cn", "zh-tw"} | set(languages) if "zh" in languages else set(languages)
+        wanted = _answerable(languages) | {"zh-cn", "zh-tw"} if languages else set(profiles)
         chosen = [p for p in profiles if p in wanted]
         self._ld = _Langdetect(tuple(chosen if len(chosen) >= 2 else profiles), n_trial=7)
 
@@ -644,6 +673,16 @@ class LangdetectDetector(Detector):
 KNOWN_LANGUAGES: tuple[str, ...] = tuple(dict.fromkeys(
     ["zh", *(lang for _, _, lang in _SCRIPTS if lang)] + [x for v in _SHARED.values() for x in v]
 ))
+
+
+def _answerable(languages: tuple[str, ...]) -> set[str]:
+    """``languages``, with what every restricted detector answers as the default does:
+    the languages scripts name, and a shared script's languages when none is listed."""
+    wanted = {*languages, "zh", *_NAMED.values()}
+    for langs in _SHARED.values():
+        if not wanted.intersection(langs):
+            wanted.update(langs)
+    return wanted
 
 
 class LinguaDetector(Detector):
@@ -663,15 +702,9 @@ class LinguaDetector(Detector):
             ) from None
         by_code = {lang.iso_code_639_1.name.lower(): lang for lang in Language.all()}
         by_code["no"] = by_code["nb"]
-        # As the default: scripts that name their language are always answered, and a
-        # shared script none of ``languages`` uses keeps all its languages.
-        wanted = set(KNOWN_LANGUAGES)
-        if languages:
-            wanted = {*languages, "zh", *_NAMED.values()}
-            for langs in _SHARED.values():
-                if not wanted.intersection(langs):
-                    wanted.update(langs)
+        wanted = _answerable(languages) if languages else set(KNOWN_LANGUAGES)
         chosen = {by_code[code] for code in wanted if code in by_code}
+        self._languages = frozenset(code for code in wanted if code in by_code)
         if len(chosen) < 2:
             raise ConfigError("detector 'lingua' needs at least two languages it knows; "
                               f"it knows {', '.join(sorted(by_code))}")
@@ -679,10 +712,15 @@ class LinguaDetector(Detector):
                           .with_preloaded_language_models().build())
 
     def detect(self, text: str) -> Detection:
-        clean = _STRIP.sub(" ", text[:DETECT_MAX_CHARS])[:_MAX_DETECT_CHARS * 4]
-        letters = sum(_count_scripts(clean).values())
+        clean = _STRIP.sub(" ", _normalize(text[:DETECT_MAX_CHARS]))[:_MAX_DETECT_CHARS * 4]
+        counts = _count_scripts(clean)
+        letters = sum(counts.values())
         if not letters:
             return UNKNOWN
+        script, n = counts.most_common(1)[0]
+        named = _NAMED.get(script)
+        if named and named not in self._languages:  # Khmer, Lao, ...: lingua has no model
+            return Detection(named, round(n / letters, 3), n >= 2)
         values = self._detector.compute_language_confidence_values(clean)
         if not values or values[0].value <= 0:
             return UNKNOWN

@@ -241,6 +241,8 @@ class Stream:
         self._held: _Segment | None = None
         self._held_timer: asyncio.TimerHandle | None = None
         self._memory_wait_s = min(settings.stream_memory_wait_ms / 1000.0, self.deadline_s / 2)
+        # The held segment whose wait ran out while a request held the lock.
+        self._memory_overdue: _Segment | None = None
         self.closed = False
         self.ended = False
         self.dropped = False
@@ -286,6 +288,7 @@ class Stream:
                 # before it are in: they must be flushed when the stream goes idle.
                 self.touch()
                 self._arm_idle_flush()
+                self._settle_overdue()
             return self.next_seq - 1
 
     async def _add_chunks(self, chunks: Sequence[tuple[int, str]]) -> None:
@@ -464,12 +467,10 @@ class Stream:
                        held=True, detection=detection, memory=self.recent_lang)
         self.count += 1
         self._waiting.append(seg)
-        # Its text has its place in the context whatever is decided: the segments after it
-        # take theirs before it is settled.
-        seg.context = self._take_context(piece.text)
         self._held = seg
-        self._held_timer = asyncio.get_running_loop().call_later(
-            self._memory_wait_s, self._on_memory_wait)
+        if self._unstarted is None:  # a one-shot text is settled when it is all cut
+            self._held_timer = asyncio.get_running_loop().call_later(
+                self._memory_wait_s, self._on_memory_wait)
         self._advance()
 
     def _settle(self, next_lang: str | None) -> None:
@@ -490,12 +491,25 @@ class Stream:
                               fallback_lang=memory, policy=self.policy)
         self.manager.metrics.stream_memory.labels("kept" if memory else "own").inc()
         if seg.decision.status is None:
+            # No segment after it has taken its context yet: it is settled first.
+            seg.context = self._take_context(seg.piece.text)
             self._begin(seg)
         self._advance()
 
     def _on_memory_wait(self) -> None:
         self._held_timer = None
-        if self._held is not None and not self.dropped:
+        if self._held is None or self.dropped:
+            return
+        if self._lock.locked():
+            # A request is cutting this stream: its next segment may be in it. It settles
+            # the held one, or the request's end does (``_settle_overdue``).
+            self._memory_overdue = self._held
+            return
+        self._settle(None)
+
+    def _settle_overdue(self) -> None:
+        overdue, self._memory_overdue = self._memory_overdue, None
+        if overdue is not None and overdue is self._held and not self.dropped:
             self._settle(None)
 
     def _take_context(self, text: str) -> str | None:

@@ -848,6 +848,37 @@ async def test_a_held_segment_goes_out_when_the_wait_runs_out() -> None:
         check_stream(await read_until(c, "w"), GERMAN + "OK. Und jetzt weiter. ")
 
 
+async def test_a_held_segment_takes_its_context_only_when_translated() -> None:
+    """The context a backend sees is the same whether a short segment waited or not."""
+    seen = {}
+    for wait in (300, 0):
+        fake = FakeTranslator(uses_context=True)
+        async with app_with(fake, stream_memory_wait_ms=wait, context_max_chars=1000) as run:
+            c = run.client
+            await c.post("/v1/streams", json={"stream_id": "c", "target": "de"})
+            text = (GERMAN + "OK. Ich prüfe das noch einmal genau. "
+                    "Let me check the forecast once more before I answer. ")
+            await post_chunks(c, "c", [(0, text)])
+            await c.post("/v1/streams/c/close")
+            check_stream(await read_until(c, "c"), text)
+            seen[wait] = [(call.texts, call.contexts) for call in fake.calls]
+    assert seen[300] == seen[0], seen
+
+
+async def test_signs_within_a_script_range_are_not_an_error() -> None:
+    """× is in the Latin range but no letter: the segment is detected as nothing, and the
+    stream goes on (it failed with 500 and lost the chunk's first segment)."""
+    async with app_with(default_locale="en") as run:
+        c = run.client
+        r = await c.post("/v1/detect", json={"texts": ["12 × 4 = 48", "١٢٣ ؟"]})
+        assert r.status_code == 200 and [x["lang"] for x in r.json()["results"]] == [None, None]
+        text = "bob@example.com × 2\n\nDanke schön für die Hilfe heute. "
+        r = await post_chunks(c, "x", [(0, text)])
+        assert r.status_code == 200, r.text
+        await c.post("/v1/streams/x/close")
+        check_stream(await read_until(c, "x"), text)
+
+
 def test_leans_on_memory() -> None:
     from service.decide import leans_on_memory
     from service.detect import Detection
