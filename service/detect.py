@@ -1,12 +1,14 @@
 """Language detection for short, mixed reasoning text.
 
-The ``default`` detector decides by script first: Han, Kana, Hangul, Thai and the other
-scripts that name their language need no statistics, and a mixed line such as
-``首先，确定整个 hiking旅程所用的总时间`` goes to the script with most weight. Only text
-in a shared script (Latin, Cyrillic, Arabic, Devanagari) is scored against langdetect's
-n-gram profiles, limited to that script's languages: every n-gram, not langdetect's
-random sample, so the same text always gives the same answer; short phrases are helped
-by function words and diacritics.
+The ``default`` detector decides by script first: Hangul, Kana, Thai and the other
+scripts that name their language need no statistics. A line that mixes scripts, such as
+``首先，确定整个 hiking旅程所用的总时间``, goes to the script whose words carry its
+grammar (Latin terms in Chinese do not). Han alone is Chinese or Japanese by how often
+each writes its characters. Text in a shared script (Latin, Cyrillic, Arabic, Devanagari)
+is scored word by word: by how often each of that script's languages uses the word
+(wordfreq's lists), or, for a word no list has, by every one of its n-grams in
+langdetect's profiles (not langdetect's random sample: the same text always gives the
+same answer).
 
 Detectors are registered by name (``THINKTRANS_DETECTOR``); each returns a Detection.
 """
@@ -152,13 +154,6 @@ def _lexicon() -> dict[str, dict[str, float]]:
 
 
 _LEXICON = _lexicon()
-_MARKS: tuple[tuple[str, str, float], ...] = (
-    ("ß", "de", 3.0), ("äöü", "de", 1.0), ("ñ¿¡", "es", 3.0), ("áíóú", "es", 0.5),
-    ("áíóúãõ", "pt", 0.5), ("ãõ", "pt", 2.5), ("èêëîïôûùœâ", "fr", 1.5), ("ç", "fr", 0.8),
-    ("ç", "pt", 0.5), ("ìò", "it", 1.5), ("ąęłńśźż", "pl", 3.0), ("ğış", "tr", 3.0),
-    ("ăâđơư", "vi", 2.0), ("åø", "sv", 1.0), ("åøæ", "da", 1.0), ("ěščřžůň", "cs", 2.0),
-    ("ыэё", "ru", 3.0), ("іїєґ", "uk", 3.0), ("ѓќѕљњџј", "mk", 3.0),
-)
 
 
 class _ScriptOf(dict[int, str | None]):
@@ -353,8 +348,8 @@ class _Frequencies:
     ``service/tools/build_word_data.py``), as natural-log likelihoods.
 
     A word missing from a language's list (its most frequent ``TOP_WORDS``) is scored as
-    rarer than any listed word: ``_UNLISTED_ZIPF``. Languages without a list score every
-    word so, and are left to the n-gram profiles. The 350,000 (word, language) entries are
+    rarer than any listed word: ``_UNLISTED_ZIPF``; languages without a list see ``vector``.
+    The 350,000 (word, language) entries are
     kept as sorted arrays of the words' hashes (this process's ``hash``), about 4 MB
     instead of 90 MB of Python dicts.
     """
@@ -477,8 +472,6 @@ _JAPANESE_MARGIN = 0.0
 _RELIABLE_HAN_ODDS = 2.0
 # How much the word frequencies count against the n-gram profiles (tempered already).
 _WORD_WEIGHT = 0.5
-_NGRAMS_FOR_LISTED = False
-_BLEND_BELOW = 0
 # Terms carry no grammar: identifiers (camelCase, snake_case, dotted.names), acronyms and
 # words with digits. Mixed-script text is weighed without them; so is a shared script.
 _TERMS = re.compile(
@@ -606,7 +599,7 @@ class ScriptDetector(Detector):
                 vec = sum(parts[1:], parts[0]) if parts else None
             if vec is not None:
                 extra = vec if extra is None else extra + vec
-            if vec is None or _NGRAMS_FOR_LISTED:
+            else:
                 unlisted.append(word)
         if extra is not None:
             extra = extra * _WORD_WEIGHT
@@ -617,32 +610,12 @@ class ScriptDetector(Detector):
             probs = detector.posterior(_PRIOR, extra)
         else:
             return UNKNOWN
-        if letters < _BLEND_BELOW:
-            probs = self._blend(words, probs, langs)
         best = int(np.argmax(probs))
         if not probs[best] > 0:
             return Detection(None, 0.0, False)
         conf = float(probs[best]) * share
         reliable = conf >= 0.8 and letters >= (12 if script == "Latn" else 6)
         return Detection(langs[best], round(conf, 3), reliable)
-
-    @staticmethod
-    def _blend(words: list[str], probs: np.ndarray, langs: tuple[str, ...]) -> np.ndarray:
-        """Mix langdetect's view with function words and diacritics, which short text needs."""
-        evidence: dict[str, float] = {}
-        for word in words:
-            for lang, weight in _LEXICON.get(word, {}).items():
-                evidence[lang] = evidence.get(lang, 0.0) + weight
-        joined = "".join(words)
-        for chars, lang, weight in () if joined.isascii() else _MARKS:  # marks are not ASCII
-            if any(ch in joined for ch in chars):
-                evidence[lang] = evidence.get(lang, 0.0) + weight
-        if not evidence:
-            return probs
-        scale = sum(evidence.values())
-        votes = np.array([evidence.get(lang, 0.0) for lang in langs])
-        mixed = 0.5 * probs + 0.5 * votes / scale
-        return mixed / (sum(mixed.tolist()) or 1.0)
 
 
 class LangdetectDetector(Detector):
