@@ -26,9 +26,9 @@ import csv
 from collections import defaultdict
 from pathlib import Path
 
-from service.decide import decide, leans_on_memory
+from service.decide import decide, leans_on_memory, settled_memory
 from service.detect import Detection, get_detector
-from service.locale import base_language, same_language
+from service.locale import base_language
 
 EVAL = Path(__file__).resolve().parent.parent / "tests" / "data" / "detect_heldout.tsv"
 AS_TAG = {"zh": "zh-Hans"}
@@ -39,9 +39,8 @@ OTHER = {"en": "de", "de": "en", "fr": "es", "es": "fr", "ru": "uk", "zh": "ja",
 def language(det: Detection, before: str | None, after: str | None, mode: str) -> str | None:
     """The language a segment is decided to be in (target None: nothing is the same)."""
     memory = before if mode != "alone" else None
-    if mode == "next" and leans_on_memory(det, before) and after is not None and before and (
-            not same_language(after, before)):
-        memory = None  # before a switch: its own detection
+    if mode == "next" and leans_on_memory(det, before):  # held, then settled by the next
+        memory = settled_memory(before, after)
     return decide(True, target="xx", detection=det, fallback_lang=memory).source_lang
 
 

@@ -40,6 +40,16 @@ def leans_on_memory(detection: Detection | None, fallback_lang: str | None) -> b
             and not same_language(detection.lang, fallback_lang))
 
 
+def settled_memory(memory: str | None, next_lang: str | None) -> str | None:
+    """The memory a held segment is decided with, once the next segment is known: the
+    stream's recent language between two of it, or with no clear next language (none
+    came in time, or it was unclear too); none before a segment reliably in another
+    language (a switch: the held segment keeps its own detection)."""
+    if next_lang is not None and memory is not None and not same_language(next_lang, memory):
+        return None
+    return memory
+
+
 def decide(
     prose: bool,
     *,

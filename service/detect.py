@@ -97,8 +97,6 @@ _SCRIPTS: tuple[tuple[str, str, str | None], ...] = (
     ("Latn", r"[A-Za-z\u00c0-\u00ff\u0100-\u024f\u1e00-\u1eff]", None),
 )
 _SCRIPT_RES = tuple((name, re.compile(rx), lang) for name, rx, lang in _SCRIPTS)
-# One Han, Kana or Hangul character carries about a word; a Latin letter about a fifth.
-_WEIGHT = {"Hani": 3.0, "Kana": 3.0, "Hang": 2.5}
 # Languages langdetect may choose within each shared script.
 _SHARED = {
     "Cyrl": ("ru", "uk", "bg", "mk"),
@@ -124,14 +122,9 @@ _MAX_CACHED_NGRAMS = 200_000
 _MAX_CACHED_WORDS = 100_000
 _MAX_CACHED_VECTORS = 50_000  # word-frequency vectors: at most about 17 MB
 
-# Characters that only Traditional (left) or only Simplified (right) Chinese uses.
-_TRAD_SIMP = (
-    "們们這这個个說说會会來来為为時时國国學学對对麼么還还點点後后種种與与電电開开關关"
-    "問问題题現现應应動动實实體体當当經经發发過过長长間间無无從从東东見见兩两進进邊边"
-    "裡里處处麼么總总計计確确認认數数據据錯错誤误讓让嗎吗將将樣样據据雖虽條条"
-)
-_TRAD = frozenset(_TRAD_SIMP[0::2])
-_SIMP = frozenset(_TRAD_SIMP[1::2])
+# Simplified forms that Japanese writes too (国, 学, 会): the Traditional-to-Simplified
+# map alone cannot tell them from forms Traditional Chinese shares with Japanese (台).
+_SIMPLIFIED_ALSO_JAPANESE = frozenset("与个从会体后国学将当据数条来点里")
 
 _STRIP = re.compile(
     # Every alternative is anchored or bounded: a long run without spaces costs linear time.
@@ -380,10 +373,10 @@ class _Frequencies:
         # that Japanese also uses, such as 台, is taken to be Traditional too), and those
         # that Chinese writes and Japanese does not.
         japanese = self.chars["ja"]
-        self.traditional_only = frozenset(self.simplified) | _TRAD
+        self.traditional_only = frozenset(self.simplified)
         self.simplified_only = frozenset(
             v for v in self.simplified.values()
-            if v not in self.simplified and v not in japanese) | _SIMP
+            if v not in self.simplified and v not in japanese) | _SIMPLIFIED_ALSO_JAPANESE
         self.chinese_only = (self.traditional_only | self.simplified_only) - japanese.keys()
         self.has_list = frozenset(self.langs)
         order = np.argsort(np.array(hashes, dtype=np.int64), kind="stable")
@@ -550,10 +543,8 @@ class ScriptDetector(Detector):
         counts = _count_scripts(clean)
         if not counts:
             return UNKNOWN
-        if len(counts) > 1:
-            weighted = _grammar_weights(clean, counts)
-        else:
-            weighted = {s: n * _WEIGHT.get(s, 1.0) for s, n in counts.items()}
+        weighted = (_grammar_weights(clean, counts) if len(counts) > 1
+                    else {s: float(n) for s, n in counts.items()})
         total = sum(weighted.values())
         # Han with any Kana is Japanese; Kana alone too. But Katakana alone (a name, a
         # loanword: no particle) in Han that only Chinese writes is a term in Chinese:

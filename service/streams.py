@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from typing import Any, TypeAlias
 
 from service.batcher import Translation
-from service.decide import Decision, decide, leans_on_memory, wants_detection
+from service.decide import Decision, decide, leans_on_memory, settled_memory, wants_detection
 from service.detect import Detection, Detector
 from service.dispatch import Dispatcher
 from service.errors import (
@@ -40,7 +40,7 @@ from service.errors import (
     TooManyStreams,
 )
 from service.limits import check_chunks, check_encodable
-from service.locale import ResolvedTarget, resolve_target, same_language
+from service.locale import ResolvedTarget, resolve_target
 from service.metrics import Metrics
 from service.schemas import (
     Policy,
@@ -483,9 +483,7 @@ class Stream:
         if self._held_timer is not None:
             self._held_timer.cancel()
             self._held_timer = None
-        memory = seg.memory
-        if next_lang is not None and memory is not None and not same_language(next_lang, memory):
-            memory = None
+        memory = settled_memory(seg.memory, next_lang)
         seg.held = False
         seg.decision = decide(True, target=self.target, detection=seg.detection,
                               fallback_lang=memory, policy=self.policy)

@@ -890,6 +890,11 @@ def test_leans_on_memory() -> None:
     assert not leans_on_memory(Detection("en", 0.95, True), "de")  # clear enough alone
     assert not leans_on_memory(Detection("en", 0.4, False), "en-GB")  # memory says the same
     assert not leans_on_memory(Detection("zh-Hans", 0.5, False), "de")  # another script
+    from service.decide import settled_memory
+
+    assert settled_memory("de", "de-AT") == "de"  # between two of its language
+    assert settled_memory("de", None) == "de"  # nothing clear came next
+    assert settled_memory("de", "en") is None  # a switch: its own detection
 
 
 async def test_the_target_comes_from_user_text_else_the_default_else_none() -> None:
