@@ -63,10 +63,9 @@ def main() -> None:
     path = os.path.join(os.path.dirname(wordfreq.__file__), "data", "_chinese_mapping.msgpack.gz")
     with gzip.open(path) as f:
         mapping = msgpack.load(f, raw=False, strict_map_key=False)
-    pairs = "".join(chr(k) + (chr(v) if isinstance(v, int) else v)
-                    for k, v in sorted(mapping.items()) if chr(k) != (
-                        chr(v) if isinstance(v, int) else v) and len(
-                        chr(v) if isinstance(v, int) else v) == 1)
+    simple = {chr(k): chr(v) if isinstance(v, int) else v for k, v in mapping.items()}
+    pairs = "".join(trad + simp for trad, simp in sorted(simple.items())
+                    if len(simp) == 1 and simp != trad)
     lines.append("\t".join(["simplified", pairs]))
     with gzip.open(OUT, "wt", encoding="utf-8", compresslevel=9) as f:
         f.write("\n".join(lines) + "\n")
