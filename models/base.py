@@ -60,6 +60,9 @@ class Translator(ABC):
     check_output_language: bool = True
     # Whether translate() wants ``contexts``; the batcher passes them only where it does.
     uses_context: bool = False
+    # Whether translate() wants ``deadline_s``, the seconds until the last of the batch's
+    # segments is due (ready + deadline_ms; None: one has no deadline); only where it does.
+    uses_deadline: bool = False
 
     def __init__(self) -> None:
         self.ready = True
@@ -97,7 +100,9 @@ class Translator(ABC):
         to a backend whose ``uses_context`` is true; the output never includes it.
         ``model`` is the model a request or stream named (None: the backend's own choice);
         it comes only when one was named. A model the backend cannot serve raises a
-        ``BackendError`` (the chain's next backend takes the segment).
+        ``BackendError`` (the chain's next backend takes the segment). A backend whose
+        ``uses_deadline`` is true also takes ``deadline_s``; work it drops for being past
+        it raises ``service.errors.Expired``.
         """
 
     # -- models: a request or stream may name one; the catalog is advice, not a whitelist --

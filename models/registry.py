@@ -7,10 +7,13 @@ is a ConfigError that names it, and only for a backend that is asked for.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from models.base import MissingExtra, Translator
 from service.errors import ConfigError
+
+if TYPE_CHECKING:
+    from models.local import LocalConfig
 
 
 class Secret(Protocol):
@@ -90,6 +93,13 @@ class BackendSettings(Protocol):
     @property
     def llm_context(self) -> bool: ...
 
+    @property
+    def pool_url(self) -> str | None: ...
+    @property
+    def pool_token(self) -> Secret | None: ...
+    @property
+    def pool_concurrency(self) -> int: ...
+
 
 def _secret(value: Secret | None) -> str | None:
     return value.get_secret_value() if value is not None else None
@@ -101,26 +111,45 @@ def _passthrough(settings: BackendSettings) -> Translator:
     return PassthroughTranslator()
 
 
-def _local(settings: BackendSettings) -> Translator:
-    from models.local import LocalConfig, LocalTranslator
+def local_config(settings: BackendSettings) -> LocalConfig:
+    """The local engine's config from the ``local_*`` settings (the local backend's, and the
+    pool's replicas')."""
+    from models.local import LocalConfig
 
-    return LocalTranslator(
-        LocalConfig(
-            model=settings.local_model,
-            marian_models=tuple(settings.local_marian_models),
-            models=tuple(settings.local_models),
-            max_extra_models=settings.local_max_extra_models,
-            engine=settings.local_engine,
-            device=settings.local_device,
-            dtype=settings.local_dtype,
-            compute_type=settings.local_compute_type,
-            ct2_cache=settings.local_ct2_cache,
-            ct2_workers=settings.local_ct2_workers,
-            num_beams=settings.local_num_beams,
-            no_repeat_ngram_size=settings.local_no_repeat_ngram_size,
-            max_input_tokens=settings.local_max_input_tokens,
-            threads=settings.local_threads,
-            load_retry_max_s=settings.load_retry_max_s,
+    return LocalConfig(
+        model=settings.local_model,
+        marian_models=tuple(settings.local_marian_models),
+        models=tuple(settings.local_models),
+        max_extra_models=settings.local_max_extra_models,
+        engine=settings.local_engine,
+        device=settings.local_device,
+        dtype=settings.local_dtype,
+        compute_type=settings.local_compute_type,
+        ct2_cache=settings.local_ct2_cache,
+        ct2_workers=settings.local_ct2_workers,
+        num_beams=settings.local_num_beams,
+        no_repeat_ngram_size=settings.local_no_repeat_ngram_size,
+        max_input_tokens=settings.local_max_input_tokens,
+        threads=settings.local_threads,
+        load_retry_max_s=settings.load_retry_max_s,
+    )
+
+
+def _local(settings: BackendSettings) -> Translator:
+    from models.local import LocalTranslator
+
+    return LocalTranslator(local_config(settings))
+
+
+def _pool(settings: BackendSettings) -> Translator:
+    from models.pool import PoolConfig, PoolTranslator
+
+    return PoolTranslator(
+        PoolConfig(
+            url=settings.pool_url,
+            token=_secret(settings.pool_token),
+            timeout_s=settings.backend_timeout_s,
+            concurrency=settings.pool_concurrency,
         )
     )
 
@@ -165,6 +194,7 @@ FACTORIES: dict[str, Callable[[BackendSettings], Translator]] = {
     "local": _local,
     "deepl": _deepl,
     "llm": _llm,
+    "pool": _pool,
 }
 
 

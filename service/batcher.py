@@ -21,7 +21,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from models.base import Translator
-from service.errors import BackendError, BackendTimeout, BackendUnavailable, BadOutput, Overloaded
+from service.errors import (
+    BackendError,
+    BackendTimeout,
+    BackendUnavailable,
+    BadOutput,
+    Expired,
+    Overloaded,
+)
 from service.logs import text_fields
 from service.metrics import Metrics
 
@@ -48,6 +55,7 @@ class _Item:
     pair: Pair
     future: asyncio.Future[Translation]
     context: str | None = None  # the text before it, for backends that use it
+    due: float | None = None  # when its segment is due out (monotonic); None: no deadline
     enqueued: float = field(default_factory=time.monotonic)
     queued: bool = True  # counted in the queue's size (False once taken or cancelled)
 
@@ -86,8 +94,10 @@ class Batcher:
     def __init__(self, translator: Translator, limits: BatchLimits, metrics: Metrics) -> None:
         self.translator = translator
         self.name = translator.name
-        # Only a backend that asks for it is called with each text's preceding text.
+        # Only a backend that asks for them is called with each text's preceding text, and
+        # with the time left until the batch's last segment is due.
         self.uses_context = translator.uses_context
+        self.uses_deadline = translator.uses_deadline
         self.limits = limits
         self.metrics = metrics
         # This backend's series, looked up once (a label lookup takes a lock).
@@ -187,15 +197,16 @@ class Batcher:
 
     def submit(
         self, text: str, source: str | None, target: str, context: str | None = None,
-        *, model: str | None = None, force: bool = False,
+        *, model: str | None = None, force: bool = False, due: float | None = None,
     ) -> asyncio.Future[Translation]:
         """Queue one text; the future gets its Translation or a BackendError.
 
         Raises Overloaded when the queue is full, unless ``force``: text a stream has
         already accepted is never refused (admission checked the room before accepting
         it). A caller that no longer wants the answer cancels the future; its place in
-        the queue is freed on the loop's next turn and the item is dropped unrun. O(1)
-        amortised.
+        the queue is freed on the loop's next turn and the item is dropped unrun. ``due``
+        is when the text's segment is due out (monotonic), for backends that take a
+        deadline. O(1) amortised.
         """
         if self._closed:
             raise BackendUnavailable(f"backend {self.name!r} is shutting down")
@@ -210,7 +221,7 @@ class Batcher:
         group = self._groups.get(pair)
         if group is None:
             group = self._groups[pair] = deque()
-        item = _Item(text, pair, future, context=context)
+        item = _Item(text, pair, future, context=context, due=due)
         group.append(item)
         future.add_done_callback(functools.partial(self._on_done, item))
         self._size += 1
@@ -350,16 +361,20 @@ class Batcher:
                 extra["contexts"] = [item.context for item in live]
             if model is not None:
                 extra["model"] = model
+            if self.uses_deadline:
+                dues = [item.due for item in live]
+                extra["deadline_s"] = (None if None in dues
+                                       else max(d for d in dues if d is not None) - started)
             served_by = self.translator.resolve_model(model, source, target)
             call = self.translator.translate(texts, source=source, target=target, **extra)
             # A model one stream named may fail without the backend being at fault: only
-            # the backend's own choice counts for its breaker.
+            # the backend's own choice counts for its breaker (and never work dropped late).
             counted = model is None
             try:
                 outputs = await asyncio.wait_for(call, self.limits.timeout_s)
                 _check_outputs(self.name, texts, outputs)
             except BackendError as exc:
-                self._fail_all(live, exc, counted=counted)
+                self._fail_all(live, exc, counted=counted and not isinstance(exc, Expired))
                 return
             except TimeoutError:
                 self._fail_all(live, BackendTimeout(

@@ -422,6 +422,36 @@ def convert(
     typer.echo(str(path))
 
 
+@app.command()
+def pool(
+    config: ConfigOpt = None,
+    address: Annotated[str | None, typer.Option(
+        help="Join this Ray cluster (e.g. ray://head:10001 or auto); unset: start one here."
+    )] = None,
+    host: Annotated[str, typer.Option(help="Address the pool's HTTP route binds to.")] = (
+        "127.0.0.1"),
+    port: Annotated[int, typer.Option(help="Port of the pool's HTTP route.")] = 8000,
+) -> None:
+    """Serve the local engine as a shared pool on Ray Serve, for sidecars whose backend is
+    `pool` (THINKTRANS_POOL_URL). The model comes from the THINKTRANS_LOCAL_* settings; runs
+    until SIGTERM. Needs 'thinktrans[pool]'."""
+    from service.logs import configure
+
+    configure("info", transformers=False)
+    settings = _settings(config)
+    configure(settings.log_level, log_text=False, transformers=True)
+    if address is None:
+        try:
+            _check_port(host, port)
+        except ConfigError as exc:
+            raise _fail(exc.detail, 2) from None
+    try:
+        from service.pool import run
+    except ModuleNotFoundError as exc:
+        raise _fail(f"{exc}", 2) from None
+    run(settings, address=address, host=host, port=port)
+
+
 @app.command("make-test-model")
 def make_test_model(
     outdir: Annotated[Path, typer.Argument(help="Directory to write the checkpoint to.")],

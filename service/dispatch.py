@@ -49,6 +49,7 @@ class _Attempt:
     backend: str = ""  # the backend of that work
     key: CacheKey | None = None  # the cache key of that work (None: not cached)
     held: Batcher | None = None  # joined identical work there: holds a place in its queue
+    due: float | None = None  # when the segment is due out (monotonic), for the batcher
 
     def __post_init__(self) -> None:
         self.result.add_done_callback(self._on_result)
@@ -174,7 +175,7 @@ class Dispatcher:
 
     def submit(
         self, text: str, source: str | None, target: str, chain: Sequence[str],
-        context: str | None = None, model: str | None = None,
+        context: str | None = None, model: str | None = None, due: float | None = None,
     ) -> asyncio.Future[Translation]:
         """Start one segment's text down the chain; the future gets the first good answer.
 
@@ -186,7 +187,7 @@ class Dispatcher:
         by callbacks, not a task: a segment costs no coroutine of its own.
         """
         attempt = _Attempt(text, source, target, context, model, list(chain),
-                           asyncio.get_running_loop().create_future())
+                           asyncio.get_running_loop().create_future(), due=due)
         self._next(attempt)
         return attempt.result
 
@@ -287,7 +288,8 @@ class Dispatcher:
     def _queue(self, name: str, attempt: _Attempt, key: CacheKey | None, *,
                force: bool) -> _Work:
         future = self.batchers[name].submit(attempt.text, attempt.source, attempt.target,
-                                            attempt.context, model=attempt.model, force=force)
+                                            attempt.context, model=attempt.model, force=force,
+                                            due=attempt.due)
         attempt.backend, attempt.key = name, key
         work = _Work(future)
         if key is not None:

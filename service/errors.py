@@ -19,6 +19,7 @@
     └── BackendError             a translation backend failed
         ├── BackendUnavailable   not loaded, not configured, auth, quota, outage
         ├── BackendTimeout       no answer in time
+        ├── Expired              dropped unrun: every segment of it was past its deadline
         ├── RateLimited          the vendor asked us to slow down
         ├── UnsupportedLanguage  the backend cannot serve this language pair
         └── BadOutput            wrong count, empty text, wrong language
@@ -143,6 +144,16 @@ class BackendTimeout(BackendError):
     status = 504
     slug = "backend-timeout"
     title = "Backend timeout"
+
+
+class Expired(BackendError):
+    """Work a backend dropped unrun because every segment in it was past its deadline (the
+    pool sheds it so fresh work goes first). Not the backend's fault: the circuit breaker
+    does not count it."""
+
+    status = 504
+    slug = "expired"
+    title = "Deadline passed"
 
 
 class RateLimited(BackendError):

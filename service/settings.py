@@ -322,6 +322,37 @@ class Settings(BaseSettings):
         "it); see docs/backends.md."
     )
 
+    # -- pool: the sidecar's backend, and `thinktrans pool` ----------------------------------
+    pool_url: str | None = Field(
+        None, description="The `pool` backend: base URL of a `thinktrans pool` (its Serve HTTP "
+        "route), e.g. `http://thinktrans-pool:8000`."
+    )
+    pool_token: SecretStr | None = Field(
+        None, description="Bearer token between sidecars and the pool: the `pool` backend "
+        "sends it, `thinktrans pool` requires it on `/v1` (unset: no token)."
+    )
+    pool_concurrency: int = Field(
+        8, ge=1, le=256, description="The `pool` backend: batches in flight to the pool at "
+        "once from this sidecar."
+    )
+    pool_max_batch_size: int = Field(
+        64, ge=1, le=4096, description="`thinktrans pool`: most segments in one merged batch "
+        "on a replica (Serve's `max_batch_size`, counted in segments); a call carries at "
+        "most this many. A Serve config sets it as `user_config.max_batch_size`."
+    )
+    pool_batch_wait_ms: float = Field(
+        10.0, ge=0, le=10_000, description="`thinktrans pool`: how long a replica waits "
+        "after a call for others to merge with it (`user_config.batch_wait_ms`)."
+    )
+    pool_replicas: int = Field(
+        1, ge=1, le=1024, description="`thinktrans pool`: model replicas (a Serve config "
+        "sets `num_replicas` or `autoscaling_config` instead)."
+    )
+    pool_num_gpus: float = Field(
+        0.0, ge=0, le=64, description="`thinktrans pool`: GPUs per replica (`ray_actor_options."
+        "num_gpus`); fractions share a GPU between replicas."
+    )
+
     # -- prices (compare) ------------------------------------------------------------------
     price_per_million_chars: dict[str, float] = Field(
         default_factory=lambda: {"deepl": 25.0},
@@ -344,7 +375,7 @@ class Settings(BaseSettings):
                              "false in the pod spec, or name the Service otherwise")
         return value
 
-    @field_validator("api_token", mode="before")
+    @field_validator("api_token", "pool_token", mode="before")
     @classmethod
     def _token(cls, value: Any) -> Any:
         raw = value.get_secret_value() if isinstance(value, SecretStr) else value

@@ -547,7 +547,7 @@ class Stream:
         assert self.target is not None
         seg.task = self.manager.dispatcher.submit(
             seg.piece.text.strip(), seg.decision.send_source, self.target, self.chain,
-            seg.context, self.model)
+            seg.context, self.model, due=seg.ready_at + self.deadline_s)
         seg.task.add_done_callback(functools.partial(self._on_task_done, seg))
 
     def flush(self, *, final: bool = True) -> None:

@@ -1,0 +1,247 @@
+"""The shared pool: `thinktrans pool` on a local Ray instance (one per module, 127.0.0.1) with
+a test checkpoint, and `thinktrans serve` sidecars whose backend is `pool`, over real HTTP.
+
+The Ray tests skip only where Ray Serve is not installed (the `pool` extra); the backend's
+own tests need no Ray.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from models.pool import PoolConfig, PoolTranslator, _parts
+from service.errors import BackendUnavailable, Expired
+from service.tools.testmodel import make_test_model
+from tests.conftest import (
+    check_stream,
+    deltas,
+    free_port,
+    post_chunks,
+    read_until,
+    segments,
+    served,
+)
+
+ROOT = Path(__file__).resolve().parent.parent
+SENTENCES = [f"The test number {i} checks the parser and then runs the loop again. "
+             for i in range(12)]
+# Long enough that calls from two sidecars land in one merged batch (the test asserts it).
+BATCH_WAIT_MS = 300
+
+
+def _ray() -> Any:
+    return pytest.importorskip(
+        "ray.serve", reason="Ray Serve is not installed: pip install 'thinktrans[pool]'")
+
+
+class Pool:
+    """`thinktrans pool` in its own process; its log goes to a file."""
+
+    def __init__(self, model: Path, tmp: Path) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log_path = tmp / "pool.log"
+        env = {k: v for k, v in os.environ.items() if not k.startswith("THINKTRANS_")}
+        env.update(THINKTRANS_LOCAL_MODEL=str(model), THINKTRANS_LOCAL_CT2_CACHE=str(tmp / "ct2"),
+                   THINKTRANS_POOL_BATCH_WAIT_MS=str(BATCH_WAIT_MS), HF_HUB_OFFLINE="1",
+                   RAY_USAGE_STATS_ENABLED="0")
+        with self.log_path.open("wb") as log:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "service.cli", "pool", "--port", str(self.port)],
+                env=env, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
+
+    def log(self) -> str:
+        return self.log_path.read_text(encoding="utf-8", errors="replace")[-3000:]
+
+    def wait_ready(self, timeout_s: float = 180.0) -> None:
+        give_up = time.monotonic() + timeout_s
+        while time.monotonic() < give_up:
+            assert self.proc.poll() is None, f"pool exited: {self.log()}"
+            try:
+                if httpx.get(f"{self.url}/readyz", timeout=2).status_code == 200:
+                    return
+            except httpx.TransportError:
+                pass
+            time.sleep(0.5)
+        raise AssertionError(f"pool not ready: {self.log()}")
+
+    def stats(self) -> dict[str, Any]:
+        body: dict[str, Any] = httpx.get(f"{self.url}/v1/stats", timeout=10).json()
+        return body
+
+    def stop(self, timeout_s: float = 90.0) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(10)
+                raise AssertionError(f"pool did not stop on SIGTERM: {self.log()}") from None
+
+
+@pytest.fixture(scope="module")
+def pool() -> Iterator[Pool]:
+    _ray()
+    with tempfile.TemporaryDirectory() as tmp:
+        model = make_test_model("marian", Path(tmp) / "marian-en-de")
+        running = Pool(model, Path(tmp))
+        try:
+            running.wait_ready()
+            yield running
+        finally:
+            running.stop()
+
+
+def _sidecar_env(pool: Pool, chain: str = "pool", **extra: str) -> dict[str, str]:
+    return {"THINKTRANS_BACKEND": chain, "THINKTRANS_POOL_URL": pool.url,
+            "THINKTRANS_DEFAULT_LOCALE": "de",
+            # Random weights write noise in no language: the output check would refuse it.
+            "THINKTRANS_CHECK_OUTPUT_LANGUAGE": "false", **extra}
+
+
+async def _translate(url: str, texts: list[str]) -> list[dict[str, Any]]:
+    async with httpx.AsyncClient(base_url=url, timeout=60) as client:
+        resp = await client.post("/v1/translate", json={"texts": texts, "target": "de"})
+        assert resp.status_code == 200, resp.text
+        return [seg for result in resp.json()["results"] for seg in result["segments"]]
+
+
+async def test_two_sidecars_share_the_pool_and_their_batches_merge(pool: Pool) -> None:
+    before = pool.stats()
+    with served(**_sidecar_env(pool)) as one, served(**_sidecar_env(pool)) as two:
+        first, second = await asyncio.gather(
+            _translate(one.url, ["".join(SENTENCES[:6])]),
+            _translate(two.url, ["".join(SENTENCES[6:])]))
+    for segs in (first, second):
+        assert [s["status"] for s in segs] == ["translated"] * 6, segs
+        assert {s["backend"] for s in segs} == {"pool"}
+        assert all(s["text"] != s["original"] for s in segs)
+    after = pool.stats()
+    assert after["model_segments"] - before["model_segments"] == 12
+    # The two sidecars' calls ran as one engine batch.
+    assert after["merged_batches"] > before["merged_batches"], after
+    assert {"segments": 12, "sidecars": 2} in after["recent"], after["recent"]
+
+
+async def test_expired_work_never_reaches_the_model(pool: Pool) -> None:
+    before = pool.stats()
+
+    async def call(client: httpx.AsyncClient, texts: list[str], deadline_ms: float
+                   ) -> httpx.Response:
+        return await client.post("/v1/batch", json={
+            "texts": texts, "source": "en", "target": "de", "deadline_ms": deadline_ms})
+
+    async with httpx.AsyncClient(base_url=pool.url, timeout=60) as client:
+        # Due before the batch window closes: it waits, expires, and is answered unrun.
+        late, live, gone = await asyncio.gather(
+            call(client, SENTENCES[:3], BATCH_WAIT_MS / 4),
+            call(client, SENTENCES[3:5], 30_000),
+            call(client, SENTENCES[5:6], 0))
+    assert live.status_code == 200 and len(live.json()["translations"]) == 2
+    for resp in (late, gone):
+        assert resp.status_code == 504, resp.text
+        assert resp.headers["content-type"].startswith("application/problem+json")
+        assert resp.json()["type"].endswith(":expired")
+    after = pool.stats()
+    assert after["model_segments"] - before["model_segments"] == 2  # the live call's only
+    assert after["expired_segments"] - before["expired_segments"] == 4
+
+
+async def test_the_pool_refuses_bad_calls_with_problems(pool: Pool) -> None:
+    async with httpx.AsyncClient(base_url=pool.url, timeout=30) as client:
+        empty = await client.post("/v1/batch", json={"texts": [], "target": "de"})
+        too_many = await client.post("/v1/batch", json={"texts": ["a"] * 65, "target": "de"})
+        pair = await client.post("/v1/batch", json={"texts": ["Hello."], "source": "en",
+                                                    "target": "ja"})
+        info = await client.get("/v1/info")
+    assert empty.status_code == 422 and "texts" in empty.json()["detail"]
+    assert too_many.status_code == 413 and "at most 64" in too_many.json()["detail"]
+    assert pair.status_code == 422 and pair.json()["type"].endswith(":unsupported-language")
+    body = info.json()
+    assert body["ready"] is True and body["languages"] == ["de"] and body["identity"]
+
+
+async def test_a_pool_stopped_mid_run_leaves_every_stream_whole(pool: Pool) -> None:
+    """Runs last: it stops the module's pool. One sidecar falls through to its local model,
+    the other, with only the pool, sends the originals as `error`; nothing is lost."""
+    model = Path(pool.log_path.parent) / "marian-en-de"
+    # Sentences of their own: none is in the sidecars' caches from an earlier test.
+    text = "".join(f"Another check, number {i}, reads the file and writes a line. "
+                   for i in range(24))
+    chunks = deltas(text, 40)
+    local = {"THINKTRANS_LOCAL_MODEL": str(model), "HF_HUB_OFFLINE": "1",
+             "THINKTRANS_LOCAL_CT2_CACHE": str(pool.log_path.parent / "ct2")}
+    with served(**_sidecar_env(pool, "pool,local", **local)) as chained, \
+            served(**_sidecar_env(pool)) as alone:
+        clients = [httpx.AsyncClient(base_url=s.url, timeout=60) for s in (chained, alone)]
+        try:
+            for client in clients:
+                resp = await client.post("/v1/streams", json={"stream_id": "s", "target": "de"})
+                assert resp.status_code == 201, resp.text
+            half = len(chunks) // 2
+            for i, chunk in enumerate(chunks):
+                if i == half:
+                    await asyncio.to_thread(pool.stop)
+                for client in clients:
+                    resp = await post_chunks(client, "s", [chunk])
+                    assert resp.status_code in (200, 202), resp.text
+                await asyncio.sleep(0.05)
+            for client in clients:
+                await client.post("/v1/streams/s/close")
+            got = [await read_until(c, "s", timeout_s=60) for c in clients]
+        finally:
+            for client in clients:
+                await client.aclose()
+    for events in got:
+        check_stream(events, text)
+    chained_segs, alone_segs = (segments(events) for events in got)
+    assert {s["backend"] for s in chained_segs} <= {"pool", "local"}
+    assert "pool" in {s["backend"] for s in chained_segs}
+    assert chained_segs[-1]["backend"] == "local"  # after the pool was gone
+    assert all(s["status"] == "translated" for s in chained_segs)
+    statuses = {s["status"] for s in alone_segs}
+    assert "error" in statuses and statuses <= {"translated", "error"}, statuses
+
+
+# -- the backend alone: no Ray needed ---------------------------------------------------------
+
+
+async def test_a_batch_past_its_deadline_is_not_sent() -> None:
+    backend = PoolTranslator(PoolConfig(url="http://127.0.0.1:9"))
+    backend.ready = True
+    try:
+        with pytest.raises(Expired):
+            await backend.translate(["Hello."], source="en", target="de", deadline_s=0.0)
+        # Sent: the port refuses, and the backend says why it is not ready.
+        with pytest.raises(BackendUnavailable, match="unreachable"):
+            await backend.translate(["Hello."], source="en", target="de", deadline_s=5.0)
+        assert not backend.ready and "unreachable" in (backend.reason or "")
+    finally:
+        await backend.aclose()
+
+
+async def test_without_a_url_the_pool_backend_is_never_ready() -> None:
+    backend = PoolTranslator(PoolConfig(url=None))
+    assert not backend.ready and "THINKTRANS_POOL_URL" in (backend.reason or "")
+    with pytest.raises(BackendUnavailable):
+        await backend.translate(["Hello."], source="en", target="de")
+    await backend.aclose()
+
+
+def test_calls_are_cut_at_the_pool_limits() -> None:
+    assert _parts(["a"] * 5, 2, 100) == [["a", "a"], ["a", "a"], ["a"]]
+    assert _parts(["aaa", "bb", "c"], 10, 4) == [["aaa"], ["bb", "c"]]
+    assert _parts(["x" * 10], 10, 4) == [["x" * 10]]
