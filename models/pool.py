@@ -5,20 +5,25 @@ batcher forms goes out as one call, ``POST {url}/v1/batch``, with its pair, the 
 stream named and the time left until its last segment is due (``deadline_ms``); the pool
 merges calls from every sidecar into its own batches and drops a call whose deadline passed
 before it ran (504 ``expired``: ``Expired``, which the circuit breaker does not count).
-A batch whose deadline passed here is not sent at all. A call cancelled here (the batch
-timed out, the service stops) closes its connection, and the pool drops it if still queued.
+Here a batch already past its deadline is not sent, and one whose deadline passes while it
+waits for the pool is given up: its connection closes, and the pool drops it if it has not
+run it yet (time in Serve's own queues is counted that way, on this side's clock).
 
-Readiness follows the pool's ``GET /v1/info``: not ready until it answers ready (the model
-loaded), and probed again every ``outage_recheck_s`` while it is down or unreachable
-(``models.remote``); the catalog, languages and batch limit come from the same answer.
+Readiness follows the pool's ``GET /v1/info``: not ready until it answers ready, probed
+every ``outage_recheck_s`` while it is down (``models.remote``), read again every
+``refresh_s`` while it is up. The catalog, languages, batch limit and cache identity come
+from that answer. Only the pool's ``pool-not-ready`` problem, a refused token, or no pool
+at the address mark the backend down: a call's own trouble fails that call.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import socket
-from collections.abc import Sequence
+import time
+from collections.abc import Coroutine, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -26,6 +31,7 @@ import httpx
 from pydantic import BaseModel, Field
 
 from models.base import first_line
+from models.languages import canonical, table_key
 from models.remote import RemoteTranslator
 from service.errors import (
     BackendError,
@@ -33,6 +39,7 @@ from service.errors import (
     BackendUnavailable,
     BadOutput,
     Expired,
+    RateLimited,
     UnsupportedLanguage,
 )
 
@@ -41,6 +48,10 @@ NO_URL_REASON = "set THINKTRANS_POOL_URL to the pool's address, e.g. http://pool
 DEFAULT_CALL_TEXTS = 32
 # Characters of a call's text in all; a larger batch is sent as several calls.
 MAX_CALL_CHARS = 64_000
+# Pairs whose serving model is remembered (resolve_model); past it the memory starts over.
+MAX_SERVED_PAIRS = 4096
+# A probe of /v1/info may wait behind a busy replica's batches.
+PROBE_TIMEOUT_S = 10.0
 
 
 class PoolCall(BaseModel):
@@ -68,6 +79,7 @@ class PoolConfig:
     timeout_s: float = 60.0  # one call's longest wait (the batch timeout bounds it too)
     concurrency: int = 8  # calls in flight at once from this sidecar
     sidecar: str = field(default_factory=sidecar_id)
+    transport: httpx.AsyncBaseTransport | None = None  # httpx's default: TCP
 
 
 class PoolTranslator(RemoteTranslator):
@@ -77,20 +89,25 @@ class PoolTranslator(RemoteTranslator):
     name = "pool"
     uses_deadline = True
     outage_recheck_s = 2.0  # a pool restarts in seconds; come back soon after
+    refresh_s = 30.0  # what the pool serves, read again while it is up
 
     def __init__(self, config: PoolConfig) -> None:
         super().__init__()
         self.config = config
         self.max_concurrency = config.concurrency
         self._info: dict[str, Any] = {}  # the pool's last /v1/info answer that was ready
+        # (model named, source, target) -> the model the pool's answers named for it
+        self._served: dict[tuple[str | None, str | None, str], str] = {}
         self._client: httpx.AsyncClient | None = None
+        self._refresher: asyncio.Task[None] | None = None
+        self.url: str | None = None
         if not config.url:
             self._not_configured(NO_URL_REASON)
             return
         self.url = config.url.rstrip("/")
         headers = {"Authorization": f"Bearer {config.token}"} if config.token else {}
         self._client = httpx.AsyncClient(
-            base_url=self.url, headers=headers,
+            base_url=self.url, headers=headers, transport=config.transport,
             timeout=httpx.Timeout(config.timeout_s, connect=5.0),
             limits=httpx.Limits(max_connections=4 * config.concurrency,
                                 max_keepalive_connections=config.concurrency),
@@ -98,6 +115,12 @@ class PoolTranslator(RemoteTranslator):
         # Not ready before the pool says so: a pool still loading its model gets nothing.
         self.ready = False
         self.reason = "waiting for the pool's first answer"
+
+    async def start(self) -> None:
+        """The start check, then a refresh of what the pool serves every ``refresh_s``."""
+        await super().start()
+        if self._configured and self._refresher is None:
+            self._refresher = self._spawn(self._refresh_while_up())
 
     async def aclose(self) -> None:
         await super().aclose()
@@ -107,9 +130,10 @@ class PoolTranslator(RemoteTranslator):
     # -- readiness ---------------------------------------------------------------------------
 
     async def _check(self) -> None:
+        """Read ``GET /v1/info``: up with what the pool serves, else down (and probed)."""
         assert self._client is not None
         try:
-            resp = await self._client.get("/v1/info", timeout=5.0)
+            resp = await self._client.get("/v1/info", timeout=PROBE_TIMEOUT_S)
         except httpx.HTTPError as exc:
             raise self._unreachable(exc) from exc
         body = _json(resp)
@@ -117,32 +141,62 @@ class PoolTranslator(RemoteTranslator):
             self._info = body
             self._mark_up()
             return
-        raise self._refused(resp.status_code, body)
+        error = self._refused(resp, body)
+        if self.ready:  # an answer that is no pool's: down all the same, until one is
+            self._mark_down(f"pool not ready: {error.detail}", fail_fast=False)
+        raise error
+
+    async def _refresh_while_up(self) -> None:
+        """Limits, catalog and identity change when the pool is reconfigured or redeployed
+        while this sidecar runs. A probe that only waits behind a busy pool's batches does
+        not count against it; the batches say soon enough when it is gone."""
+        while not self._closed:
+            await asyncio.sleep(self.refresh_s)
+            if self.ready:
+                with contextlib.suppress(BackendError, httpx.TimeoutException):
+                    await self._check()
+
+    def _refresh_soon(self) -> None:
+        if not self._closed and self._configured:
+            self._spawn(self._refresh_once())
+
+    async def _refresh_once(self) -> None:
+        with contextlib.suppress(BackendError, httpx.TimeoutException):
+            await self._check()
 
     def _unreachable(self, exc: httpx.HTTPError) -> BackendUnavailable:
         reason = f"pool at {self.url} unreachable: {first_line(exc)}"
         self._mark_down(reason, fail_fast=False)
         return BackendUnavailable(reason)
 
-    def _refused(self, status: int, body: dict[str, Any]) -> BackendError:
-        """The error for a pool's answer other than 200, marking the backend down where the
-        pool is not serving (not ready, gone, or refusing this sidecar's token)."""
+    def _refused(self, resp: httpx.Response, body: dict[str, Any]) -> BackendError:
+        """The error for an answer other than 200. The pool's own problems are mapped by
+        their type, and only ``pool-not-ready`` marks the backend down: one call's trouble
+        (a model a stream named, an engine error) is that call's. Answers that are no pool
+        problem come from Serve's proxy or something in between."""
+        status = resp.status_code
         detail = str(body.get("detail") or body.get("reason") or f"HTTP {status}")[:300]
-        slug = str(body.get("type", "")).rsplit(":", 1)[-1]
+        kind = str(body.get("type", ""))
         if status in (401, 403):
             reason = f"the pool refused the token (THINKTRANS_POOL_TOKEN): {detail}"
             self._mark_down(reason, fail_fast=True)
             return BackendUnavailable(reason)
-        if slug == "expired":
-            return Expired(detail)
-        if slug == "unsupported-language":
-            return UnsupportedLanguage(detail)
-        if status in (404, 502, 503):  # not ready, or no pool route at this address (yet)
-            reason = f"pool not ready: {detail}"
-            self._mark_down(reason, fail_fast=False)
-            return BackendUnavailable(reason)
-        if status == 504:
-            return BackendTimeout(detail)
+        if kind.startswith(PROBLEM):
+            slug = kind.removeprefix(PROBLEM)
+            if slug == "pool-not-ready":
+                self._mark_down(f"pool not ready: {detail}", fail_fast=False)
+                return BackendUnavailable(f"pool not ready: {detail}")
+            if slug == "payload-too-large":
+                self._refresh_soon()  # its limit changed: the next batches are cut to it
+            return _BY_SLUG.get(slug, BackendError)(detail)
+        if status in (429, 503) and "retry-after" in resp.headers:
+            return RateLimited(f"pool busy ({status}); retry after "
+                               f"{resp.headers['retry-after']} s")
+        if status in (408, 504):
+            return BackendTimeout(f"pool answered {status}")
+        if status in (404, 502, 503):  # no application at this route, or no replica
+            self._mark_down(f"pool not serving: HTTP {status}", fail_fast=False)
+            return BackendUnavailable(f"pool not serving: HTTP {status}")
         return BackendError(f"pool answered {status}: {detail}")
 
     # -- what the pool serves ------------------------------------------------------------------
@@ -150,6 +204,15 @@ class PoolTranslator(RemoteTranslator):
     def languages(self) -> list[str] | None:
         langs = self._info.get("languages")
         return list(langs) if isinstance(langs, list) else None
+
+    def supports(self, source: str | None, target: str, model: str | None = None) -> bool:
+        """Whether the pool serves ``target`` (any, until it has said); a named model's
+        languages are the pool's to judge."""
+        langs = self.languages()
+        if langs is None or model is not None:
+            return True
+        tag = canonical(target)
+        return tag is not None and table_key(tag) in langs
 
     def catalog(self) -> list[dict[str, object]]:
         models = self._info.get("models")
@@ -159,6 +222,11 @@ class PoolTranslator(RemoteTranslator):
         return None  # the pool's local engine decides; one it cannot serve answers 422
 
     def resolve_model(self, model: str | None, source: str | None, target: str) -> str | None:
+        """The model the pool's answers named for the pair, else the named one, else the
+        pool's default."""
+        served = self._served.get((model, source, target))
+        if served is not None:
+            return served
         default = self._info.get("default_model")
         return model if model is not None else (str(default) if default else None)
 
@@ -169,8 +237,9 @@ class PoolTranslator(RemoteTranslator):
         return f"pool|{identity}|{model}"
 
     def info(self) -> dict[str, object]:
-        return {"url": getattr(self, "url", None), "sidecar": self.config.sidecar,
-                "engine": self._info.get("engine"), "max_batch_size": self._call_texts()}
+        return {"url": self.url, "sidecar": self.config.sidecar,
+                "engine": self._info.get("engine"), "max_batch_size": self._call_texts(),
+                "identity": self._info.get("identity")}
 
     def _call_texts(self) -> int:
         limit = self._info.get("max_batch_size")
@@ -188,19 +257,26 @@ class PoolTranslator(RemoteTranslator):
         model: str | None = None,
         deadline_s: float | None = None,
     ) -> list[str]:
+        """One call per batch (several only past the pool's limits). Past ``deadline_s``
+        the batch is given up (``Expired``): its connection closes, and the pool drops it
+        if it has not run it yet."""
         self._refuse_if_unusable()
         if deadline_s is not None and deadline_s <= 0:
             raise Expired("every segment of the batch was past its deadline; not sent")
         parts = _parts(list(texts), self._call_texts(), MAX_CALL_CHARS)
-        due = None if deadline_s is None else asyncio.get_running_loop().time() + deadline_s
-        answers = await asyncio.gather(
-            *(self._call(part, source, target, model, due) for part in parts))
+        try:
+            async with asyncio.timeout(deadline_s):
+                due = None if deadline_s is None else time.monotonic() + deadline_s
+                answers = await _all([self._call(part, source, target, model, due)
+                                      for part in parts])
+        except TimeoutError:
+            raise Expired("the batch's deadline passed while it waited for the pool") from None
         return [text for answer in answers for text in answer]
 
     async def _call(self, texts: list[str], source: str | None, target: str,
                     model: str | None, due: float | None) -> list[str]:
         assert self._client is not None
-        left_ms = None if due is None else (due - asyncio.get_running_loop().time()) * 1000.0
+        left_ms = None if due is None else (due - time.monotonic()) * 1000.0
         call = PoolCall(texts=texts, source=source, target=target, model=model,
                         deadline_ms=left_ms, sidecar=self.config.sidecar)
         try:
@@ -211,12 +287,44 @@ class PoolTranslator(RemoteTranslator):
             raise self._unreachable(exc) from exc
         body = _json(resp)
         if resp.status_code != 200:
-            raise self._refused(resp.status_code, body)
+            raise self._refused(resp, body)
         out = body.get("translations")
         if not isinstance(out, list) or len(out) != len(texts):
             raise BadOutput(f"pool returned {type(out).__name__} for {len(texts)} texts")
+        if isinstance(body.get("model"), str):
+            if len(self._served) >= MAX_SERVED_PAIRS:
+                self._served.clear()
+            self._served[(model, source, target)] = body["model"]
+        if body.get("identity") != self._info.get("identity"):
+            self._refresh_soon()  # redeployed or reconfigured: the cache key follows
         self._mark_up()
         return out
+
+
+# The pool's problem types, and the errors they are here.
+PROBLEM = "urn:thinktrans:problem:"
+_BY_SLUG: dict[str, type[BackendError]] = {
+    "expired": Expired,
+    "unsupported-language": UnsupportedLanguage,
+    "backend-timeout": BackendTimeout,
+    "backend-unavailable": BackendUnavailable,
+    "rate-limited": RateLimited,
+    "bad-output": BadOutput,
+}
+
+
+async def _all(calls: list[Coroutine[Any, Any, list[str]]]) -> list[list[str]]:
+    """Every call's answer, in order; the first failure cancels the others."""
+    if len(calls) == 1:
+        return [await calls[0]]
+    tasks = [asyncio.ensure_future(call) for call in calls]
+    try:
+        return await asyncio.gather(*tasks)
+    except BaseException:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        raise
 
 
 def _parts(texts: list[str], max_texts: int, max_chars: int) -> list[list[str]]:

@@ -28,6 +28,7 @@ from service.errors import (
     BadOutput,
     Expired,
     Overloaded,
+    UnsupportedLanguage,
 )
 from service.logs import text_fields
 from service.metrics import Metrics
@@ -368,13 +369,15 @@ class Batcher:
             served_by = self.translator.resolve_model(model, source, target)
             call = self.translator.translate(texts, source=source, target=target, **extra)
             # A model one stream named may fail without the backend being at fault: only
-            # the backend's own choice counts for its breaker (and never work dropped late).
+            # the backend's own choice counts for its breaker.
             counted = model is None
             try:
                 outputs = await asyncio.wait_for(call, self.limits.timeout_s)
                 _check_outputs(self.name, texts, outputs)
             except BackendError as exc:
-                self._fail_all(live, exc, counted=counted and not isinstance(exc, Expired))
+                # Work dropped late, or a pair the backend does not serve: no fault of it.
+                blameless = isinstance(exc, Expired | UnsupportedLanguage)
+                self._fail_all(live, exc, counted=counted and not blameless)
                 return
             except TimeoutError:
                 self._fail_all(live, BackendTimeout(

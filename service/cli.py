@@ -449,7 +449,14 @@ def pool(
         from service.pool import run
     except ModuleNotFoundError as exc:
         raise _fail(f"{exc}", 2) from None
-    run(settings, address=address, host=host, port=port)
+    try:
+        run(settings, address=address, host=host, port=port)
+    except ConfigError as exc:
+        raise _fail(exc.detail, 2) from None
+    except Exception as exc:  # Ray or Serve could not start it (a model that did not load)
+        from models.base import first_line
+
+        raise _fail(f"the pool did not start: {first_line(exc)}", 4) from None
 
 
 @app.command("make-test-model")

@@ -46,7 +46,15 @@ from pydantic import ValidationError
 from models.local import LocalConfig, LocalTranslator
 from models.pool import PoolCall
 from models.registry import local_config
-from service.errors import BackendError, Expired, InputError, PayloadTooLarge, ThinktransError
+from service.errors import (
+    BackendError,
+    BackendTimeout,
+    ConfigError,
+    Expired,
+    InputError,
+    PayloadTooLarge,
+    ThinktransError,
+)
 from service.problems import install_handlers, problem
 from service.settings import Settings, load_settings
 
@@ -55,6 +63,10 @@ log = logging.getLogger("thinktrans.pool")
 APP_NAME = "thinktrans-pool"
 MAX_CALL_BYTES = 1 << 20  # one call's body; a sidecar sends far less (models/pool.py)
 RECENT_BATCHES = 256  # model batches kept for /v1/stats
+NOT_READY = "pool-not-ready"  # the problem slug that tells sidecars the pool is not serving
+# Serve batches that may wait for the engine at once; the calls a replica takes
+# (max_ongoing_requests) bound them first.
+OVERLAPPING_BATCHES = 4096
 
 api = FastAPI(title="thinktrans pool", docs_url=None, redoc_url=None)
 install_handlers(api)
@@ -66,6 +78,18 @@ class _Queued:
 
     call: PoolCall
     due: float | None  # monotonic; None: no deadline
+
+
+@dataclass(slots=True)
+class _Waiting:
+    """A call waiting for an engine turn, and where its answer goes."""
+
+    queued: _Queued
+    answer: asyncio.Future[list[str] | ThinktransError]
+
+    @property
+    def size(self) -> int:
+        return len(self.queued.call.texts)
 
 
 def _segments(queued: Sequence[_Queued]) -> int:
@@ -100,11 +124,16 @@ def _digest(token: str) -> str:
     return hashlib.sha256(token.encode()).hexdigest()
 
 
-def _identity(local: LocalConfig, info: dict[str, object]) -> str:
-    """What decides every replica's output (config, model versions, engine): the sidecars'
-    cache key. The same on every replica of one deployment."""
-    facts = {"config": asdict(local), "info": {k: info.get(k) for k in sorted(info)
-                                                if k not in ("ready", "reason", "loaded")}}
+def _identity(translator: LocalTranslator) -> str | None:
+    """What decides a replica's output, for the sidecars' cache key: its config and, per
+    target it serves, the local engine's own cache identity (the model and its version,
+    engine, compute type, device, decoding options). Stable over time and the same on every
+    replica of one deployment; None until the model is loaded."""
+    if not translator.ready:
+        return None
+    routes = sorted({str(translator.cache_identity(None, None, target))
+                     for target in translator.languages() or []})
+    facts = {"config": asdict(translator.config), "routes": routes}
     return hashlib.sha256(json.dumps(facts, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
@@ -113,21 +142,29 @@ def _problem(exc: ThinktransError) -> JSONResponse:
     return problem(exc.status, exc.title, exc.detail, exc.slug)
 
 
-@serve.deployment(name="Pool", max_ongoing_requests=128, ray_actor_options={"num_cpus": 1},
-                  health_check_period_s=10)
+# Its options (replicas, CPUs, GPUs, max_ongoing_requests, user_config) are set in one
+# place, ``application``; a Serve config overrides them.
+@serve.deployment(name="Pool", health_check_period_s=10)
 @serve.ingress(api)
 class Pool:
     """One replica: a local engine and the batch queue in front of it."""
 
     async def __init__(self, local: LocalConfig, token_sha256: str | None = None,  # type: ignore[misc]
                        timeout_s: float = 60.0) -> None:
-        self.local = local
         self.translator = LocalTranslator(local)
         self.token_sha256 = token_sha256
         self.timeout_s = timeout_s
         self.max_batch_size = 64
+        self.batch_wait_ms = 10.0
         self.tally = _Stats()
-        await self.translator.start()  # loads in its worker thread; /readyz says when
+        self.waiting: deque[_Waiting] = deque()  # calls in arrival order, for the engine
+        self.engine = asyncio.Lock()  # one engine turn at a time
+        # Serve routes to a replica once this returns: not before its model is loaded. A
+        # load that fails fails the replica, and Serve starts another.
+        await self.translator.start()
+        if not await self.translator.wait_ready():
+            raise RuntimeError(f"the pool's model did not load: {self.translator.reason}")
+        self.identity = _identity(self.translator)
 
     def reconfigure(self, config: dict[str, Any]) -> None:
         """Serve's ``user_config``: the batch limits, changeable without a restart."""
@@ -136,10 +173,10 @@ class Pool:
             raise ValueError(f"unknown user_config keys {sorted(unknown)}; "
                              "use max_batch_size, batch_wait_ms")
         size = int(config.get("max_batch_size", self.max_batch_size))
-        wait_ms = float(config.get("batch_wait_ms", 10.0))
+        wait_ms = float(config.get("batch_wait_ms", self.batch_wait_ms))
         if size < 1 or not 0 <= wait_ms <= 10_000:
             raise ValueError("max_batch_size must be >= 1 and batch_wait_ms in 0..10000")
-        self.max_batch_size = size
+        self.max_batch_size, self.batch_wait_ms = size, wait_ms
         self.run.set_max_batch_size(size)  # type: ignore[attr-defined]
         self.run.set_batch_wait_timeout_s(wait_ms / 1000.0)  # type: ignore[attr-defined]
 
@@ -164,8 +201,7 @@ class Pool:
         facts = t.info()
         body = {"ready": t.ready, "reason": t.reason, "max_batch_size": self.max_batch_size,
                 "engine": facts.get("engine"), "default_model": facts.get("model"),
-                "models": t.catalog(), "languages": t.languages(),
-                "identity": _identity(self.local, facts) if t.ready else None}
+                "models": t.catalog(), "languages": t.languages(), "identity": self.identity}
         return JSONResponse(body, status_code=200 if t.ready else 503)
 
     @api.get("/v1/stats")
@@ -184,22 +220,29 @@ class Pool:
         refused = self._refuse(request)
         if refused is not None:
             return refused
+        declared = request.headers.get("content-length", "")
+        if declared.isdigit() and int(declared) > MAX_CALL_BYTES:  # not read at all
+            return _problem(PayloadTooLarge(f"a call is at most {MAX_CALL_BYTES} bytes"))
         try:
             call = self._parse(await request.body())
         except ThinktransError as exc:
             return _problem(exc)
-        if not self.translator.ready:
-            return problem(503, "Pool not ready", self.translator.reason or "model loading",
-                           "backend-unavailable")
+        if not self.translator.ready:  # loaded at start; a model can only fail later
+            return problem(503, "Pool not ready", self.translator.reason or "model not loaded",
+                           NOT_READY)
         self.tally.calls += 1
-        due = None if call.deadline_ms is None else time.monotonic() + call.deadline_ms / 1000
-        if due is not None and due <= time.monotonic():
+        if call.deadline_ms is not None and call.deadline_ms <= 0:
             self.tally.expired(call)
             return _problem(Expired("the call's deadline had passed when it arrived"))
-        outcome = await self.run(_Queued(call, due))
+        due = None if call.deadline_ms is None else time.monotonic() + call.deadline_ms / 1000
+        try:
+            outcome = await self.run(_Queued(call, due))
+        except RuntimeError:  # larger than a max_batch_size lowered while it waited
+            return _problem(PayloadTooLarge(f"this pool now takes at most "
+                                            f"{self.max_batch_size} texts a call"))
         if isinstance(outcome, ThinktransError):
             return _problem(outcome)
-        return JSONResponse({"translations": outcome,
+        return JSONResponse({"translations": outcome, "identity": self.identity,
                              "model": self.translator.resolve_model(call.model, call.source,
                                                                     call.target)})
 
@@ -231,32 +274,57 @@ class Pool:
 
     # -- the batch ---------------------------------------------------------------------------
 
-    @serve.batch(max_batch_size=64, batch_wait_timeout_s=0.01, batch_size_fn=_segments)
+    @serve.batch(max_batch_size=64, batch_wait_timeout_s=0.01, batch_size_fn=_segments,
+                 max_concurrent_batches=OVERLAPPING_BATCHES)
     async def run(self, queued: list[_Queued]) -> list[list[str] | ThinktransError]:
-        """One merged batch: expired calls answered unrun, the rest by (source, target,
-        model) group, one engine call per group; an answer per call."""
-        out: list[list[str] | ThinktransError] = [Expired("unset")] * len(queued)
-        groups: dict[tuple[str | None, str, str | None], list[int]] = {}
-        for i, q in enumerate(queued):
-            c = q.call
-            groups.setdefault((c.source, c.target, c.model), []).append(i)
+        """Serve's batch of calls joins every call waiting for the engine; each engine turn
+        takes the oldest waiting calls, whoever's batch brought them. While the engine is
+        busy, batches formed meanwhile pile up here, so the next turn goes full."""
+        mine = [_Waiting(q, asyncio.get_running_loop().create_future()) for q in queued]
+        self.waiting.extend(mine)
+        while not all(w.answer.done() for w in mine):
+            async with self.engine:
+                await self._turn()
+        return [w.answer.result() for w in mine]
+
+    async def _turn(self) -> None:
+        """One engine turn: the oldest waiting calls, up to ``max_batch_size`` segments, by
+        (source, target, model) group, one engine call per group; a call whose deadline
+        has passed when its group's turn comes is answered ``expired``, unrun."""
+        taken: list[_Waiting] = []
+        size = 0
+        while self.waiting and (not taken or size + self.waiting[0].size <= self.max_batch_size):
+            taken.append(self.waiting.popleft())
+            size += taken[-1].size
+        try:
+            await self._run_turn(taken)
+        except Exception as exc:  # a bug, or an engine error nothing mapped: answer, don't hang
+            log.exception("engine turn failed: %s", type(exc).__name__)
+            for w in taken:
+                if not w.answer.done():
+                    w.answer.set_result(BackendError(f"the pool failed: {type(exc).__name__}"))
+
+    async def _run_turn(self, taken: list[_Waiting]) -> None:
+        groups: dict[tuple[str | None, str, str | None], list[_Waiting]] = {}
+        for w in taken:
+            c = w.queued.call
+            groups.setdefault((c.source, c.target, c.model), []).append(w)
         for (source, target, model), members in groups.items():
             now = time.monotonic()  # a group's calls may expire while an earlier one runs
             live = []
-            for i in members:
-                if queued[i].due is not None and queued[i].due <= now:  # type: ignore[operator]
-                    self.tally.expired(queued[i].call)
-                    out[i] = Expired("the call's deadline passed while it waited in the pool")
+            for w in members:
+                if w.queued.due is not None and w.queued.due <= now:
+                    self.tally.expired(w.queued.call)
+                    w.answer.set_result(Expired("the call's deadline passed while it waited "
+                                                "in the pool"))
                 else:
-                    live.append(i)
+                    live.append(w)
             if live:
-                await self._run_group([queued[i].call for i in live], live, out,
-                                      source, target, model)
-        return out
+                await self._run_group(live, source, target, model)
 
-    async def _run_group(self, calls: list[PoolCall], slots: list[int],
-                         out: list[list[str] | ThinktransError], source: str | None,
-                         target: str, model: str | None) -> None:
+    async def _run_group(self, members: list[_Waiting], source: str | None, target: str,
+                         model: str | None) -> None:
+        calls = [w.queued.call for w in members]
         texts = [text for call in calls for text in call.texts]
         extra = {"model": model} if model is not None else {}
         try:
@@ -265,19 +333,17 @@ class Pool:
                 self.timeout_s)
             if len(outputs) != len(texts):
                 raise BackendError(f"the engine returned {len(outputs)} for {len(texts)}")
-        except ThinktransError as exc:
-            for i in slots:
-                out[i] = exc
-            return
-        except TimeoutError:
-            for i in slots:
-                out[i] = BackendError(f"the engine took over {self.timeout_s:g} s")
+        except (ThinktransError, TimeoutError) as exc:
+            error = exc if isinstance(exc, ThinktransError) else BackendTimeout(
+                f"the engine took over {self.timeout_s:g} s")
+            for w in members:
+                w.answer.set_result(error)
             return
         self.tally.ran(len(texts), len({call.sidecar for call in calls}))
         start = 0
-        for i, call in zip(slots, calls, strict=True):
-            out[i] = outputs[start:start + len(call.texts)]
-            start += len(call.texts)
+        for w in members:
+            w.answer.set_result(outputs[start:start + w.size])
+            start += w.size
 
 
 # -- building and running ---------------------------------------------------------------------
@@ -285,13 +351,21 @@ class Pool:
 
 def application(settings: Settings) -> Any:
     """The pool as a Serve application, from the settings: the model from ``local_*``, the
-    batch limits as ``user_config``, replicas and GPUs as deployment options (a Serve config
-    overrides any of them)."""
+    batch limits as ``user_config``, replicas, CPUs and GPUs as deployment options (a Serve
+    config overrides any of them). Raises ConfigError for settings no replica could use."""
+    from models.registry import build_backend
+
+    build_backend("local", settings)  # checked here, in one line, not in each replica
+    gpus = settings.pool_num_gpus
+    if settings.local_device.startswith("cuda") and gpus == 0:
+        raise ConfigError("local_device is cuda but pool_num_gpus (THINKTRANS_POOL_NUM_GPUS) "
+                          "is 0: Ray gives a replica a GPU only when it asks for one")
     token = settings.pool_token.get_secret_value() if settings.pool_token else None
     size = settings.pool_max_batch_size
     deployment = Pool.options(  # type: ignore[attr-defined]
         num_replicas=settings.pool_replicas,
-        ray_actor_options={"num_cpus": 1, "num_gpus": settings.pool_num_gpus},
+        # Ray sets a replica's OMP_NUM_THREADS to its CPUs: reserve the engine's threads.
+        ray_actor_options={"num_cpus": settings.local_threads or 1, "num_gpus": gpus},
         # Room for a full batch of one-segment calls while the one before it runs.
         max_ongoing_requests=max(16, 2 * size),
         user_config={"max_batch_size": size, "batch_wait_ms": settings.pool_batch_wait_ms},
@@ -311,21 +385,24 @@ def build(args: dict[str, Any] | None = None) -> Any:
 
 def run(settings: Settings, *, address: str | None, host: str, port: int) -> None:
     """``thinktrans pool``: start Ray here (or join ``address``), deploy, serve on
-    ``host:port`` until SIGTERM or SIGINT, then take the pool down."""
+    ``host:port`` until SIGTERM or SIGINT, then take the pool down. The settings are
+    checked (ConfigError) before Ray starts."""
     import ray
 
-    stop = threading.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: stop.set())
+    app = application(settings)
     if address is None:  # a new instance of this machine's own, never one found running
         local_only = host in ("127.0.0.1", "localhost")
         ray.init(address="local", include_dashboard=False,
                  _node_ip_address="127.0.0.1" if local_only else None)
     else:
         ray.init(address=address)
+    stop = threading.Event()
     try:
         serve.start(http_options={"host": host, "port": port})
-        serve.run(application(settings), name=APP_NAME, route_prefix="/", blocking=False)
+        serve.run(app, name=APP_NAME, route_prefix="/", blocking=False)
+        # After Ray's own handlers, which would exit at once.
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, lambda *_: stop.set())
         log.info("pool serving on http://%s:%d (%s)", host, port, settings.local_model)
         print(f"thinktrans pool: http://{host}:{port}", flush=True)
         stop.wait()
@@ -335,4 +412,3 @@ def run(settings: Settings, *, address: str | None, host: str, port: int) -> Non
         else:
             serve.delete(APP_NAME)
         ray.shutdown()
-

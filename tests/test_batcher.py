@@ -7,6 +7,7 @@ import time
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
@@ -19,7 +20,9 @@ from service.errors import (
     BackendTimeout,
     BackendUnavailable,
     BadOutput,
+    Expired,
     Overloaded,
+    UnsupportedLanguage,
 )
 from service.metrics import Metrics
 from tests.fakes import FakeTranslator
@@ -415,3 +418,48 @@ def test_nan_limits_are_refused() -> None:
         BatchLimits(max_wait_ms=float("nan"))
     with pytest.raises(ValueError, match="timeout_s"):
         BatchLimits(timeout_s=float("nan"))
+
+
+# -- deadlines, for backends that take them (the pool) ---------------------------------------
+
+
+@dataclass
+class DeadlineFake(FakeTranslator):
+    uses_deadline: bool = True
+    deadlines: list[float | None] = field(default_factory=list)
+
+    async def translate(  # type: ignore[override]
+        self, texts: Sequence[str], *, source: str | None, target: str,
+        contexts: Sequence[str | None] | None = None, model: str | None = None,
+        deadline_s: float | None = None,
+    ) -> list[str]:
+        self.deadlines.append(deadline_s)
+        return await super().translate(texts, source=source, target=target,
+                                       contexts=contexts, model=model)
+
+
+async def test_a_backend_that_takes_deadlines_gets_the_time_until_its_last_item_is_due() -> None:
+    fake = DeadlineFake()
+    async with running(fake, max_wait_ms=20) as batcher:
+        now = time.monotonic()
+        await gather_all([batcher.submit("a", "en", "de", due=now + 1.0),
+                          batcher.submit("b", "en", "de", due=now + 2.0)])
+        await gather_all([batcher.submit("c", "en", "de", due=now + 1.0),
+                          batcher.submit("d", "en", "de")])  # one without a deadline
+    assert sizes(fake) == [2, 2]
+    first, second = fake.deadlines
+    assert first is not None and 1.5 < first <= 2.0
+    assert second is None
+
+
+async def test_late_work_and_unserved_pairs_do_not_open_the_breaker() -> None:
+    fake = FakeTranslator(answers=deque([Expired("late"), UnsupportedLanguage("no pair"),
+                                         Expired("late again")]))
+    async with running(fake, breaker_failures=1) as batcher:
+        for text in ("a", "b", "c"):
+            [error] = await gather_all([batcher.submit(text, "en", "de")])
+            assert isinstance(error, Expired | UnsupportedLanguage)
+        assert batcher.available()
+        fake.answers.append(BackendError("a real failure"))
+        await gather_all([batcher.submit("d", "en", "de")])
+        assert not batcher.available()

@@ -8,6 +8,7 @@ own tests need no Ray.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 import subprocess
@@ -22,7 +23,13 @@ import httpx
 import pytest
 
 from models.pool import PoolConfig, PoolTranslator, _parts
-from service.errors import BackendUnavailable, Expired
+from service.errors import (
+    BackendTimeout,
+    BackendUnavailable,
+    Expired,
+    RateLimited,
+    UnsupportedLanguage,
+)
 from service.tools.testmodel import make_test_model
 from tests.conftest import (
     check_stream,
@@ -39,6 +46,8 @@ SENTENCES = [f"The test number {i} checks the parser and then runs the loop agai
              for i in range(12)]
 # Long enough that calls from two sidecars land in one merged batch (the test asserts it).
 BATCH_WAIT_MS = 300
+TOKEN = "pool-test-token"
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
 
 
 def _ray() -> Any:
@@ -56,6 +65,7 @@ class Pool:
         env = {k: v for k, v in os.environ.items() if not k.startswith("THINKTRANS_")}
         env.update(THINKTRANS_LOCAL_MODEL=str(model), THINKTRANS_LOCAL_CT2_CACHE=str(tmp / "ct2"),
                    THINKTRANS_POOL_BATCH_WAIT_MS=str(BATCH_WAIT_MS), HF_HUB_OFFLINE="1",
+                   THINKTRANS_POOL_TOKEN=TOKEN,
                    RAY_USAGE_STATS_ENABLED="0")
         with self.log_path.open("wb") as log:
             self.proc = subprocess.Popen(
@@ -78,7 +88,7 @@ class Pool:
         raise AssertionError(f"pool not ready: {self.log()}")
 
     def stats(self) -> dict[str, Any]:
-        body: dict[str, Any] = httpx.get(f"{self.url}/v1/stats", timeout=10).json()
+        body: dict[str, Any] = httpx.get(f"{self.url}/v1/stats", headers=AUTH, timeout=10).json()
         return body
 
     def stop(self, timeout_s: float = 90.0) -> None:
@@ -107,6 +117,7 @@ def pool() -> Iterator[Pool]:
 
 def _sidecar_env(pool: Pool, chain: str = "pool", **extra: str) -> dict[str, str]:
     return {"THINKTRANS_BACKEND": chain, "THINKTRANS_POOL_URL": pool.url,
+            "THINKTRANS_POOL_TOKEN": TOKEN,
             "THINKTRANS_DEFAULT_LOCALE": "de",
             # Random weights write noise in no language: the output check would refuse it.
             "THINKTRANS_CHECK_OUTPUT_LANGUAGE": "false", **extra}
@@ -144,7 +155,7 @@ async def test_expired_work_never_reaches_the_model(pool: Pool) -> None:
         return await client.post("/v1/batch", json={
             "texts": texts, "source": "en", "target": "de", "deadline_ms": deadline_ms})
 
-    async with httpx.AsyncClient(base_url=pool.url, timeout=60) as client:
+    async with httpx.AsyncClient(base_url=pool.url, headers=AUTH, timeout=60) as client:
         # Due before the batch window closes: it waits, expires, and is answered unrun.
         late, live, gone = await asyncio.gather(
             call(client, SENTENCES[:3], BATCH_WAIT_MS / 4),
@@ -161,17 +172,30 @@ async def test_expired_work_never_reaches_the_model(pool: Pool) -> None:
 
 
 async def test_the_pool_refuses_bad_calls_with_problems(pool: Pool) -> None:
-    async with httpx.AsyncClient(base_url=pool.url, timeout=30) as client:
+    async with httpx.AsyncClient(base_url=pool.url, headers=AUTH, timeout=30) as client:
         empty = await client.post("/v1/batch", json={"texts": [], "target": "de"})
         too_many = await client.post("/v1/batch", json={"texts": ["a"] * 65, "target": "de"})
         pair = await client.post("/v1/batch", json={"texts": ["Hello."], "source": "en",
                                                     "target": "ja"})
+        garbage = await client.post("/v1/batch", content=b"{not json")
         info = await client.get("/v1/info")
-    assert empty.status_code == 422 and "texts" in empty.json()["detail"]
-    assert too_many.status_code == 413 and "at most 64" in too_many.json()["detail"]
-    assert pair.status_code == 422 and pair.json()["type"].endswith(":unsupported-language")
+        good = await client.post("/v1/batch", json={"texts": ["Hello."], "target": "de"})
+        again = await client.get("/v1/info")
+        unauthorized = [await client.post("/v1/batch", json={"texts": ["Hello."],
+                                                             "target": "de"}, headers=h)
+                        for h in ({"Authorization": ""}, {"Authorization": "Bearer wrong"})]
+        health = await client.get("/readyz", headers={"Authorization": ""})
+    for resp, status in ((empty, 422), (too_many, 413), (pair, 422), (garbage, 422),
+                         *((r, 401) for r in unauthorized)):
+        assert resp.status_code == status, resp.text
+        assert resp.headers["content-type"].startswith("application/problem+json")
+    assert "texts" in empty.json()["detail"] and "at most 64" in too_many.json()["detail"]
+    assert pair.json()["type"].endswith(":unsupported-language")
+    assert health.status_code == 200  # probes of orchestrators need no token
     body = info.json()
     assert body["ready"] is True and body["languages"] == ["de"] and body["identity"]
+    # The cache key the sidecars use does not move with the work done.
+    assert again.json()["identity"] == good.json()["identity"] == body["identity"]
 
 
 async def test_a_pool_stopped_mid_run_leaves_every_stream_whole(pool: Pool) -> None:
@@ -217,6 +241,111 @@ async def test_a_pool_stopped_mid_run_leaves_every_stream_whole(pool: Pool) -> N
 
 
 # -- the backend alone: no Ray needed ---------------------------------------------------------
+
+INFO = {"ready": True, "reason": None, "max_batch_size": 2, "engine": "ctranslate2",
+        "default_model": "nllb", "models": [], "languages": ["de", "zh-Hans"],
+        "identity": "abc"}
+
+
+def problem(status: int, slug: str, detail: str = "why") -> httpx.Response:
+    return httpx.Response(status, json={"type": f"urn:thinktrans:problem:{slug}",
+                                        "title": slug, "status": status, "detail": detail},
+                          headers={"content-type": "application/problem+json"})
+
+
+class ScriptedPool:
+    """A pool's answers, one per /v1/batch call, in order; /v1/info answers INFO."""
+
+    def __init__(self, *answers: httpx.Response) -> None:
+        self.answers = list(answers)
+        self.calls: list[dict[str, Any]] = []
+        self.auth: set[str] = set()
+
+    async def __call__(self, request: httpx.Request) -> httpx.Response:
+        self.auth.add(request.headers.get("authorization", ""))
+        if request.url.path == "/v1/info":
+            return httpx.Response(200, json=INFO)
+        body = json.loads(request.content)
+        self.calls.append(body)
+        if not self.answers:
+            return httpx.Response(200, json={"translations": [f"de:{t}" for t in body["texts"]],
+                                             "identity": "abc", "model": "nllb-de"})
+        return self.answers.pop(0)
+
+
+async def scripted(pool: ScriptedPool) -> PoolTranslator:
+    backend = PoolTranslator(PoolConfig(url="http://pool", token="t",
+                                        transport=httpx.MockTransport(pool)))
+    await backend.start()
+    assert await backend.wait_ready(5)
+    return backend
+
+
+async def test_the_backend_maps_the_pools_answers_and_goes_down_only_when_it_is_down() -> None:
+    pool = ScriptedPool(
+        problem(504, "expired"), problem(503, "backend-unavailable", "model x not loaded"),
+        problem(422, "unsupported-language"), problem(504, "backend-timeout"),
+        httpx.Response(503, text="busy", headers={"retry-after": "1"}),  # Serve's backpressure
+        problem(503, "pool-not-ready", "model not loaded"))
+    backend = await scripted(pool)
+    try:
+        for error in (Expired, BackendUnavailable, UnsupportedLanguage, BackendTimeout,
+                      RateLimited):
+            with pytest.raises(error):
+                await backend.translate(["Hi."], source="en", target="de")
+            assert backend.ready, error  # one call's trouble is that call's
+        with pytest.raises(BackendUnavailable, match="not ready"):
+            await backend.translate(["Hi."], source="en", target="de")
+        assert not backend.ready
+        await backend._check()  # what the probe does: ready again
+        assert backend.ready
+        for answer in (httpx.Response(404, text="no route"), httpx.Response(401)):
+            pool.answers.append(answer)
+            with pytest.raises(BackendUnavailable):
+                await backend.translate(["Hi."], source="en", target="de")
+            assert not backend.ready
+            await backend._check()
+        assert pool.auth == {"Bearer t"}
+    finally:
+        await backend.aclose()
+
+
+async def test_the_backend_cuts_batches_at_the_pools_limit_and_learns_its_models() -> None:
+    pool = ScriptedPool()
+    backend = await scripted(pool)
+    try:
+        assert backend.resolve_model(None, "en", "de") == "nllb"  # the pool's default
+        out = await backend.translate(["a", "b", "c", "d", "e"], source="en", target="de",
+                                      deadline_s=5.0)
+        assert out == ["de:a", "de:b", "de:c", "de:d", "de:e"]
+        assert [len(c["texts"]) for c in pool.calls] == [2, 2, 1]  # max_batch_size 2
+        assert all(0 < c["deadline_ms"] <= 5000 for c in pool.calls)
+        assert backend.resolve_model(None, "en", "de") == "nllb-de"  # what the answer named
+        assert backend.supports("en", "de-AT") and backend.supports(None, "zh-CN")
+        assert not backend.supports("en", "ja")
+        assert backend.cache_identity(None, "en", "de") == "pool|abc|None"
+    finally:
+        await backend.aclose()
+
+
+async def test_a_batch_whose_deadline_passes_while_it_waits_is_given_up() -> None:
+    async def slow(request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/v1/info":
+            return httpx.Response(200, json=INFO)
+        await asyncio.sleep(10)
+        return httpx.Response(500)
+
+    backend = PoolTranslator(PoolConfig(url="http://pool", transport=httpx.MockTransport(slow)))
+    await backend.start()
+    await backend.wait_ready(5)
+    try:
+        started = time.monotonic()
+        with pytest.raises(Expired, match="waited"):
+            await backend.translate(["Hi."], source="en", target="de", deadline_s=0.2)
+        assert time.monotonic() - started < 2
+        assert backend.ready
+    finally:
+        await backend.aclose()
 
 
 async def test_a_batch_past_its_deadline_is_not_sent() -> None:
