@@ -6,7 +6,9 @@ and a tiny Marian for en -> ja, whose model time is small enough to show the hop
 
 - the hop: ``--calls`` sequential one-sentence calls of the tiny model, through the pool's
   HTTP route (proxy, batch queue, replica) and through the same ``LocalTranslator``
-  in-process; the medians' difference is what the pool adds to a batch;
+  in-process; the medians' difference is what the pool adds to a batch (``batch_wait_ms``
+  included: a call that comes alone waits it out), and a ``GET /v1/info`` round trip is the
+  proxy and route alone;
 - for each N of ``--sidecars``: N `thinktrans serve` processes (backend `pool`, cache off),
   each with ``--streams`` streams of English thinking posted as `thinktrans bench` posts
   them (deltas at ``--rate`` a second, read over SSE) for ``--duration`` seconds; the
@@ -96,6 +98,11 @@ async def hop(pool: str, tiny: Path, ct2: Path, calls: int) -> dict[str, float]:
 
     sentence = SENTENCES[0]
     async with httpx.AsyncClient(base_url=pool, timeout=60) as client:
+        info = []  # the proxy and the replica's HTTP route alone: no batch, no engine
+        for _ in range(calls + 2):
+            started = time.perf_counter()
+            (await client.get("/v1/info")).raise_for_status()
+            info.append((time.perf_counter() - started) * 1000)
         through = []
         for _ in range(calls + 2):
             started = time.perf_counter()
@@ -115,7 +122,8 @@ async def hop(pool: str, tiny: Path, ct2: Path, calls: int) -> dict[str, float]:
     await backend.aclose()
     pool_ms, local_ms = statistics.median(through[2:]), statistics.median(inproc[2:])
     return {"pool_ms": round(pool_ms, 1), "in_process_ms": round(local_ms, 1),
-            "hop_ms": round(pool_ms - local_ms, 1)}
+            "hop_ms": round(pool_ms - local_ms, 1),
+            "info_round_trip_ms": round(statistics.median(info[2:]), 1)}
 
 
 async def load(urls: list[str], args: argparse.Namespace) -> dict[str, Any]:
@@ -151,7 +159,8 @@ def pool_delta(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
             if recent else 0.0,
             "merged_share": round((after["merged_batches"] - before["merged_batches"])
                                   / batches, 3) if batches else 0.0,
-            "expired_segments": after["expired_segments"] - before["expired_segments"]}
+            "expired_segments": after["expired_segments"] - before["expired_segments"],
+            "cancelled_segments": after["cancelled_segments"] - before["cancelled_segments"]}
 
 
 def sidecar_env(**more: str) -> dict[str, str]:
@@ -196,7 +205,8 @@ def run(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
 
 def table(out: dict[str, Any]) -> str:
     lines = ["| sidecars | backend | segments/s | ready-to-emit p50 / p99 ms | deadline | "
-             "engine batches | segments per batch | fill | sidecars per batch | expired |",
+             "engine batches | segments per batch | fill | sidecars per batch | "
+             "dropped: expired / given up |",
              "| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
     for r in out["rows"]:
         late = r["statuses"].get("deadline", 0) / max(1, r["segments"])
@@ -205,7 +215,7 @@ def table(out: dict[str, Any]) -> str:
             f"{r['ready_to_emit_p50_ms']} / {r['ready_to_emit_p99_ms']} | {late:.1%} | "
             f"{r.get('engine_batches', '')} | {r.get('segments_per_batch', '')} | "
             f"{r.get('batch_fill', '')} | {r.get('sidecars_per_batch', '')} | "
-            f"{r.get('expired_segments', '')} |")
+            f"{r.get('expired_segments', '')} / {r.get('cancelled_segments', '')} |")
     return "\n".join(lines)
 
 

@@ -48,6 +48,8 @@ NO_URL_REASON = "set THINKTRANS_POOL_URL to the pool's address, e.g. http://pool
 DEFAULT_CALL_TEXTS = 32
 # Characters of a call's text in all; a larger batch is sent as several calls.
 MAX_CALL_CHARS = 64_000
+# How long past a batch's deadline the backend still waits for the pool.
+GRACE_S = 0.1
 # Pairs whose serving model is remembered (resolve_model); past it the memory starts over.
 MAX_SERVED_PAIRS = 4096
 # A probe of /v1/info may wait behind a busy replica's batches.
@@ -265,7 +267,8 @@ class PoolTranslator(RemoteTranslator):
             raise Expired("every segment of the batch was past its deadline; not sent")
         parts = _parts(list(texts), self._call_texts(), MAX_CALL_CHARS)
         try:
-            async with asyncio.timeout(deadline_s):
+            # A hair past it: the stream's own timer sends the originals out first.
+            async with asyncio.timeout(None if deadline_s is None else deadline_s + GRACE_S):
                 due = None if deadline_s is None else time.monotonic() + deadline_s
                 answers = await _all([self._call(part, source, target, model, due)
                                       for part in parts])

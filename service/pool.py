@@ -26,11 +26,12 @@ import hashlib
 import hmac
 import json
 import logging
+import os
 import signal
 import threading
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -78,6 +79,7 @@ class _Queued:
 
     call: PoolCall
     due: float | None  # monotonic; None: no deadline
+    cancelled: bool = False  # its sender gave up (closed the connection): never run
 
 
 @dataclass(slots=True)
@@ -104,6 +106,7 @@ class _Stats:
     calls: int = 0
     expired_calls: int = 0
     expired_segments: int = 0
+    cancelled_segments: int = 0  # given up by their sidecars before their engine turn
     model_batches: int = 0
     model_segments: int = 0
     merged_batches: int = 0  # model batches holding segments of two sidecars or more
@@ -112,6 +115,9 @@ class _Stats:
     def expired(self, call: PoolCall) -> None:
         self.expired_calls += 1
         self.expired_segments += len(call.texts)
+
+    def cancelled(self, call: PoolCall) -> None:
+        self.cancelled_segments += len(call.texts)
 
     def ran(self, segments: int, sidecars: int) -> None:
         self.model_batches += 1
@@ -235,8 +241,14 @@ class Pool:
             self.tally.expired(call)
             return _problem(Expired("the call's deadline had passed when it arrived"))
         due = None if call.deadline_ms is None else time.monotonic() + call.deadline_ms / 1000
+        queued = _Queued(call, due)
         try:
-            outcome = await self.run(_Queued(call, due))
+            outcome = await self.run(queued)
+        except asyncio.CancelledError:
+            # The sidecar gave up on it (its deadline, its timeout). Serve drops a call it
+            # still holds; one already waiting for an engine turn is dropped there.
+            queued.cancelled = True
+            raise
         except RuntimeError:  # larger than a max_batch_size lowered while it waited
             return _problem(PayloadTooLarge(f"this pool now takes at most "
                                             f"{self.max_batch_size} texts a call"))
@@ -290,7 +302,7 @@ class Pool:
     async def _turn(self) -> None:
         """One engine turn: the oldest waiting calls, up to ``max_batch_size`` segments, by
         (source, target, model) group, one engine call per group; a call whose deadline
-        has passed when its group's turn comes is answered ``expired``, unrun."""
+        has passed when its group's turn comes, or whose sender gave up, is not run."""
         taken: list[_Waiting] = []
         size = 0
         while self.waiting and (not taken or size + self.waiting[0].size <= self.max_batch_size):
@@ -313,7 +325,10 @@ class Pool:
             now = time.monotonic()  # a group's calls may expire while an earlier one runs
             live = []
             for w in members:
-                if w.queued.due is not None and w.queued.due <= now:
+                if w.queued.cancelled:
+                    self.tally.cancelled(w.queued.call)
+                    w.answer.set_result(Expired("the sender gave up on it"))
+                elif w.queued.due is not None and w.queued.due <= now:
                     self.tally.expired(w.queued.call)
                     w.answer.set_result(Expired("the call's deadline passed while it waited "
                                                 "in the pool"))
@@ -407,8 +422,18 @@ def run(settings: Settings, *, address: str | None, host: str, port: int) -> Non
         print(f"thinktrans pool: http://{host}:{port}", flush=True)
         stop.wait()
     finally:
-        if address is None:
-            serve.shutdown()
-        else:
-            serve.delete(APP_NAME)
-        ray.shutdown()
+        # Bounded: a Ctrl-C in a terminal reaches Ray's own processes too, and Serve then
+        # waits on a raylet that is gone.
+        stopped = _within(serve.shutdown if address is None else lambda: serve.delete(APP_NAME),
+                          settings.shutdown_grace_s + 5)
+        if not stopped or not _within(ray.shutdown, 10):
+            log.warning("the pool's Ray processes did not stop in time; exiting without them")
+            os._exit(1)
+
+
+def _within(step: Callable[[], None], timeout_s: float) -> bool:
+    """Run ``step`` in a thread; whether it finished within ``timeout_s``."""
+    worker = threading.Thread(target=step, daemon=True, name="thinktrans-pool-stop")
+    worker.start()
+    worker.join(timeout_s)
+    return not worker.is_alive()

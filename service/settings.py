@@ -386,6 +386,15 @@ class Settings(BaseSettings):
                              "without authentication")
         return value
 
+    @field_validator("pool_url")
+    @classmethod
+    def _pool_url(cls, value: str | None) -> str | None:
+        if value in (None, ""):
+            return None
+        if not value.startswith(("http://", "https://")):
+            raise ValueError("must be an http:// or https:// URL, e.g. http://thinktrans-pool:8000")
+        return value
+
     @field_validator("default_locale")
     @classmethod
     def _default_locale(cls, value: str | None) -> str | None:

@@ -240,6 +240,17 @@ async def test_a_pool_stopped_mid_run_leaves_every_stream_whole(pool: Pool) -> N
     assert "error" in statuses and statuses <= {"translated", "error"}, statuses
 
 
+def test_thinktrans_pool_refuses_a_gpu_model_with_no_gpu_before_ray_starts(tmp_path: Path) -> None:
+    _ray()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("THINKTRANS_")}
+    env.update(THINKTRANS_LOCAL_MODEL=str(tmp_path), THINKTRANS_LOCAL_DEVICE="cuda:0")
+    done = subprocess.run([sys.executable, "-m", "service.cli", "pool", "--port",
+                           str(free_port())], env=env, capture_output=True, text=True,
+                          cwd=ROOT, timeout=120)
+    assert done.returncode == 2, done.stderr
+    assert "THINKTRANS_POOL_NUM_GPUS" in done.stderr and "Ray" in done.stderr
+
+
 # -- the backend alone: no Ray needed ---------------------------------------------------------
 
 INFO = {"ready": True, "reason": None, "max_batch_size": 2, "engine": "ctranslate2",
@@ -368,6 +379,15 @@ async def test_without_a_url_the_pool_backend_is_never_ready() -> None:
     with pytest.raises(BackendUnavailable):
         await backend.translate(["Hello."], source="en", target="de")
     await backend.aclose()
+
+
+def test_the_pool_url_must_be_an_http_url() -> None:
+    from service.errors import ConfigError
+    from service.settings import load_settings
+
+    with pytest.raises(ConfigError, match="THINKTRANS_POOL_URL"):
+        load_settings(pool_url="thinktrans-pool:8000")
+    assert load_settings(pool_url="https://pool:8000").pool_url == "https://pool:8000"
 
 
 def test_calls_are_cut_at_the_pool_limits() -> None:
