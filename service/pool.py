@@ -2,10 +2,13 @@
 
 Sidecars (``THINKTRANS_BACKEND=pool``, ``models/pool.py``) send the batches they formed,
 one call each, to ``POST /v1/batch``. A replica merges the calls of every sidecar that
-arrive within ``batch_wait_ms`` into one batch of at most ``max_batch_size`` segments
-(``@serve.batch``, its size counted in segments); when the batch runs, calls whose deadline
-has passed are answered ``expired`` and never reach the model, the rest are grouped by
-(source, target, model) and each group is one call to the local engine, the same
+arrive within ``batch_wait_ms`` (``@serve.batch``, its size counted in segments) and puts
+them in its queue for the engine. Serve cuts a batch every ``batch_wait_ms`` whether or not
+the engine is busy, so the engine does not run Serve's batches one by one: each engine turn
+takes the oldest waiting calls, up to ``max_batch_size`` segments, whichever batch brought
+them, and the calls that arrive while it runs make the next turn full. In a turn, calls
+whose deadline has passed, or whose sidecar gave up on them, are answered unrun; the rest
+are grouped by (source, target, model), each group one call to the local engine, the same
 ``LocalTranslator`` as the ``local`` backend (its splitting, output bounds and loop guard).
 Every call gets its own answer: its translations, or a problem.
 
@@ -20,6 +23,8 @@ the bearer token when ``pool_token`` is set, ``GET /v1/info`` (what sidecars pro
 ``POST /v1/batch`` and ``GET /v1/stats`` (this replica's batch fill).
 """
 
+# No ``from __future__ import annotations``: FastAPI reads the routes' annotations at run
+# time, from inside Serve's wrapper of the class.
 
 import asyncio
 import hashlib
@@ -169,7 +174,9 @@ class Pool:
         # load that fails fails the replica, and Serve starts another.
         await self.translator.start()
         if not await self.translator.wait_ready():
-            raise RuntimeError(f"the pool's model did not load: {self.translator.reason}")
+            reason = self.translator.reason
+            await self.translator.aclose()  # no retries in a replica that is failing
+            raise RuntimeError(f"the pool's model did not load: {reason}")
         self.identity = _identity(self.translator)
 
     def reconfigure(self, config: dict[str, Any]) -> None:

@@ -281,22 +281,23 @@ class Server:
 
 
 @contextmanager
-def served(**env: str) -> Iterator[Server]:
-    """Start `python -m service.cli serve` on a free port of 127.0.0.1 (passthrough unless
-    ``env`` says otherwise), wait for /readyz, and stop it afterwards."""
+def served(command: str = "serve", ready_s: float = 60.0, **env: str) -> Iterator[Server]:
+    """Start `python -m service.cli serve` (or ``command``: `pool`) on a free port of
+    127.0.0.1 (passthrough unless ``env`` says otherwise), wait up to ``ready_s`` for
+    /readyz, and stop it afterwards."""
     port = free_port()
     full_env = {**os.environ, "THINKTRANS_BACKEND": "passthrough", **env}
     with tempfile.TemporaryDirectory() as tmp:
-        log_path = Path(tmp) / "serve.log"
+        log_path = Path(tmp) / f"{command}.log"
         with log_path.open("wb") as log:
             proc = subprocess.Popen(
-                [sys.executable, "-m", "service.cli", "serve", "--port", str(port)],
+                [sys.executable, "-m", "service.cli", command, "--port", str(port)],
                 env=full_env, stdout=log, stderr=subprocess.STDOUT,
                 cwd=Path(__file__).resolve().parent.parent,
             )
         server = Server(proc, f"http://127.0.0.1:{port}", log_path)
         try:
-            give_up = time.monotonic() + 60
+            give_up = time.monotonic() + ready_s
             while True:
                 try:
                     if httpx.get(f"{server.url}/readyz", timeout=1).status_code == 200:

@@ -10,12 +10,12 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import signal
 import subprocess
 import sys
 import tempfile
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +32,7 @@ from service.errors import (
 )
 from service.tools.testmodel import make_test_model
 from tests.conftest import (
+    Server,
     check_stream,
     deltas,
     free_port,
@@ -55,51 +56,21 @@ def _ray() -> Any:
         "ray.serve", reason="Ray Serve is not installed: pip install 'thinktrans[pool]'")
 
 
+@dataclass
 class Pool:
-    """`thinktrans pool` in its own process; its log goes to a file."""
+    """`thinktrans pool` in its own process, and the checkpoint it serves."""
 
-    def __init__(self, model: Path, tmp: Path) -> None:
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.log_path = tmp / "pool.log"
-        env = {k: v for k, v in os.environ.items() if not k.startswith("THINKTRANS_")}
-        env.update(THINKTRANS_LOCAL_MODEL=str(model), THINKTRANS_LOCAL_CT2_CACHE=str(tmp / "ct2"),
-                   THINKTRANS_POOL_BATCH_WAIT_MS=str(BATCH_WAIT_MS), HF_HUB_OFFLINE="1",
-                   THINKTRANS_POOL_TOKEN=TOKEN,
-                   RAY_USAGE_STATS_ENABLED="0")
-        with self.log_path.open("wb") as log:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-m", "service.cli", "pool", "--port", str(self.port)],
-                env=env, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
+    server: Server
+    model: Path
+    ct2: Path
 
-    def log(self) -> str:
-        return self.log_path.read_text(encoding="utf-8", errors="replace")[-3000:]
-
-    def wait_ready(self, timeout_s: float = 180.0) -> None:
-        give_up = time.monotonic() + timeout_s
-        while time.monotonic() < give_up:
-            assert self.proc.poll() is None, f"pool exited: {self.log()}"
-            try:
-                if httpx.get(f"{self.url}/readyz", timeout=2).status_code == 200:
-                    return
-            except httpx.TransportError:
-                pass
-            time.sleep(0.5)
-        raise AssertionError(f"pool not ready: {self.log()}")
+    @property
+    def url(self) -> str:
+        return self.server.url
 
     def stats(self) -> dict[str, Any]:
         body: dict[str, Any] = httpx.get(f"{self.url}/v1/stats", headers=AUTH, timeout=10).json()
         return body
-
-    def stop(self, timeout_s: float = 90.0) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout_s)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(10)
-                raise AssertionError(f"pool did not stop on SIGTERM: {self.log()}") from None
 
 
 @pytest.fixture(scope="module")
@@ -107,12 +78,13 @@ def pool() -> Iterator[Pool]:
     _ray()
     with tempfile.TemporaryDirectory() as tmp:
         model = make_test_model("marian", Path(tmp) / "marian-en-de")
-        running = Pool(model, Path(tmp))
-        try:
-            running.wait_ready()
-            yield running
-        finally:
-            running.stop()
+        ct2 = Path(tmp) / "ct2"
+        with served("pool", ready_s=180, THINKTRANS_LOCAL_MODEL=str(model),
+                    THINKTRANS_LOCAL_CT2_CACHE=str(ct2),
+                    THINKTRANS_POOL_BATCH_WAIT_MS=str(BATCH_WAIT_MS),
+                    THINKTRANS_POOL_TOKEN=TOKEN, HF_HUB_OFFLINE="1",
+                    RAY_USAGE_STATS_ENABLED="0") as server:
+            yield Pool(server, model, ct2)
 
 
 def _sidecar_env(pool: Pool, chain: str = "pool", **extra: str) -> dict[str, str]:
@@ -201,13 +173,12 @@ async def test_the_pool_refuses_bad_calls_with_problems(pool: Pool) -> None:
 async def test_a_pool_stopped_mid_run_leaves_every_stream_whole(pool: Pool) -> None:
     """Runs last: it stops the module's pool. One sidecar falls through to its local model,
     the other, with only the pool, sends the originals as `error`; nothing is lost."""
-    model = Path(pool.log_path.parent) / "marian-en-de"
     # Sentences of their own: none is in the sidecars' caches from an earlier test.
     text = "".join(f"Another check, number {i}, reads the file and writes a line. "
                    for i in range(24))
     chunks = deltas(text, 40)
-    local = {"THINKTRANS_LOCAL_MODEL": str(model), "HF_HUB_OFFLINE": "1",
-             "THINKTRANS_LOCAL_CT2_CACHE": str(pool.log_path.parent / "ct2")}
+    local = {"THINKTRANS_LOCAL_MODEL": str(pool.model), "HF_HUB_OFFLINE": "1",
+             "THINKTRANS_LOCAL_CT2_CACHE": str(pool.ct2)}
     with served(**_sidecar_env(pool, "pool,local", **local)) as chained, \
             served(**_sidecar_env(pool)) as alone:
         clients = [httpx.AsyncClient(base_url=s.url, timeout=60) for s in (chained, alone)]
@@ -218,7 +189,7 @@ async def test_a_pool_stopped_mid_run_leaves_every_stream_whole(pool: Pool) -> N
             half = len(chunks) // 2
             for i, chunk in enumerate(chunks):
                 if i == half:
-                    await asyncio.to_thread(pool.stop)
+                    await asyncio.to_thread(pool.server.terminate, 90)
                 for client in clients:
                     resp = await post_chunks(client, "s", [chunk])
                     assert resp.status_code in (200, 202), resp.text
