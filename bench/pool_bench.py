@@ -144,7 +144,7 @@ async def load(urls: list[str], args: argparse.Namespace) -> dict[str, Any]:
     return {"segments": segments, "segments_per_s": round(segments / wall, 2),
             "ready_to_emit_p50_ms": round(percentile(emit, 50) or 0, 1),
             "ready_to_emit_p99_ms": round(percentile(emit, 99) or 0, 1),
-            "statuses": statuses,
+            "statuses": statuses, "updates": sum(r.updates for r in reports),
             "violations": sum(len(r.violations) for r in reports)}
 
 

@@ -5,9 +5,10 @@ batcher forms goes out as one call, ``POST {url}/v1/batch``, with its pair, the 
 stream named and the time left until its last segment is due (``deadline_ms``); the pool
 merges calls from every sidecar into its own batches and drops a call whose deadline passed
 before it ran (504 ``expired``: ``Expired``, which the circuit breaker does not count).
-Here a batch already past its deadline is not sent, and one whose deadline passes while it
-waits for the pool is given up: its connection closes, and the pool drops it if it has not
-run it yet (time in Serve's own queues is counted that way, on this side's clock).
+Here a batch already past its deadline is not sent (``Expired``), and one with no answer
+by its deadline (on this side's clock, so time in Serve's own queues counts) is given up
+as a timeout, which the breaker counts: a pool that keeps work past its deadlines is
+failing. Its connection closes, and the pool drops the call if it has not run it yet.
 
 Readiness follows the pool's ``GET /v1/info``: not ready until it answers ready, probed
 every ``outage_recheck_s`` while it is down (``models.remote``), read again every
@@ -52,6 +53,8 @@ MAX_CALL_CHARS = 64_000
 GRACE_S = 0.1
 # Pairs whose serving model is remembered (resolve_model); past it the memory starts over.
 MAX_SERVED_PAIRS = 4096
+# Reads of /v1/info that answers asked for: at most one this often.
+REFRESH_GAP_S = 5.0
 # A probe of /v1/info may wait behind a busy replica's batches.
 PROBE_TIMEOUT_S = 10.0
 
@@ -102,6 +105,7 @@ class PoolTranslator(RemoteTranslator):
         self._served: dict[tuple[str | None, str | None, str], str] = {}
         self._client: httpx.AsyncClient | None = None
         self._refresher: asyncio.Task[None] | None = None
+        self._next_refresh = 0.0  # monotonic: no refresh on demand before it
         self.url: str | None = None
         if not config.url:
             self._not_configured(NO_URL_REASON)
@@ -136,10 +140,16 @@ class PoolTranslator(RemoteTranslator):
         assert self._client is not None
         try:
             resp = await self._client.get("/v1/info", timeout=PROBE_TIMEOUT_S)
+        except httpx.TimeoutException as exc:
+            if self.ready:  # waiting behind a busy pool's batches: the batches tell
+                raise BackendTimeout(f"pool: /v1/info took over {PROBE_TIMEOUT_S:g} s") from exc
+            raise self._unreachable(exc) from exc
         except httpx.HTTPError as exc:
             raise self._unreachable(exc) from exc
         body = _json(resp)
         if resp.status_code == 200 and body.get("ready") is True:
+            if body.get("identity") != self._info.get("identity"):
+                self._served.clear()  # another deployment: its models may route otherwise
             self._info = body
             self._mark_up()
             return
@@ -155,15 +165,20 @@ class PoolTranslator(RemoteTranslator):
         while not self._closed:
             await asyncio.sleep(self.refresh_s)
             if self.ready:
-                with contextlib.suppress(BackendError, httpx.TimeoutException):
+                with contextlib.suppress(BackendError):
                     await self._check()
 
     def _refresh_soon(self) -> None:
-        if not self._closed and self._configured:
-            self._spawn(self._refresh_once())
+        """Read /v1/info again now (its answer changed): one read at a time, at most one
+        every ``REFRESH_GAP_S``, however many answers say so."""
+        now = time.monotonic()
+        if self._closed or not self._configured or now < self._next_refresh:
+            return
+        self._next_refresh = now + REFRESH_GAP_S
+        self._spawn(self._refresh_once())
 
     async def _refresh_once(self) -> None:
-        with contextlib.suppress(BackendError, httpx.TimeoutException):
+        with contextlib.suppress(BackendError):
             await self._check()
 
     def _unreachable(self, exc: httpx.HTTPError) -> BackendUnavailable:
@@ -191,9 +206,9 @@ class PoolTranslator(RemoteTranslator):
             if slug == "payload-too-large":
                 self._refresh_soon()  # its limit changed: the next batches are cut to it
             return _BY_SLUG.get(slug, BackendError)(detail)
-        if status in (429, 503) and "retry-after" in resp.headers:
-            return RateLimited(f"pool busy ({status}); retry after "
-                               f"{resp.headers['retry-after']} s")
+        if status in (429, 503) and ("retry-after" in resp.headers
+                                     or "backpressure" in resp.text):
+            return RateLimited(f"pool busy ({status}, Serve's backpressure)")
         if status in (408, 504):
             return BackendTimeout(f"pool answered {status}")
         if status in (404, 502, 503):  # no application at this route, or no replica
@@ -260,8 +275,8 @@ class PoolTranslator(RemoteTranslator):
         deadline_s: float | None = None,
     ) -> list[str]:
         """One call per batch (several only past the pool's limits). Past ``deadline_s``
-        the batch is given up (``Expired``): its connection closes, and the pool drops it
-        if it has not run it yet."""
+        the batch is given up (``BackendTimeout``): its connection closes, and the pool
+        drops it if it has not run it yet."""
         self._refuse_if_unusable()
         if deadline_s is not None and deadline_s <= 0:
             raise Expired("every segment of the batch was past its deadline; not sent")
@@ -273,7 +288,8 @@ class PoolTranslator(RemoteTranslator):
                 answers = await _all([self._call(part, source, target, model, due)
                                       for part in parts])
         except TimeoutError:
-            raise Expired("the batch's deadline passed while it waited for the pool") from None
+            # The pool kept it past its deadline: slow or stuck, the breaker counts it.
+            raise BackendTimeout("no answer from the pool by the batch's deadline") from None
         return [text for answer in answers for text in answer]
 
     async def _call(self, texts: list[str], source: str | None, target: str,
@@ -284,10 +300,12 @@ class PoolTranslator(RemoteTranslator):
                         deadline_ms=left_ms, sidecar=self.config.sidecar)
         try:
             resp = await self._client.post("/v1/batch", json=call.model_dump())
+        except httpx.ConnectError as exc:  # nothing listens there (any more)
+            raise self._unreachable(exc) from exc
         except httpx.TimeoutException as exc:
             raise BackendTimeout(f"pool: no answer in {self.config.timeout_s:g} s") from exc
-        except httpx.HTTPError as exc:
-            raise self._unreachable(exc) from exc
+        except httpx.HTTPError as exc:  # a connection dropped mid-call: this call's trouble
+            raise BackendUnavailable(f"pool: {first_line(exc)}") from exc
         body = _json(resp)
         if resp.status_code != 200:
             raise self._refused(resp, body)

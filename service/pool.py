@@ -301,27 +301,55 @@ class Pool:
         busy, batches formed meanwhile pile up here, so the next turn goes full."""
         mine = [_Waiting(q, asyncio.get_running_loop().create_future()) for q in queued]
         self.waiting.extend(mine)
-        while not all(w.answer.done() for w in mine):
-            async with self.engine:
-                await self._turn()
-        return [w.answer.result() for w in mine]
+        try:
+            while not all(w.answer.done() for w in mine):
+                async with self.engine:
+                    if not await self._turn():
+                        break  # nothing waited, yet ours are unanswered: never spin
+        except BaseException:
+            for w in mine:  # cancelled: ours still waiting are dropped by the next turn
+                w.queued.cancelled = True
+            raise
+        lost = BackendError("the pool lost this call")
+        return [w.answer.result() if w.answer.done() else lost for w in mine]
 
-    async def _turn(self) -> None:
+    async def _turn(self) -> bool:
         """One engine turn: the oldest waiting calls, up to ``max_batch_size`` segments, by
-        (source, target, model) group, one engine call per group; a call whose deadline
-        has passed when its group's turn comes, or whose sender gave up, is not run."""
+        (source, target, model) group, one engine call per group. A call whose sender gave
+        up, or whose deadline has passed when it is taken or when its group's turn comes,
+        is answered unrun. Whether any call was taken."""
         taken: list[_Waiting] = []
         size = 0
+        popped = False
         while self.waiting and (not taken or size + self.waiting[0].size <= self.max_batch_size):
-            taken.append(self.waiting.popleft())
-            size += taken[-1].size
+            w = self.waiting.popleft()
+            popped = True
+            if not self._dropped(w, time.monotonic()):
+                taken.append(w)
+                size += w.size
         try:
             await self._run_turn(taken)
-        except Exception as exc:  # a bug, or an engine error nothing mapped: answer, don't hang
-            log.exception("engine turn failed: %s", type(exc).__name__)
-            for w in taken:
+        except BaseException as exc:  # a bug, an unmapped engine error, a cancellation
+            if isinstance(exc, Exception):
+                log.exception("engine turn failed: %s", type(exc).__name__)
+            for w in taken:  # every call taken is answered, whoever's batch brought it
                 if not w.answer.done():
                     w.answer.set_result(BackendError(f"the pool failed: {type(exc).__name__}"))
+            if not isinstance(exc, Exception):
+                raise
+        return popped
+
+    def _dropped(self, w: _Waiting, now: float) -> bool:
+        """Answer a call that must not run (its sender gave up, its deadline passed)."""
+        if w.queued.cancelled:
+            self.tally.cancelled(w.queued.call)
+            w.answer.set_result(Expired("the sender gave up on it"))
+        elif w.queued.due is not None and w.queued.due <= now:
+            self.tally.expired(w.queued.call)
+            w.answer.set_result(Expired("the call's deadline passed while it waited in the pool"))
+        else:
+            return False
+        return True
 
     async def _run_turn(self, taken: list[_Waiting]) -> None:
         groups: dict[tuple[str | None, str, str | None], list[_Waiting]] = {}
@@ -330,17 +358,7 @@ class Pool:
             groups.setdefault((c.source, c.target, c.model), []).append(w)
         for (source, target, model), members in groups.items():
             now = time.monotonic()  # a group's calls may expire while an earlier one runs
-            live = []
-            for w in members:
-                if w.queued.cancelled:
-                    self.tally.cancelled(w.queued.call)
-                    w.answer.set_result(Expired("the sender gave up on it"))
-                elif w.queued.due is not None and w.queued.due <= now:
-                    self.tally.expired(w.queued.call)
-                    w.answer.set_result(Expired("the call's deadline passed while it waited "
-                                                "in the pool"))
-                else:
-                    live.append(w)
+            live = [w for w in members if not self._dropped(w, now)]
             if live:
                 await self._run_group(live, source, target, model)
 

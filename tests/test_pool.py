@@ -14,6 +14,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,6 +25,7 @@ import pytest
 
 from models.pool import PoolConfig, PoolTranslator, _parts
 from service.errors import (
+    BackendError,
     BackendTimeout,
     BackendUnavailable,
     Expired,
@@ -103,8 +105,10 @@ async def _translate(url: str, texts: list[str]) -> list[dict[str, Any]]:
 
 
 async def test_two_sidecars_share_the_pool_and_their_batches_merge(pool: Pool) -> None:
-    before = pool.stats()
     with served(**_sidecar_env(pool)) as one, served(**_sidecar_env(pool)) as two:
+        for sidecar in (one, two):  # warm: the measured calls leave at once
+            await _translate(sidecar.url, ["A first sentence to warm up the sidecar."])
+        before = pool.stats()
         first, second = await asyncio.gather(
             _translate(one.url, ["".join(SENTENCES[:6])]),
             _translate(two.url, ["".join(SENTENCES[6:])]))
@@ -222,6 +226,56 @@ def test_thinktrans_pool_refuses_a_gpu_model_with_no_gpu_before_ray_starts(tmp_p
     assert "THINKTRANS_POOL_NUM_GPUS" in done.stderr and "Ray" in done.stderr
 
 
+async def test_engine_turns_take_every_call_that_waited_and_answer_each() -> None:
+    """The replica's batch function without Serve: calls that come while the engine runs go
+    into the next turn together, oldest first, within max_batch_size; calls given up or
+    past their deadline never reach the engine; an engine failure answers every call."""
+    _ray()
+    from models.pool import PoolCall
+    from service.pool import Pool as Deployment
+    from service.pool import _Queued, _Stats
+
+    gate = asyncio.Event()
+    seen: list[list[str]] = []
+
+    class Engine:
+        async def translate(self, texts: list[str], **_: Any) -> list[str]:
+            seen.append(list(texts))
+            if len(seen) == 1:
+                await gate.wait()
+            if "boom" in texts:
+                raise RuntimeError("an engine bug")
+            return [t.upper() for t in texts]
+
+    cls = Deployment.func_or_class.__bases__[0]  # the class as written, not Serve's ASGI wrapper
+    replica = object.__new__(cls)
+    replica.translator, replica.timeout_s, replica.max_batch_size = Engine(), 5.0, 3
+    replica.tally, replica.waiting, replica.engine = _Stats(), deque(), asyncio.Lock()
+    run = cls.run.__wrapped__
+
+    def call(*texts: str, due: float | None = None) -> _Queued:
+        return _Queued(PoolCall(texts=list(texts), target="de", sidecar=texts[0]), due)
+
+    first = asyncio.create_task(run(replica, [call("a")]))
+    while not seen:
+        await asyncio.sleep(0.01)
+    gone = call("y")
+    gone.cancelled = True
+    second = asyncio.create_task(run(replica, [call("b"), call("x", due=time.monotonic())]))
+    third = asyncio.create_task(run(replica, [gone, call("c", "d"), call("e")]))
+    await asyncio.sleep(0.05)
+    gate.set()
+    one, two, three = await asyncio.gather(first, second, third)
+    assert seen == [["a"], ["b", "c", "d"], ["e"]]
+    assert one == [["A"]] and two[0] == ["B"] and isinstance(two[1], Expired)
+    assert isinstance(three[0], Expired) and three[1:] == [["C", "D"], ["E"]]
+    assert replica.tally.merged_batches == 1  # b with c, d: two senders
+    assert (replica.tally.expired_segments, replica.tally.cancelled_segments) == (1, 1)
+    failed = await run(replica, [call("boom"), call("boom")])
+    assert [type(answer) for answer in failed] == [BackendError, BackendError]
+    assert not replica.waiting
+
+
 # -- the backend alone: no Ray needed ---------------------------------------------------------
 
 INFO = {"ready": True, "reason": None, "max_batch_size": 2, "engine": "ctranslate2",
@@ -268,11 +322,12 @@ async def test_the_backend_maps_the_pools_answers_and_goes_down_only_when_it_is_
         problem(504, "expired"), problem(503, "backend-unavailable", "model x not loaded"),
         problem(422, "unsupported-language"), problem(504, "backend-timeout"),
         httpx.Response(503, text="busy", headers={"retry-after": "1"}),  # Serve's backpressure
+        httpx.Response(503, text="Request dropped due to backpressure (...)"),
         problem(503, "pool-not-ready", "model not loaded"))
     backend = await scripted(pool)
     try:
         for error in (Expired, BackendUnavailable, UnsupportedLanguage, BackendTimeout,
-                      RateLimited):
+                      RateLimited, RateLimited):
             with pytest.raises(error):
                 await backend.translate(["Hi."], source="en", target="de")
             assert backend.ready, error  # one call's trouble is that call's
@@ -322,7 +377,7 @@ async def test_a_batch_whose_deadline_passes_while_it_waits_is_given_up() -> Non
     await backend.wait_ready(5)
     try:
         started = time.monotonic()
-        with pytest.raises(Expired, match="waited"):
+        with pytest.raises(BackendTimeout, match="deadline"):
             await backend.translate(["Hi."], source="en", target="de", deadline_s=0.2)
         assert time.monotonic() - started < 2
         assert backend.ready
