@@ -22,11 +22,10 @@ import argparse
 import asyncio
 import json
 import os
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from models.base import Translator
+from models.base import Capabilities, Job, Translator
 from models.passthrough import PassthroughTranslator
 from service.runtime import Runtime
 from service.settings import load_settings
@@ -40,19 +39,17 @@ class Counting(Translator):
     """Answers each text tagged, and counts the texts and characters it was sent."""
 
     name = "counting"
-    check_output_language = False
+    capabilities = Capabilities(checked_output=False)
 
     def __init__(self) -> None:
         super().__init__()
         self.texts = 0
         self.chars = 0
 
-    async def translate(self, texts: Sequence[str], *, source: str | None, target: str,
-                        contexts: Sequence[str | None] | None = None,
-                        model: str | None = None) -> list[str]:
-        self.texts += len(texts)
-        self.chars += sum(map(len, texts))
-        return [f"[{target}] {text}" for text in texts]
+    async def run(self, job: Job) -> list[str]:
+        self.texts += len(job.texts)
+        self.chars += sum(map(len, job.texts))
+        return [f"[{job.target}] {text}" for text in job.texts]
 
 
 def thinking_parts() -> list[str]:

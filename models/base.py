@@ -1,45 +1,21 @@
 """The backend contract: an async translator, batch in and batch out.
 
-Errors a backend may raise live in ``service.errors`` (the one hierarchy); each backend
-maps its vendor's errors to them in one place, ``raise BackendUnavailable(...) from exc``.
-The batcher, not each backend, checks that the output has as many texts as the input.
+The batcher hands a backend one value, a ``Job`` (texts, pair, model, contexts, when it is
+due), and takes a list of as many texts back; it checks that length, once, for every
+backend. What a backend can do is declared once on its class, ``capabilities``. Errors a
+backend may raise live in ``models.errors``; each backend maps its vendor's errors to them
+in one place, ``raise BackendUnavailable(...) from exc``.
 """
 
 from __future__ import annotations
 
+import time
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import ClassVar
 
-from service.errors import (
-    BackendError,
-    BackendTimeout,
-    BackendUnavailable,
-    BadOutput,
-    RateLimited,
-    UnsupportedLanguage,
-)
-
-__all__ = [
-    "BackendError",
-    "BackendTimeout",
-    "BackendUnavailable",
-    "BadOutput",
-    "MissingExtra",
-    "RateLimited",
-    "Translator",
-    "UnsupportedLanguage",
-    "first_line",
-]
-
-
-class MissingExtra(ModuleNotFoundError):
-    """A backend needs a package that the ``extra`` of thinktrans installs; the registry
-    turns it into a ConfigError naming ``pip install 'thinktrans[extra]'``."""
-
-    def __init__(self, message: str, *, name: str, extra: str) -> None:
-        super().__init__(message, name=name)
-        self.extra = extra
+__all__ = ["Capabilities", "Job", "Translator", "first_line"]
 
 
 def first_line(exc: BaseException) -> str:
@@ -48,21 +24,49 @@ def first_line(exc: BaseException) -> str:
     return first if len(first) <= 200 else first[:197] + "..."
 
 
+@dataclass(frozen=True, slots=True)
+class Capabilities:
+    """What a backend does with a job, declared once on its class; an instance narrows it
+    from its config (``dataclasses.replace``), e.g. DeepL with its context turned off."""
+
+    # Translates better with each text's preceding stream text: only then does a job
+    # carry ``contexts`` (and the stream keep them).
+    context: bool = False
+    # Drops work past ``Job.due`` (raising ``Expired``): the pool.
+    deadline: bool = False
+    # The vendor bills the characters sent (counted in metrics and /v1/backends).
+    billed: bool = False
+    # Its outputs are checked to be in the target language (passthrough's are not).
+    checked_output: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class Job:
+    """One batch as the batcher hands it to a backend: one pair, one model."""
+
+    texts: Sequence[str]
+    source: str | None  # None: unknown
+    target: str  # a BCP 47 tag
+    model: str | None = None  # the model a request or stream named; None: the backend's
+    # One per text, the text before it in its stream (or None); only for a backend with
+    # ``capabilities.context``; the output never includes it.
+    contexts: Sequence[str | None] | None = None
+    # When the last of its segments is due out (``time.monotonic()``); None: one of them
+    # has no deadline. Read by backends with ``capabilities.deadline``.
+    due: float | None = None
+
+    def seconds_left(self) -> float | None:
+        """Seconds until ``due`` (negative once past); None without a deadline."""
+        return None if self.due is None else self.due - time.monotonic()
+
+
 class Translator(ABC):
-    """A translation backend. Subclasses set ``name`` and implement ``translate``."""
+    """A translation backend. Subclasses set ``name`` and implement ``run``."""
 
     name: ClassVar[str]
+    capabilities: Capabilities = Capabilities()
     # Batches the batcher may run at once on this backend; None: the service setting.
     max_concurrency: int | None = None
-    # Whether the vendor bills the characters sent (counted in metrics and /v1/backends).
-    billed: ClassVar[bool] = False
-    # Whether outputs are checked to be in the target language (passthrough's are not).
-    check_output_language: bool = True
-    # Whether translate() wants ``contexts``; the batcher passes them only where it does.
-    uses_context: bool = False
-    # Whether translate() wants ``deadline_s``, the seconds until the last of the batch's
-    # segments is due (ready + deadline_ms; None: one has no deadline); only where it does.
-    uses_deadline: bool = False
 
     def __init__(self) -> None:
         self.ready = True
@@ -85,25 +89,20 @@ class Translator(ABC):
         return self.ready
 
     @abstractmethod
-    async def translate(
-        self,
-        texts: Sequence[str],
-        *,
-        source: str | None,
-        target: str,
-        contexts: Sequence[str | None] | None = None,
-        model: str | None = None,
-    ) -> list[str]:
-        """Translate ``texts`` from ``source`` (None: unknown) into ``target`` (a BCP 47 tag).
+    async def run(self, job: Job) -> list[str]:
+        """Translate ``job.texts``, one output per text, in order.
 
-        ``contexts``, one per text (the text before it in its stream, or None), comes only
-        to a backend whose ``uses_context`` is true; the output never includes it.
-        ``model`` is the model a request or stream named (None: the backend's own choice);
-        it comes only when one was named. A model the backend cannot serve raises a
-        ``BackendError`` (the chain's next backend takes the segment). A backend whose
-        ``uses_deadline`` is true also takes ``deadline_s``; work it drops for being past
-        it raises ``service.errors.Expired``.
+        A model the backend cannot serve raises a ``BackendError`` (the chain's next
+        backend takes the segment); work dropped for being past ``job.due`` raises
+        ``Expired``.
         """
+
+    async def translate(
+        self, texts: Sequence[str], *, source: str | None, target: str,
+        model: str | None = None, contexts: Sequence[str | None] | None = None,
+    ) -> list[str]:
+        """``run`` on a job of these texts: for callers outside the batcher."""
+        return await self.run(Job(list(texts), source, target, model, contexts))
 
     # -- models: a request or stream may name one; the catalog is advice, not a whitelist --
 

@@ -23,7 +23,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from importlib import metadata
 from typing import Any, TypeVar
 
@@ -36,9 +36,8 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
         name="deepl",
     ) from exc
 
-from models.languages import base_language, canonical, region, table_key
-from models.remote import RemoteTranslator
-from service.errors import (
+from models.base import Capabilities, Job
+from models.errors import (
     BackendError,
     BackendTimeout,
     BackendUnavailable,
@@ -46,6 +45,8 @@ from service.errors import (
     RateLimited,
     UnsupportedLanguage,
 )
+from models.languages import base_language, canonical, region, table_key
+from models.remote import RemoteTranslator
 
 log = logging.getLogger(__name__)
 
@@ -183,7 +184,7 @@ class DeepLTranslator(RemoteTranslator):
     """DeepL through the official client; bills the characters sent."""
 
     name = "deepl"
-    billed = True
+    capabilities = Capabilities(context=True, billed=True)
     # Seconds between usage refreshes (GET /v2/usage) triggered by translations.
     usage_refresh_s: float = 300.0
 
@@ -196,7 +197,7 @@ class DeepLTranslator(RemoteTranslator):
         self._server_url = server_url.rstrip("/") + "/" if server_url else None
         self._model_type = config.model_type or None
         self._formality = config.formality or None
-        self.uses_context = config.context
+        self.capabilities = replace(self.capabilities, context=config.context)
         self.max_concurrency = config.threads
         # The client's retry knobs are module globals: one DeepL backend per process.
         # Retries back off 1 s, 1.6 s, 2.6 s...; the batcher's backend_timeout_s cuts a
@@ -294,17 +295,11 @@ class DeepLTranslator(RemoteTranslator):
 
     # -- translation -------------------------------------------------------------------------
 
-    async def translate(
-        self,
-        texts: Sequence[str],
-        *,
-        source: str | None,
-        target: str,
-        contexts: Sequence[str | None] | None = None,
-        model: str | None = None,
-    ) -> list[str]:
+    async def run(self, job: Job) -> list[str]:
         """Translate in requests of at most 50 texts and 128 KiB, one context per request,
         with the model type ``model`` (None: ``DeepLConfig.model_type``)."""
+        texts, source, target = job.texts, job.source, job.target
+        contexts, model = job.contexts, job.model
         self._refuse_if_unusable()
         problem = self.model_problem(model)
         if problem is not None:
@@ -341,7 +336,7 @@ class DeepLTranslator(RemoteTranslator):
 
     def _context(self, context: str | None) -> str | None:
         """What goes as DeepL's ``context`` with a text: its tail, or None for none."""
-        if not self.uses_context or context is None or not context.strip():
+        if not self.capabilities.context or context is None or not context.strip():
             return None
         return context[-MAX_CONTEXT_CHARS:]
 
@@ -388,11 +383,8 @@ class DeepLTranslator(RemoteTranslator):
             formality=formality,
             model_type=call.model_type,
         )
-        if not isinstance(results, list) or len(results) != len(texts):
-            raise BadOutput(
-                f"DeepL answered {len(results) if isinstance(results, list) else 1} "
-                f"translations for {len(texts)} texts"
-            )
+        if not isinstance(results, list):  # one text in gives one result out
+            results = [results]
         billed = sum(
             r.billed_characters if r.billed_characters is not None else len(t)
             for r, t in zip(results, texts, strict=True)
@@ -514,7 +506,7 @@ class DeepLTranslator(RemoteTranslator):
             "server_url": self._server_label() if self._api_key else self._server_url,
             "model_type": self._model_type,
             "formality": self._formality,
-            "context": self.uses_context,
+            "context": self.capabilities.context,
         }
 
 

@@ -32,15 +32,14 @@ import re
 import time
 import unicodedata
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import httpx
 import langcodes
 
-from models.languages import canonical, table_key
-from models.remote import RemoteTranslator
-from service.errors import (
+from models.base import Capabilities, Job
+from models.errors import (
     BackendError,
     BackendTimeout,
     BackendUnavailable,
@@ -48,6 +47,8 @@ from service.errors import (
     RateLimited,
     UnsupportedLanguage,
 )
+from models.languages import canonical, table_key
+from models.remote import RemoteTranslator
 
 log = logging.getLogger(__name__)
 
@@ -430,7 +431,7 @@ class LLMConfig:
     # Each item must keep its source's numbers, inline code and URLs, at a plausible
     # length (item_problem). Off: only non-empty items are required.
     check_items: bool = True
-    # Send each segment's preceding stream text as its item's "context" (uses_context).
+    # Send each segment's preceding stream text as its item's "context" (capabilities.context).
     context: bool = True
 
 
@@ -447,7 +448,7 @@ class LLMTranslator(RemoteTranslator):
     """An OpenAI-compatible chat endpoint as a translator; bills the characters sent."""
 
     name = "llm"
-    billed = True
+    capabilities = Capabilities(context=True, billed=True)
     # Smaller requests keep answers short, so a malformed one costs less to retry.
     max_segments_per_request: int = 16
     max_chars_per_request: int = 6000
@@ -465,7 +466,7 @@ class LLMTranslator(RemoteTranslator):
         self._timeout_s = config.timeout_s
         self._json_mode = config.json_mode
         self._check_items = config.check_items
-        self.uses_context = config.context
+        self.capabilities = replace(self.capabilities, context=config.context)
         self.max_concurrency = config.concurrency
         self._semaphore = asyncio.Semaphore(config.concurrency)
         headers = {"Authorization": f"Bearer {config.api_key}"} if config.api_key else {}
@@ -543,7 +544,7 @@ class LLMTranslator(RemoteTranslator):
             return None
         return (
             f"llm|{resolved}|at={self._endpoint_id}|{PROMPT_ID}|json={self._json_mode}"
-            f"|check={self._check_items}|ctx={self.uses_context}"
+            f"|check={self._check_items}|ctx={self.capabilities.context}"
         )
 
     def catalog(self) -> list[dict[str, object]]:
@@ -603,29 +604,23 @@ class LLMTranslator(RemoteTranslator):
 
     # -- translation -------------------------------------------------------------------------
 
-    async def translate(
-        self,
-        texts: Sequence[str],
-        *,
-        source: str | None,
-        target: str,
-        contexts: Sequence[str | None] | None = None,
-        model: str | None = None,
-    ) -> list[str]:
+    async def run(self, job: Job) -> list[str]:
         """Translate in requests of a few segments each, run concurrently, with ``model``
         (None: THINKTRANS_LLM_MODEL) and, with ``context`` on, each text's ``contexts``."""
+        texts, source, target = job.texts, job.source, job.target
+        contexts, model = job.contexts, job.model
         self._refuse_if_unusable()
         if contexts is not None and len(contexts) != len(texts):
             raise ValueError(f"{len(contexts)} contexts for {len(texts)} texts")
-        job = self._job(source, target, model)
+        request = self._job(source, target, model)
         out = list(texts)
         todo = [i for i, text in enumerate(texts) if text.strip()]
-        wanted = contexts if contexts is not None and self.uses_context else None
+        wanted = contexts if contexts is not None and self.capabilities.context else None
         groups = self._groups([texts[i] for i in todo])
         tasks = [
             asyncio.ensure_future(
                 self._translate_group(
-                    job,
+                    request,
                     [texts[todo[j]] for j in group],
                     [wanted[todo[j]] if wanted is not None else None for j in group],
                 )
@@ -895,7 +890,7 @@ class LLMTranslator(RemoteTranslator):
             "completion_tokens": self._completion_tokens,
             "json_mode": self._json_mode,
             "check_items": self._check_items,
-            "context": self.uses_context,
+            "context": self.capabilities.context,
         }
 
 

@@ -59,7 +59,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from importlib.util import find_spec
 from pathlib import Path
 from types import SimpleNamespace
@@ -67,16 +67,17 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from models import engines
-from models.base import MissingExtra, Translator, first_line
+from models.base import Job, Translator, first_line
 from models.engines import ConversionFailed, EngineOptions, Loaded
 from models.engines import LoadError as _LoadError
-from models.languages import canonical, table_key
-from service.errors import (
+from models.errors import (
+    BackendConfigError,
     BackendError,
     BackendUnavailable,
-    ConfigError,
+    MissingExtra,
     UnsupportedLanguage,
 )
+from models.languages import canonical, table_key
 
 log = logging.getLogger(__name__)
 
@@ -385,22 +386,22 @@ class LocalConfig:
 
 def _specs_from(config: LocalConfig) -> list[_Spec]:
     """The configured checkpoints, the main one first: ``models`` when set, else ``model``
-    and ``marian_models``; ConfigError for a malformed entry."""
+    and ``marian_models``; BackendConfigError for a malformed entry."""
     if config.models:
         specs = [_Spec(model_id, pair, setting="THINKTRANS_LOCAL_MODELS")
                  for pair, model_id in map(parse_pair_spec, config.models)]
         if not all(spec.model_id for spec in specs):
-            raise ConfigError("local_models (THINKTRANS_LOCAL_MODELS) has an empty entry: "
+            raise BackendConfigError("local_models (THINKTRANS_LOCAL_MODELS) has an empty entry: "
                               f"{', '.join(config.models)!r}")
         return specs
     pair, model_id = parse_pair_spec(config.model)
     if not model_id:
-        raise ConfigError("local_model (THINKTRANS_LOCAL_MODEL) is empty; name a checkpoint")
+        raise BackendConfigError("local_model (THINKTRANS_LOCAL_MODEL) is empty; name a checkpoint")
     specs = [_Spec(model_id, pair)]
     for entry in config.marian_models:
         extra_pair, extra_id = parse_pair_spec(entry)
         if extra_pair is None or not extra_id:
-            raise ConfigError(
+            raise BackendConfigError(
                 "local_marian_models (THINKTRANS_LOCAL_MARIAN_MODELS) entries must read "
                 f"'src-tgt=ID_OR_DIR', e.g. 'en-de=Helsinki-NLP/opus-mt-en-de'; got {entry!r}"
             )
@@ -419,14 +420,15 @@ class LocalTranslator(Translator):
         super().__init__()
         config = config or LocalConfig()
         if config.engine not in engines.ENGINES:
-            raise ConfigError(f"local_engine must be one of {', '.join(engines.ENGINES)}, "
+            raise BackendConfigError(f"local_engine must be one of {', '.join(engines.ENGINES)}, "
                               f"got {config.engine!r}")
         self.engine_name = engines.resolve(config.engine)
         _require_packages(self.engine_name)
         self.config = config
         self._engine = self._make_engine(self.engine_name)
         if config.max_extra_models < 0:
-            raise ConfigError(f"local_max_extra_models must be >= 0, got {config.max_extra_models}")
+            raise BackendConfigError(
+                f"local_max_extra_models must be >= 0, got {config.max_extra_models}")
         self._specs = _specs_from(config)
         self._configured = frozenset(spec.model_id for spec in self._specs)
         self.model_id = model_id = self._specs[0].model_id
@@ -807,21 +809,14 @@ class LocalTranslator(Translator):
 
     # -- translation -------------------------------------------------------------------------
 
-    async def translate(
-        self,
-        texts: Sequence[str],
-        *,
-        source: str | None,
-        target: str,
-        contexts: Sequence[str | None] | None = None,
-        model: str | None = None,
-    ) -> list[str]:
+    async def run(self, job: Job) -> list[str]:
         """Translate in the worker thread; the event loop only waits. ``contexts`` is unused.
 
         ``model`` None: the first configured model that serves the pair. A configured model's
         id: that model alone (UnsupportedLanguage when it cannot serve the pair). Any other
         name: the model loaded on demand, BackendUnavailable until it is.
         """
+        texts, source, target, model = job.texts, job.source, job.target, job.model
         if not self.ready:
             raise BackendUnavailable(self.reason or f"model {self.model_id!r} is not loaded")
         if model is not None and model not in self._configured:
@@ -1063,7 +1058,7 @@ class LocalTranslator(Translator):
             # `thinktrans make-test-model` output: random weights, text in no language. The
             # output check stays on when a request named it: it is on for the configured ones.
             if not spec.on_demand:
-                self.check_output_language = False
+                self.capabilities = replace(self.capabilities, checked_output=False)
             log.warning("local: %r is a random-weight test checkpoint; its output is noise",
                         spec.model_id)
         slot = _Slot(

@@ -6,25 +6,16 @@ cached (the original is its own answer).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
-from models.base import Translator
+from models.base import Capabilities, Job, Translator
 
 
 class PassthroughTranslator(Translator):
     name = "passthrough"
     max_concurrency = 64
-    check_output_language = False
+    capabilities = Capabilities(checked_output=False)
 
-    async def translate(
-        self,
-        texts: Sequence[str],
-        *,
-        source: str | None,
-        target: str,
-        contexts: Sequence[str | None] | None = None,
-        model: str | None = None,
-    ) -> list[str]:
+    async def run(self, job: Job) -> list[str]:
+        texts = job.texts
         return list(texts)
 
     def model_problem(self, model: str | None) -> str | None:

@@ -24,17 +24,15 @@ import contextlib
 import os
 import socket
 import time
-from collections.abc import Coroutine, Sequence
+from collections.abc import Coroutine
 from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
 from pydantic import BaseModel, Field
 
-from models.base import first_line
-from models.languages import canonical, table_key
-from models.remote import RemoteTranslator
-from service.errors import (
+from models.base import Capabilities, Job, first_line
+from models.errors import (
     BackendError,
     BackendTimeout,
     BackendUnavailable,
@@ -43,6 +41,8 @@ from service.errors import (
     RateLimited,
     UnsupportedLanguage,
 )
+from models.languages import canonical, table_key
+from models.remote import RemoteTranslator
 
 NO_URL_REASON = "set THINKTRANS_POOL_URL to the pool's address, e.g. http://pool:8000"
 # Texts in one call when the pool has not said its own limit yet.
@@ -92,7 +92,7 @@ class PoolTranslator(RemoteTranslator):
     pool's limits)."""
 
     name = "pool"
-    uses_deadline = True
+    capabilities = Capabilities(deadline=True)
     outage_recheck_s = 2.0  # a pool restarts in seconds; come back soon after
     refresh_s = 30.0  # what the pool serves, read again while it is up
 
@@ -264,19 +264,12 @@ class PoolTranslator(RemoteTranslator):
 
     # -- translating ---------------------------------------------------------------------------
 
-    async def translate(
-        self,
-        texts: Sequence[str],
-        *,
-        source: str | None,
-        target: str,
-        contexts: Sequence[str | None] | None = None,
-        model: str | None = None,
-        deadline_s: float | None = None,
-    ) -> list[str]:
+    async def run(self, job: Job) -> list[str]:
         """One call per batch (several only past the pool's limits). Past ``deadline_s``
         the batch is given up (``BackendTimeout``): its connection closes, and the pool
         drops it if it has not run it yet."""
+        texts, source, target, model = job.texts, job.source, job.target, job.model
+        deadline_s = job.seconds_left()
         self._refuse_if_unusable()
         if deadline_s is not None and deadline_s <= 0:
             raise Expired("every segment of the batch was past its deadline; not sent")
@@ -310,8 +303,8 @@ class PoolTranslator(RemoteTranslator):
         if resp.status_code != 200:
             raise self._refused(resp, body)
         out = body.get("translations")
-        if not isinstance(out, list) or len(out) != len(texts):
-            raise BadOutput(f"pool returned {type(out).__name__} for {len(texts)} texts")
+        if not isinstance(out, list):  # its length is the batcher's to check
+            raise BadOutput(f"pool returned {type(out).__name__}, not a list of translations")
         if isinstance(body.get("model"), str):
             if len(self._served) >= MAX_SERVED_PAIRS:
                 self._served.clear()

@@ -1,7 +1,7 @@
 """Build a backend from its name: the one place that turns settings into backend configs.
 
 Heavy imports (torch, transformers, deepl) happen inside each branch, so a missing extra
-is a ConfigError that names it, and only for a backend that is asked for.
+is a BackendConfigError that names it, and only for a backend that is asked for.
 """
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Protocol
 
-from models.base import MissingExtra, Translator
-from service.errors import ConfigError
+from models.base import Translator
+from models.errors import BackendConfigError, MissingExtra
 
 if TYPE_CHECKING:
     from models.local import LocalConfig
@@ -199,17 +199,18 @@ FACTORIES: dict[str, Callable[[BackendSettings], Translator]] = {
 
 
 def build_backend(name: str, settings: BackendSettings) -> Translator:
-    """Build one backend by name, or raise ConfigError naming what to install or set."""
+    """Build one backend by name, or raise BackendConfigError naming what to install or set."""
     factory = FACTORIES.get(name)
     if factory is None:
-        raise ConfigError(f"unknown backend {name!r}; choose from {', '.join(sorted(FACTORIES))}")
+        raise BackendConfigError(
+            f"unknown backend {name!r}; choose from {', '.join(sorted(FACTORIES))}")
     try:
         return factory(settings)
     except ModuleNotFoundError as exc:
         # The extra is the backend's name unless the backend says otherwise (the local
         # backend's engines: `local` or `ct2`).
         extra = exc.extra if isinstance(exc, MissingExtra) else name
-        raise ConfigError(
+        raise BackendConfigError(
             f"backend {name!r} needs {exc.name!r}: pip install 'thinktrans[{extra}]'"
         ) from exc
 

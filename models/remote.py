@@ -18,7 +18,7 @@ from collections.abc import Coroutine
 from typing import Any
 
 from models.base import Translator
-from service.errors import BackendError, BackendUnavailable
+from models.errors import BackendError, BackendUnavailable
 
 
 class RemoteTranslator(Translator):

@@ -18,20 +18,20 @@ import time
 from collections import OrderedDict, deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
-from models.base import Translator
-from service.errors import (
+from models.base import Job, Translator
+from models.errors import (
     BackendError,
     BackendTimeout,
     BackendUnavailable,
     BadOutput,
     Expired,
-    Overloaded,
     UnsupportedLanguage,
 )
+from service.errors import Overloaded
 from service.logs import text_fields
 from service.metrics import Metrics
+from service.problems import kind_of
 
 log = logging.getLogger("thinktrans.batcher")
 
@@ -95,10 +95,6 @@ class Batcher:
     def __init__(self, translator: Translator, limits: BatchLimits, metrics: Metrics) -> None:
         self.translator = translator
         self.name = translator.name
-        # Only a backend that asks for them is called with each text's preceding text, and
-        # with the time left until the batch's last segment is due.
-        self.uses_context = translator.uses_context
-        self.uses_deadline = translator.uses_deadline
         self.limits = limits
         self.metrics = metrics
         # This backend's series, looked up once (a label lookup takes a lock).
@@ -355,19 +351,8 @@ class Batcher:
             texts = [item.text for item in live]
             started = time.monotonic()
             self._batch_size.observe(len(live))
-            # Contexts and a model go only where wanted: a backend without them keeps the
-            # plain contract.
-            extra: dict[str, Any] = {}
-            if self.uses_context:
-                extra["contexts"] = [item.context for item in live]
-            if model is not None:
-                extra["model"] = model
-            if self.uses_deadline:
-                dues = [item.due for item in live]
-                extra["deadline_s"] = (None if None in dues
-                                       else max(d for d in dues if d is not None) - started)
             served_by = self.translator.resolve_model(model, source, target)
-            call = self.translator.translate(texts, source=source, target=target, **extra)
+            call = self.translator.run(self._job(live, texts))
             # A model one stream named may fail without the backend being at fault: only
             # the backend's own choice counts for its breaker.
             counted = model is None
@@ -396,7 +381,7 @@ class Batcher:
                 self._record(ok=True)
             elapsed = time.monotonic() - started
             self._batch_seconds.observe(elapsed)
-            if self.translator.billed:
+            if self.translator.capabilities.billed:
                 self.metrics.billed_chars.labels(self.name).inc(sum(map(len, texts)))
             if log.isEnabledFor(logging.DEBUG):  # a line per batch: too many for info
                 log.debug("batch", extra={
@@ -412,11 +397,22 @@ class Batcher:
         finally:
             self._slots.release()
 
+    def _job(self, live: Sequence[_Item], texts: list[str]) -> Job:
+        """The batch as the backend takes it: contexts only for a backend that uses them;
+        due, the latest of its items' (None when one has no deadline)."""
+        source, target, model = live[0].pair
+        contexts = ([item.context for item in live] if self.translator.capabilities.context
+                    else None)
+        dues = [item.due for item in live]
+        due = None if None in dues else max(d for d in dues if d is not None)
+        return Job(texts, source, target, model, contexts, due)
+
     def _fail_all(self, items: Sequence[_Item], exc: BackendError, *,
                   counted: bool = True) -> None:
-        self.metrics.backend_errors.labels(self.name, exc.slug).inc()
+        slug = kind_of(exc).slug
+        self.metrics.backend_errors.labels(self.name, slug).inc()
         log.warning("batch failed", extra={"backend": self.name, "size": len(items),
-                                           "error": exc.slug})
+                                           "error": slug})
         if counted:
             self._record(ok=False)
         for item in items:

@@ -17,7 +17,8 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from service.errors import BackendUnavailable, ConfigError, InputError, ThinktransError
+from models.errors import BackendError, BackendUnavailable
+from service.errors import ConfigError, InputError, ThinktransError
 from service.settings import Settings, load_settings
 
 if TYPE_CHECKING:
@@ -59,7 +60,7 @@ def _fail(message: str, code: int) -> typer.Exit:
     return typer.Exit(code)
 
 
-def _exit_code(exc: ThinktransError) -> int:
+def _exit_code(exc: ThinktransError | BackendError) -> int:
     if isinstance(exc, ConfigError):
         return 2
     if isinstance(exc, InputError):
@@ -90,10 +91,10 @@ def serve(
     """Start the HTTP service."""
     import uvicorn
 
-    from models.registry import build_backends
     from service.app import create_app
     from service.detect import get_detector
     from service.logs import configure
+    from service.runtime import build_backends
 
     # JSON from the first line on: the settings may warn (an unknown variable).
     configure("info", transformers=False)
@@ -111,7 +112,7 @@ def serve(
         _check_port(settings.host, settings.port)
         get_detector(settings.detector, settings.detect_languages)
         application = create_app(settings, backends=build_backends(settings), freeze_gc=True)
-    except ThinktransError as exc:
+    except (ThinktransError, BackendError) as exc:
         raise _fail(exc.detail, _exit_code(exc)) from None
     uv_config = uvicorn.Config(application, host=settings.host, port=settings.port,
                             log_level=settings.log_level, log_config=None, access_log=False,
@@ -228,7 +229,7 @@ def translate(
     body = _read_text(text)
     try:
         result = asyncio.run(_translate(settings, body, to, source))
-    except ThinktransError as exc:
+    except (ThinktransError, BackendError) as exc:
         raise _fail(exc.detail, _exit_code(exc)) from None
     if as_json:
         typer.echo(result.model_dump_json(exclude_defaults=True, indent=2))
@@ -254,7 +255,7 @@ def detect(
     settings = _settings(config)
     try:
         detector = get_detector(settings.detector, settings.detect_languages)
-    except ThinktransError as exc:
+    except (ThinktransError, BackendError) as exc:
         raise _fail(exc.detail, _exit_code(exc)) from None
     for line in _read_text(text).splitlines() or [""]:
         det = detector.detect(line)
@@ -317,7 +318,7 @@ def compare(
         report = cmp.build_report(runs, cfg)
         if plot is not None:
             rep.write_plot(report, runs, plot)
-    except ThinktransError as exc:
+    except (ThinktransError, BackendError) as exc:
         raise _fail(exc.detail, _exit_code(exc)) from None
     if fmt is CompareFormat.json:
         typer.echo(json.dumps(report, ensure_ascii=False, indent=2))
@@ -374,7 +375,7 @@ def bench(
                           post_interval_ms=post_interval_ms, target=to, token=token,
                           texts=texts)
         report = asyncio.run(run_bench(cfg))
-    except ThinktransError as exc:
+    except (ThinktransError, BackendError) as exc:
         raise _fail(exc.detail, _exit_code(exc)) from None
     summary = report.summary()
     typer.echo(json.dumps(summary, indent=2) if fmt is BenchFormat.json

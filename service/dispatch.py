@@ -25,10 +25,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from models.base import Translator
+from models.errors import BackendError, BadOutput
 from service.batcher import Batcher, Translation
 from service.cache import CacheKey, TranslationCache
 from service.detect import Detector
-from service.errors import BackendError, BadOutput, Overloaded, PayloadTooLarge, UnknownBackend
+from service.errors import Overloaded, PayloadTooLarge, UnknownBackend
 from service.locale import same_language
 from service.metrics import Metrics
 
@@ -133,7 +134,7 @@ class Dispatcher:
 
     def uses_context(self, chain: Sequence[str]) -> bool:
         """Whether a backend of the chain translates better with the preceding text."""
-        return any(self.backends[name].uses_context for name in chain)
+        return any(self.backends[name].capabilities.context for name in chain)
 
     # -- admission ---------------------------------------------------------------------------
 
@@ -268,7 +269,7 @@ class Dispatcher:
             return None
         hit = self.cache.get(key)
         if hit is not None:
-            if self.backends[name].billed and self.metrics is not None:
+            if self.backends[name].capabilities.billed and self.metrics is not None:
                 self._saved_counter(name, self.metrics).inc(len(attempt.text))
             future: asyncio.Future[Translation] = asyncio.get_running_loop().create_future()
             future.set_result(Translation(hit.text, name, 0.0, hit.model, cached=True))
@@ -328,7 +329,7 @@ class Dispatcher:
     def _check_language(self, result: Translation, target: str) -> None:
         """A translation reliably detected in another language than the target is bad."""
         translator = self.backends[result.backend]
-        if not self.check_output_language or not translator.check_output_language:
+        if not self.check_output_language or not translator.capabilities.checked_output:
             return
         det = self.detector.detect(result.text)
         if det.reliable and det.lang is not None and not same_language(det.lang, target):

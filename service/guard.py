@@ -19,7 +19,7 @@ from typing import Any
 
 from service.errors import PayloadTooLarge, RequestTimeout, UnsupportedMediaType
 from service.metrics import Metrics
-from service.problems import problem
+from service.problems import kind_of, problem
 
 access_log = logging.getLogger("thinktrans.access")
 QUIET_ROUTES = frozenset({"/v1/streams/{stream_id}/chunks"})
@@ -157,10 +157,10 @@ class Guard:
     def _timed_out(self, scope: Scope, declared: bytes | None, got: int) -> ASGIApp:
         expected = f"{int(declared)} bytes declared by Content-Length, " if declared else ""
         return problem(
-            408, RequestTimeout.title,
+            408, kind_of(RequestTimeout).title,
             f"the request body was not complete {self._body_timeout(scope):g} s after its "
             f"headers ({expected}{got} received; THINKTRANS_BODY_TIMEOUT_S); send the whole "
-            "body at once, with a Content-Length that matches it", RequestTimeout.slug,
+            "body at once, with a Content-Length that matches it", kind_of(RequestTimeout).slug,
             headers=CLOSE,
         )
 
@@ -174,9 +174,10 @@ class Guard:
 
     def _too_big(self, headers: dict[str, str]) -> ASGIApp:
         return problem(
-            413, PayloadTooLarge.title,
+            413, kind_of(PayloadTooLarge).title,
             f"request body is over THINKTRANS_MAX_REQUEST_BYTES={self.max_bytes} bytes; "
-            "send fewer or shorter texts per request", PayloadTooLarge.slug, headers=headers,
+            "send fewer or shorter texts per request", kind_of(PayloadTooLarge).slug,
+            headers=headers,
         )
 
 
@@ -233,9 +234,9 @@ def _not_json(content_type: bytes | None, headers: dict[str, str]) -> ASGIApp:
     given = (f"Content-Type {content_type.decode('latin-1')!r}" if content_type is not None
              else "no Content-Type")
     return problem(
-        415, UnsupportedMediaType.title,
+        415, kind_of(UnsupportedMediaType).title,
         f"the request body is JSON: send 'Content-Type: application/json' ({given} given)",
-        UnsupportedMediaType.slug, headers={"Accept-Post": "application/json", **headers},
+        kind_of(UnsupportedMediaType).slug, headers={"Accept-Post": "application/json", **headers},
     )
 
 

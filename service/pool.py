@@ -49,22 +49,17 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 from pydantic import ValidationError
 
+from models.errors import BackendConfigError, BackendError, BackendTimeout, Expired
 from models.local import LocalConfig, LocalTranslator
 from models.pool import PoolCall
 from models.registry import local_config
-from service.errors import (
-    BackendError,
-    BackendTimeout,
-    ConfigError,
-    Expired,
-    InputError,
-    PayloadTooLarge,
-    ThinktransError,
-)
-from service.problems import install_handlers, problem
+from service.errors import ConfigError, InputError, PayloadTooLarge, ThinktransError
+from service.problems import error_problem, install_handlers, problem
 from service.settings import Settings, load_settings
 
 log = logging.getLogger("thinktrans.pool")
+# What a call is answered with when it is not served.
+Failure = ThinktransError | BackendError
 
 APP_NAME = "thinktrans-pool"
 MAX_CALL_BYTES = 1 << 20  # one call's body; a sidecar sends far less (models/pool.py)
@@ -92,7 +87,7 @@ class _Waiting:
     """A call waiting for an engine turn, and where its answer goes."""
 
     queued: _Queued
-    answer: asyncio.Future[list[str] | ThinktransError]
+    answer: asyncio.Future[list[str] | Failure]
 
     @property
     def size(self) -> int:
@@ -148,9 +143,9 @@ def _identity(translator: LocalTranslator) -> str | None:
     return hashlib.sha256(json.dumps(facts, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
-def _problem(exc: ThinktransError) -> JSONResponse:
+def _problem(exc: ThinktransError | BackendError) -> JSONResponse:
     # Defined above the deployment: Serve captures the class with what exists by then.
-    return problem(exc.status, exc.title, exc.detail, exc.slug)
+    return error_problem(exc)
 
 
 # Its options (replicas, CPUs, GPUs, max_ongoing_requests, user_config) are set in one
@@ -259,7 +254,7 @@ class Pool:
         except RuntimeError:  # larger than a max_batch_size lowered while it waited
             return _problem(PayloadTooLarge(f"this pool now takes at most "
                                             f"{self.max_batch_size} texts a call"))
-        if isinstance(outcome, ThinktransError):
+        if isinstance(outcome, ThinktransError | BackendError):
             return _problem(outcome)
         return JSONResponse({"translations": outcome, "identity": self.identity,
                              "model": self.translator.resolve_model(call.model, call.source,
@@ -295,7 +290,7 @@ class Pool:
 
     @serve.batch(max_batch_size=64, batch_wait_timeout_s=0.01, batch_size_fn=_segments,
                  max_concurrent_batches=OVERLAPPING_BATCHES)
-    async def run(self, queued: list[_Queued]) -> list[list[str] | ThinktransError]:
+    async def run(self, queued: list[_Queued]) -> list[list[str] | Failure]:
         """Serve's batch of calls joins every call waiting for the engine; each engine turn
         takes the oldest waiting calls, whoever's batch brought them. While the engine is
         busy, batches formed meanwhile pile up here, so the next turn goes full."""
@@ -366,15 +361,14 @@ class Pool:
                          model: str | None) -> None:
         calls = [w.queued.call for w in members]
         texts = [text for call in calls for text in call.texts]
-        extra = {"model": model} if model is not None else {}
         try:
             outputs = await asyncio.wait_for(
-                self.translator.translate(texts, source=source, target=target, **extra),
+                self.translator.translate(texts, source=source, target=target, model=model),
                 self.timeout_s)
             if len(outputs) != len(texts):
                 raise BackendError(f"the engine returned {len(outputs)} for {len(texts)}")
-        except (ThinktransError, TimeoutError) as exc:
-            error = exc if isinstance(exc, ThinktransError) else BackendTimeout(
+        except (BackendError, TimeoutError) as exc:
+            error = exc if isinstance(exc, BackendError) else BackendTimeout(
                 f"the engine took over {self.timeout_s:g} s")
             for w in members:
                 w.answer.set_result(error)
@@ -395,7 +389,10 @@ def application(settings: Settings) -> Any:
     config overrides any of them). Raises ConfigError for settings no replica could use."""
     from models.registry import build_backend
 
-    build_backend("local", settings)  # checked here, in one line, not in each replica
+    try:
+        build_backend("local", settings)  # checked here, in one line, not in each replica
+    except BackendConfigError as exc:
+        raise ConfigError(str(exc)) from exc
     gpus = settings.pool_num_gpus
     if settings.local_device.startswith("cuda") and gpus == 0:
         raise ConfigError("local_device is cuda but pool_num_gpus (THINKTRANS_POOL_NUM_GPUS) "

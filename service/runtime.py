@@ -18,13 +18,14 @@ from contextlib import AsyncExitStack
 from types import TracebackType
 from typing import Any
 
+from models import registry
 from models.base import Translator
-from models.registry import build_backends
+from models.errors import BackendConfigError
 from service.batcher import Batcher, BatchLimits
 from service.cache import TranslationCache
 from service.detect import Detection, Detector, get_detector
 from service.dispatch import Dispatcher
-from service.errors import ThinktransError
+from service.errors import ConfigError, ThinktransError
 from service.limits import PUBLISHED, check_texts
 from service.locale import canonicalize
 from service.metrics import Metrics
@@ -34,6 +35,14 @@ from service.streams import Pacer, Stream, StreamManager
 
 log = logging.getLogger("thinktrans.runtime")
 
+
+
+def build_backends(settings: Settings) -> dict[str, Translator]:
+    """Every backend the settings name; a backend that cannot be built is a ConfigError."""
+    try:
+        return registry.build_backends(settings)
+    except BackendConfigError as exc:
+        raise ConfigError(str(exc)) from exc
 
 class Runtime:
     """Settings -> backends -> batchers -> detector -> dispatcher -> streams."""

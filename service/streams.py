@@ -25,12 +25,12 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeAlias
 
+from models.errors import BackendError
 from service.batcher import Translation
 from service.decide import Decision, decide, leans_on_memory, settled_memory, wants_detection
 from service.detect import Detection, Detector
 from service.dispatch import Dispatcher
 from service.errors import (
-    BackendError,
     Conflict,
     EventsGone,
     NotFound,

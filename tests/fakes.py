@@ -7,7 +7,7 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from models.base import Translator
+from models.base import Capabilities, Job, Translator
 
 
 @dataclass
@@ -36,22 +36,22 @@ class FakeTranslator(Translator):
     calls: list[Call] = field(default_factory=list)
     concurrency: int | None = None
     started: asyncio.Event = field(default_factory=asyncio.Event)
-    check_output_language = False  # its answers are tagged originals, not translations
     uses_context: bool = False  # when True, the batcher passes each text's preceding text
     models: tuple[str, ...] = ()  # models it takes by name (answers tagged with the model)
 
     def __post_init__(self) -> None:
         Translator.__init__(self)
         self.max_concurrency = self.concurrency
+        # Its answers are tagged originals, not translations: no output-language check.
+        self.capabilities = Capabilities(context=self.uses_context, checked_output=False)
 
     @property
     def name(self) -> str:  # type: ignore[override]
         return self.name_
 
-    async def translate(
-        self, texts: Sequence[str], *, source: str | None, target: str,
-        contexts: Sequence[str | None] | None = None, model: str | None = None,
-    ) -> list[str]:
+    async def run(self, job: Job) -> list[str]:
+        texts, source, target, contexts, model = (job.texts, job.source, job.target,
+                                                  job.contexts, job.model)
         self.calls.append(Call(list(texts), source, target,
                                None if contexts is None else list(contexts), model))
         self.started.set()

@@ -13,8 +13,8 @@ from typing import Any
 import httpx
 import pytest
 
+from models.errors import BackendUnavailable
 from models.passthrough import PassthroughTranslator
-from service.errors import BackendUnavailable
 from tests.conftest import PROBLEM, Running, app_with, assert_problem
 from tests.fakes import FakeTranslator
 

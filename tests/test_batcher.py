@@ -14,17 +14,19 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from service.batcher import Batcher, BatchLimits, Translation
-from service.errors import (
+from models.base import Capabilities, Job
+from models.errors import (
     BackendError,
     BackendTimeout,
     BackendUnavailable,
     BadOutput,
     Expired,
-    Overloaded,
     UnsupportedLanguage,
 )
+from service.batcher import Batcher, BatchLimits, Translation
+from service.errors import Overloaded
 from service.metrics import Metrics
+from service.problems import kind_of
 from tests.fakes import FakeTranslator
 
 
@@ -203,7 +205,7 @@ async def test_an_error_reaches_every_caller_of_the_batch(
         futures = [b.submit(f"t{i}", None, "fr") for i in range(3)]
         outcomes = await gather_all(futures)
         errors_counted = b.metrics.registry.get_sample_value(
-            "thinktrans_backend_errors_total", {"backend": "fake", "kind": expected.slug}
+            "thinktrans_backend_errors_total", {"backend": "fake", "kind": kind_of(expected).slug}
         )
         # The batcher survives: the next batch is served.
         later = [b.submit(f"u{i}", None, "fr") for i in range(3)]
@@ -235,7 +237,7 @@ async def test_submit_past_the_queue_bound_raises_overloaded() -> None:
         assert b.free() == 0
         with pytest.raises(Overloaded) as info:
             b.submit("one too many", None, "fr")
-        assert info.value.status == 503
+        assert kind_of(info.value).status == 503
         assert info.value.retry_after_s >= 1
         assert "MAX_QUEUE_SIZE" in info.value.detail
     assert all(isinstance(o, BackendUnavailable) for o in await gather_all(futures))
@@ -425,17 +427,15 @@ def test_nan_limits_are_refused() -> None:
 
 @dataclass
 class DeadlineFake(FakeTranslator):
-    uses_deadline: bool = True
     deadlines: list[float | None] = field(default_factory=list)
 
-    async def translate(  # type: ignore[override]
-        self, texts: Sequence[str], *, source: str | None, target: str,
-        contexts: Sequence[str | None] | None = None, model: str | None = None,
-        deadline_s: float | None = None,
-    ) -> list[str]:
-        self.deadlines.append(deadline_s)
-        return await super().translate(texts, source=source, target=target,
-                                       contexts=contexts, model=model)
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self.capabilities = Capabilities(deadline=True, checked_output=False)
+
+    async def run(self, job: Job) -> list[str]:
+        self.deadlines.append(job.seconds_left())
+        return await super().run(job)
 
 
 async def test_a_backend_that_takes_deadlines_gets_the_time_until_its_last_item_is_due() -> None:

@@ -5,8 +5,8 @@ from __future__ import annotations
 import asyncio
 import socket
 
+from models.errors import BackendUnavailable
 from models.passthrough import PassthroughTranslator
-from service.errors import BackendUnavailable
 from tests.conftest import make_settings, start_app
 from tests.fakes import FakeTranslator
 from tests.fakes_remote import FakeChat, FakeDeepL

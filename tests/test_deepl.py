@@ -22,15 +22,15 @@ from models.deepl import (
     DeepLTranslator,
     deepl_target_code,
 )
-from models.languages import table_key
-from models.registry import build_backend
-from service.errors import (
+from models.errors import (
     BackendError,
     BackendTimeout,
     BackendUnavailable,
     RateLimited,
     UnsupportedLanguage,
 )
+from models.languages import table_key
+from models.registry import build_backend
 from service.locale import canonicalize
 from service.settings import load_settings
 from tests.conftest import app_with, check_stream, deltas, post_chunks, read_until, segments
@@ -75,10 +75,10 @@ async def test_registry_builds_it() -> None:
     backend = build_backend("deepl", load_settings(backend="deepl", deepl_api_key="s3cret"))
     try:
         assert isinstance(backend, DeepLTranslator)
-        assert backend.name == "deepl" and backend.billed
+        assert backend.name == "deepl" and backend.capabilities.billed
         assert backend.max_concurrency == 4  # deepl_threads
         assert backend.config.api_key == "s3cret" and "s3cret" not in repr(backend.config)
-        assert backend.uses_context is False and backend.info()["context"] is False
+        assert backend.capabilities.context is False and backend.info()["context"] is False
     finally:
         await backend.aclose()
 
@@ -386,7 +386,7 @@ async def test_logs_never_hold_the_text(
 
 async def test_contexts_go_with_their_texts(fake: FakeDeepL, make: Make) -> None:
     backend = make(deepl_context=True)
-    assert backend.uses_context and backend.info()["context"] is True
+    assert backend.capabilities.context and backend.info()["context"] is True
     texts = ["Then I check it.", "Hello.", "It works.", "Next, the loop.", "  ", "Done."]
     contexts = ["First the file. ", None, "First the file. ", "The tests pass. ",
                 "The tests pass. ", "  "]
@@ -409,7 +409,7 @@ async def test_contexts_go_with_their_texts(fake: FakeDeepL, make: Make) -> None
 
 async def test_context_off_sends_none(fake: FakeDeepL, make: Make) -> None:
     backend = make()
-    assert not backend.uses_context
+    assert not backend.capabilities.context
     out = await backend.translate(["A b.", "C d."], source="en", target="de",
                                   contexts=["Before. ", "Other. "])
     assert out == ["[DE] A b.", "[DE] C d."]

@@ -13,6 +13,14 @@ from typing import Any
 import httpx
 import pytest
 
+from models.errors import (
+    BackendError,
+    BackendTimeout,
+    BackendUnavailable,
+    BadOutput,
+    RateLimited,
+    UnsupportedLanguage,
+)
 from models.languages import table_key
 from models.llm import (
     LANGUAGE_NAMES,
@@ -34,14 +42,6 @@ from models.llm import (
     usage_count,
 )
 from models.registry import build_backend
-from service.errors import (
-    BackendError,
-    BackendTimeout,
-    BackendUnavailable,
-    BadOutput,
-    RateLimited,
-    UnsupportedLanguage,
-)
 from service.locale import canonicalize
 from service.settings import load_settings
 from tests.conftest import (
@@ -104,10 +104,10 @@ async def test_registry_builds_it() -> None:
     backend = build_backend("llm", load_settings(backend="llm", llm_api_key="s3cret"))
     try:
         assert isinstance(backend, LLMTranslator)
-        assert backend.name == "llm" and backend.billed
+        assert backend.name == "llm" and backend.capabilities.billed
         assert backend.max_concurrency == 4  # llm_concurrency
         assert backend.config.api_key == "s3cret" and "s3cret" not in repr(backend.config)
-        assert backend.uses_context and backend.info()["context"] is True  # on by default
+        assert backend.capabilities.context and backend.info()["context"] is True  # on by default
     finally:
         await backend.aclose()
 
@@ -912,7 +912,7 @@ async def test_long_context_keeps_its_end(fake: FakeChat, make: Make) -> None:
 async def test_context_off(fake: FakeChat) -> None:
     backend = LLMTranslator(LLMConfig(f"{fake.origin}/v1", "fake-model", context=False))
     try:
-        assert not backend.uses_context and backend.info()["context"] is False
+        assert not backend.capabilities.context and backend.info()["context"] is False
         assert str(backend.cache_identity(None, "en", "de")).endswith("|ctx=False")
         await backend.translate(CORES[1:], source="en", target="de", contexts=["x. ", "y. "])
     finally:

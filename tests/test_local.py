@@ -27,6 +27,7 @@ pytest.importorskip("transformers")
 from transformers import AutoConfig, AutoTokenizer
 
 from models import local as local_module
+from models.errors import BackendUnavailable, UnsupportedLanguage
 from models.languages import table_key
 from models.local import (
     M2M_CODES,
@@ -38,11 +39,7 @@ from models.local import (
     split_text,
 )
 from models.registry import build_backend
-from service.errors import (
-    BackendUnavailable,
-    ConfigError,
-    UnsupportedLanguage,
-)
+from service.errors import ConfigError
 from service.locale import canonicalize
 from service.settings import load_settings
 from service.tools import testmodel

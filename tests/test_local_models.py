@@ -23,8 +23,8 @@ pytest.importorskip("transformers")
 
 from models import local as local_module
 from models.convert import directory_fingerprint
+from models.errors import BackendUnavailable, UnsupportedLanguage
 from models.local import M2M_CODES, LocalTranslator
-from service.errors import BackendUnavailable, UnsupportedLanguage
 from service.tools.testmodel import make_test_model
 from tests.test_local import (  # noqa: F401 - autouse fixtures and the parametrize hook
     TEXTS,

@@ -23,8 +23,7 @@ from typing import Any
 import httpx
 import pytest
 
-from models.pool import PoolConfig, PoolTranslator, _parts
-from service.errors import (
+from models.errors import (
     BackendError,
     BackendTimeout,
     BackendUnavailable,
@@ -32,6 +31,7 @@ from service.errors import (
     RateLimited,
     UnsupportedLanguage,
 )
+from models.pool import PoolConfig, PoolTranslator, _parts
 from service.tools.testmodel import make_test_model
 from tests.conftest import (
     Server,

@@ -8,7 +8,8 @@ from collections import deque
 from pathlib import Path
 from typing import Any
 
-from models.base import BackendUnavailable
+from models.base import Capabilities
+from models.errors import BackendUnavailable
 from models.passthrough import PassthroughTranslator
 from tests.conftest import (
     app_with,
@@ -86,7 +87,7 @@ async def test_failures_and_wrong_language_answers_are_not_cached() -> None:
         assert second["backend"] == "fake" and not second.get("cached")
         assert len(fake.calls) == 2
     wrong = FakeTranslator(answers=deque([lambda texts, s, t: list(texts)] * 2))
-    wrong.check_output_language = True  # English handed back for German: bad output
+    wrong.capabilities = Capabilities()  # English handed back for German: bad output
     async with app_with(wrong, backend="fake,passthrough") as app:
         for _ in range(2):
             [seg] = await _one(app, ENGLISH)

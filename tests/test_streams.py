@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import deque
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -23,7 +23,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from service.errors import BackendUnavailable
+from models.base import Job
+from models.errors import BackendUnavailable
 from tests.conftest import (
     InThread,
     app_with,
@@ -258,12 +259,11 @@ class _HoldsSome(FakeTranslator):
 
     word: str = "slow"
 
-    async def translate(self, texts: Sequence[str], *, source: str | None, target: str
-                        ) -> list[str]:
-        self.calls.append(Call(list(texts), source, target))
-        if self.gate is not None and any(self.word in t for t in texts):
+    async def run(self, job: Job) -> list[str]:
+        self.calls.append(Call(list(job.texts), job.source, job.target))
+        if self.gate is not None and any(self.word in t for t in job.texts):
             await self.gate.wait()
-        return [f"<{target}>{t}" for t in texts]
+        return [f"<{job.target}>{t}" for t in job.texts]
 
 
 async def test_a_slow_segment_holds_later_translated_ones_only_until_its_deadline() -> None:

@@ -28,7 +28,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
-from service.errors import BackendUnavailable, ConfigError, InputError
+from models.errors import BackendUnavailable
+from service.errors import ConfigError, InputError
 from service.locale import canonicalize
 from service.metrics import percentile
 from service.runtime import Runtime
@@ -277,7 +278,7 @@ async def _run_one(runtime: Runtime, run: BackendRun, config: CompareConfig,
                    progress: ProgressSink) -> None:
     translators = [runtime.backends[n] for n in run.chain]
     before = {t.name: _billed(t) for t in translators}
-    run.billed_flags = {t.name: bool(t.billed) for t in translators}
+    run.billed_flags = {t.name: t.capabilities.billed for t in translators}
     sem = asyncio.Semaphore(config.concurrency)
     results: list[TextResult | None] = [None] * len(config.items)
     latencies: list[float] = [0.0] * len(config.items)
@@ -297,7 +298,7 @@ async def _run_one(runtime: Runtime, run: BackendRun, config: CompareConfig,
     run.results = [r for r in results if r is not None]
     run.billed = {
         t.name: _billed(t) - before[t.name]
-        for t in translators if t.billed
+        for t in translators if t.capabilities.billed
     }
 
 

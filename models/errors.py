@@ -1,0 +1,70 @@
+"""The backends' errors: what a translation backend raises, knowing nothing of HTTP.
+
+::
+
+    BackendError             a translation backend failed
+    ├── BackendUnavailable   not loaded, not configured, auth, quota, outage
+    ├── BackendTimeout       no answer in time
+    ├── Expired              dropped unrun: every segment of it was past its deadline
+    ├── RateLimited          the vendor asked us to slow down
+    ├── UnsupportedLanguage  the backend cannot serve this language pair
+    └── BadOutput            wrong count, empty text, wrong language
+    BackendConfigError       a backend cannot be built: unknown name, invalid config
+    MissingExtra             a backend needs a package its extra installs (ModuleNotFoundError)
+
+Each backend maps its vendor's errors to these in one place, ``raise
+BackendUnavailable(...) from exc``. The service maps each type to its HTTP status and
+problem slug in one table (``service.problems``), the CLI to its exit codes.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class BackendError(Exception):
+    """A translation backend failed; ``detail`` says why in one line."""
+
+    def __init__(self, detail: str, **extra: Any) -> None:
+        super().__init__(detail)
+        self.detail = detail
+        self.extra = extra
+
+
+class BackendUnavailable(BackendError):
+    """Not loaded, not configured, refused credentials, quota, outage."""
+
+
+class BackendTimeout(BackendError):
+    """No answer in time."""
+
+
+class Expired(BackendError):
+    """Work a backend dropped unrun because every segment in it was past its deadline (the
+    pool sheds it so fresh work goes first). Not the backend's fault: the circuit breaker
+    does not count it."""
+
+
+class RateLimited(BackendError):
+    """The vendor asked us to slow down."""
+
+
+class UnsupportedLanguage(BackendError):
+    """The backend cannot serve this language pair (or model)."""
+
+
+class BadOutput(BackendError):
+    """Wrong count, empty text, or the wrong language."""
+
+
+class BackendConfigError(Exception):
+    """A backend cannot be built from its configuration; the message says what to set."""
+
+
+class MissingExtra(ModuleNotFoundError):
+    """A backend needs a package that the ``extra`` of thinktrans installs; the registry
+    turns it into a BackendConfigError naming ``pip install 'thinktrans[extra]'``."""
+
+    def __init__(self, message: str, *, name: str, extra: str) -> None:
+        super().__init__(message, name=name)
+        self.extra = extra
