@@ -52,7 +52,6 @@ from pydantic import ValidationError
 from models.errors import BackendConfigError, BackendError, BackendTimeout, Expired
 from models.local import LocalConfig, LocalTranslator
 from models.pool import PoolCall
-from models.registry import local_config
 from service.errors import ConfigError, InputError, PayloadTooLarge, ThinktransError
 from service.problems import error_problem, install_handlers, problem
 from service.settings import Settings, load_settings
@@ -407,7 +406,7 @@ def application(settings: Settings) -> Any:
         max_ongoing_requests=max(16, 2 * size),
         user_config={"max_batch_size": size, "batch_wait_ms": settings.pool_batch_wait_ms},
     )
-    return deployment.bind(local_config(settings), _digest(token) if token else None,
+    return deployment.bind(settings.local_config(), _digest(token) if token else None,
                            settings.backend_timeout_s)
 
 

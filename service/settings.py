@@ -11,11 +11,12 @@ import logging
 import os
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 import yaml
 from pydantic import (
     AliasChoices,
+    BaseModel,
     Field,
     SecretStr,
     ValidationError,
@@ -30,6 +31,10 @@ from pydantic_settings import (
     YamlConfigSettingsSource,
 )
 
+from models.deepl import DeepLConfig
+from models.llm import LLMConfig
+from models.local import LocalConfig
+from models.pool import PoolConfig
 from service.errors import ConfigError, InvalidLocale, ThinktransError
 from service.locale import base_language, canonicalize, check_allowed
 
@@ -44,14 +49,15 @@ def _split_commas(value: Any) -> Any:
     return value
 
 
-class Settings(BaseSettings):
-    """Every knob of the service. Environment variables win over the YAML file."""
+def _secret(value: SecretStr | None) -> str | None:
+    return value.get_secret_value() if value is not None else None
 
-    model_config = SettingsConfigDict(
-        env_prefix="THINKTRANS_", extra="forbid", validate_default=True, populate_by_name=True
-    )
 
-    # -- serving -------------------------------------------------------------------------
+class ServingSection(BaseModel):
+    """Where and how `thinktrans serve` listens, and what it logs."""
+
+    title: ClassVar[str] = "serving"
+
     host: str = Field("127.0.0.1", description="Address `thinktrans serve` binds to.")
     port: int = Field(8088, ge=1, le=65535, description="Port `thinktrans serve` listens on.")
     api_token: SecretStr | None = Field(
@@ -65,7 +71,12 @@ class Settings(BaseSettings):
         "needs `log_level: debug`); off: lengths and hashes."
     )
 
-    # -- backends ------------------------------------------------------------------------
+
+class BackendsSection(BaseModel):
+    """The chain of backends and how failing ones are skipped."""
+
+    title: ClassVar[str] = "backends"
+
     backend: CommaList = Field(
         default_factory=lambda: ["local"],
         description="Backend or fallback chain, e.g. `deepl,local`; the first serves, the next "
@@ -91,7 +102,12 @@ class Settings(BaseSettings):
         "target as bad output (the chain's next backend serves it).",
     )
 
-    # -- locales -------------------------------------------------------------------------
+
+class LocaleSection(BaseModel):
+    """Targets, and how languages are detected."""
+
+    title: ClassVar[str] = "locales"
+
     default_locale: str | None = Field(
         None, description="Target when neither the request nor `user_text` gives one."
     )
@@ -118,7 +134,12 @@ class Settings(BaseSettings):
         "`hidden`, empty `text`, nothing sent to a backend)."
     )
 
-    # -- translation cache -----------------------------------------------------------------
+
+class CacheSection(BaseModel):
+    """The translation cache."""
+
+    title: ClassVar[str] = "translation cache"
+
     cache_mb: float = Field(
         64.0, ge=0, description="Memory the translation cache may hold, in MiB (text and "
         "keys, estimated); 0 turns the cache off."
@@ -132,7 +153,12 @@ class Settings(BaseSettings):
         "served; older ones are dropped."
     )
 
-    # -- batching ------------------------------------------------------------------------
+
+class BatchingSection(BaseModel):
+    """How segments are batched, and the deadline."""
+
+    title: ClassVar[str] = "batching"
+
     max_batch_size: int = Field(32, ge=1, le=4096, description="Most segments in one batch.")
     max_batch_chars: int = Field(
         16_000, ge=1, description="Most characters in one batch (a token budget by proxy)."
@@ -153,7 +179,12 @@ class Settings(BaseSettings):
         1, ge=1, le=256, description="Batches one backend runs at once (unless it sets its own)."
     )
 
-    # -- request limits ------------------------------------------------------------------
+
+class LimitsSection(BaseModel):
+    """Bounds on one request."""
+
+    title: ClassVar[str] = "request limits"
+
     max_request_bytes: int = Field(
         1_048_576, ge=1024, description="Largest request body accepted (413 past it)."
     )
@@ -174,7 +205,12 @@ class Settings(BaseSettings):
         "headers gets 408 and the connection is closed."
     )
 
-    # -- streams -------------------------------------------------------------------------
+
+class StreamsSection(BaseModel):
+    """Bounds and timers of streams."""
+
+    title: ClassVar[str] = "streams"
+
     flush_idle_ms: float = Field(
         1500.0, gt=0, description="A stream idle this long has its pending text made a segment."
     )
@@ -220,7 +256,12 @@ class Settings(BaseSettings):
         "context to backends that use it (`deepl_context`, `llm_context`)."
     )
 
-    # -- local backend ---------------------------------------------------------------------
+
+class LocalSection(BaseModel):
+    """The local backend (and the pool's replicas): `local_*`."""
+
+    title: ClassVar[str] = "local backend"
+
     local_model: str = Field(
         "facebook/nllb-200-distilled-600M",
         description="Hub id or local directory of an NLLB-200, M2M-100 or Marian checkpoint, "
@@ -286,7 +327,32 @@ class Settings(BaseSettings):
         "doubling up to this long between tries."
     )
 
-    # -- deepl backend ---------------------------------------------------------------------
+    def local_config(self) -> LocalConfig:
+        """The local engine's config (the local backend's, and the pool's replicas')."""
+        return LocalConfig(
+            model=self.local_model,
+            marian_models=tuple(self.local_marian_models),
+            models=tuple(self.local_models),
+            max_extra_models=self.local_max_extra_models,
+            engine=self.local_engine,
+            device=self.local_device,
+            dtype=self.local_dtype,
+            compute_type=self.local_compute_type,
+            ct2_cache=self.local_ct2_cache,
+            ct2_workers=self.local_ct2_workers,
+            num_beams=self.local_num_beams,
+            no_repeat_ngram_size=self.local_no_repeat_ngram_size,
+            max_input_tokens=self.local_max_input_tokens,
+            threads=self.local_threads,
+            load_retry_max_s=self.load_retry_max_s,
+        )
+
+
+class DeepLSection(BaseModel):
+    """The DeepL backend: `deepl_*`."""
+
+    title: ClassVar[str] = "deepl backend"
+
     deepl_api_key: SecretStr | None = Field(
         None, description="DeepL key (also read from DEEPL_AUTH_KEY); `:fx` keys use the free API.",
         validation_alias=AliasChoices("THINKTRANS_DEEPL_API_KEY", "DEEPL_AUTH_KEY"),
@@ -303,7 +369,25 @@ class Settings(BaseSettings):
         "EN-US", description="DeepL target for a bare `en`."
     )
 
-    # -- llm backend -----------------------------------------------------------------------
+    def deepl_config(self, *, batch_timeout_s: float) -> DeepLConfig:
+        """The DeepL backend's config; one attempt may not outlast the batch it serves."""
+        return DeepLConfig(
+            api_key=_secret(self.deepl_api_key),
+            server_url=self.deepl_server_url,
+            threads=self.deepl_threads,
+            model_type=self.deepl_model_type,
+            formality=self.deepl_formality,
+            context=self.deepl_context,
+            english_variant=self.deepl_english_variant,
+            request_timeout_s=min(10.0, batch_timeout_s),
+        )
+
+
+class LLMSection(BaseModel):
+    """The LLM backend: `llm_*`."""
+
+    title: ClassVar[str] = "llm backend"
+
     llm_base_url: str | None = Field(None, description="OpenAI-compatible base URL, e.g. .../v1.")
     llm_model: str | None = Field(None, description="Model name sent in chat requests.")
     llm_api_key: SecretStr | None = Field(None, description="Bearer key for the endpoint.")
@@ -322,7 +406,25 @@ class Settings(BaseSettings):
         "it); see docs/backends.md."
     )
 
-    # -- pool: the sidecar's backend, and `thinktrans pool` ----------------------------------
+    def llm_config(self) -> LLMConfig:
+        """The LLM backend's config."""
+        return LLMConfig(
+            base_url=self.llm_base_url,
+            model=self.llm_model,
+            api_key=_secret(self.llm_api_key),
+            timeout_s=self.llm_timeout_s,
+            concurrency=self.llm_concurrency,
+            json_mode=self.llm_json_mode,
+            check_items=self.llm_check_items,
+            context=self.llm_context,
+        )
+
+
+class PoolSection(BaseModel):
+    """The `pool` backend of a sidecar, and `thinktrans pool` itself: `pool_*`."""
+
+    title: ClassVar[str] = "pool: the sidecar's backend, and `thinktrans pool`"
+
     pool_url: str | None = Field(
         None, description="The `pool` backend: base URL of a `thinktrans pool` (its Serve HTTP "
         "route), e.g. `http://thinktrans-pool:8000`."
@@ -353,10 +455,33 @@ class Settings(BaseSettings):
         "num_gpus`); fractions share a GPU between replicas."
     )
 
-    # -- prices (compare) ------------------------------------------------------------------
+    def pool_config(self, *, batch_timeout_s: float) -> PoolConfig:
+        """The sidecar's `pool` backend config."""
+        return PoolConfig(url=self.pool_url, token=_secret(self.pool_token),
+                          timeout_s=batch_timeout_s, concurrency=self.pool_concurrency)
+
+
+class PricesSection(BaseModel):
+    """Prices, for `thinktrans compare`."""
+
+    title: ClassVar[str] = "prices (compare)"
+
     price_per_million_chars: dict[str, float] = Field(
         default_factory=lambda: {"deepl": 25.0},
         description="Estimated cost per million characters, per backend, for `compare`.",
+    )
+
+class Settings(
+    BaseSettings, ServingSection, BackendsSection, LocaleSection, CacheSection, BatchingSection,
+    LimitsSection, StreamsSection, LocalSection, DeepLSection, LLMSection, PoolSection,
+    PricesSection,
+):
+    """Every knob of the service, one section each. Environment variables win over the YAML
+    file; a section's fields keep their flat names (``THINKTRANS_LOCAL_MODEL``,
+    ``local_model:``)."""
+
+    model_config = SettingsConfigDict(
+        env_prefix="THINKTRANS_", extra="forbid", validate_default=True, populate_by_name=True
     )
 
     @field_validator("backend", "extra_backends", "allowed_locales", "local_marian_models",
@@ -480,6 +605,18 @@ class Settings(BaseSettings):
             update["port"] = port
         return self.model_copy(update=update)
 
+    def backend_config(self, name: str) -> object | None:
+        """What the registry builds backend ``name`` from (None: it takes nothing)."""
+        if name == "local":
+            return self.local_config()
+        if name == "deepl":
+            return self.deepl_config(batch_timeout_s=self.backend_timeout_s)
+        if name == "llm":
+            return self.llm_config()
+        if name == "pool":
+            return self.pool_config(batch_timeout_s=self.backend_timeout_s)
+        return None
+
     def all_backends(self) -> list[str]:
         """Every backend this service builds: the chain, the extras, and passthrough."""
         names = list(self.backend)
@@ -488,6 +625,14 @@ class Settings(BaseSettings):
                 names.append(name)
         return names
 
+
+
+# The sections in the order docs/configuration.md lists them.
+SECTIONS: tuple[type[BaseModel], ...] = (
+    ServingSection, BackendsSection, LocaleSection, CacheSection, BatchingSection,
+    LimitsSection, StreamsSection, LocalSection, DeepLSection, LLMSection, PoolSection,
+    PricesSection,
+)
 
 
 # THINKTRANS_* variables that are not settings: read by the agent-side tools and the tests.

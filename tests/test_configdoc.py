@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from service.settings import Settings
+from service.settings import SECTIONS, Settings
 from service.tools import configdoc
 
 PAGE = Path(__file__).resolve().parents[1] / "docs" / "configuration.md"
@@ -28,13 +28,15 @@ def test_every_setting_has_a_row_with_its_variable_key_and_description() -> None
         assert rows[0].endswith(f"| {info.description.replace('|', chr(92) + '|')} |")
 
 
-def test_groups_follow_the_comment_headers_in_field_order() -> None:
+def test_groups_follow_the_sections_in_field_order() -> None:
     groups = configdoc.field_groups()
     titles = [title for title, _ in groups]
+    assert titles == [section.title for section in SECTIONS]  # no field left to "other"
     assert "serving" in titles and "deepl backend" in titles
-    assert len(titles) == len(set(titles))
     flat = [name for _, names in groups for name in names]
-    assert flat == list(Settings.model_fields)
+    assert sorted(flat) == sorted(Settings.model_fields) and len(flat) == len(set(flat))
+    local = dict(groups)["local backend"]
+    assert local[:2] == ["local_model", "local_marian_models"]  # as written in the section
     by_name = {name: title for title, names in groups for name in names}
     assert by_name["port"] == "serving"
     assert by_name["deepl_api_key"] == "deepl backend"

@@ -2,9 +2,9 @@
 
 Every field of :class:`service.settings.Settings` becomes a row: its variable
 (``THINKTRANS_<NAME>``, or the first upper-case name of its ``validation_alias``), its YAML
-key, its type and bounds, its default and its description. Rows are grouped under the
-``# -- name ---`` comment headers of ``settings.py``; a field's other variable names (an alias
-such as ``DEEPL_AUTH_KEY``) are listed after them.
+key, its type and bounds, its default and its description. Rows are grouped by the
+settings' sections (``service.settings.SECTIONS``, each with its ``title``); a field's other
+variable names (an alias such as ``DEEPL_AUTH_KEY``) are listed after them.
 
 Command line::
 
@@ -16,10 +16,7 @@ Command line::
 from __future__ import annotations
 
 import argparse
-import ast
-import inspect
 import json
-import re
 import sys
 import types
 from collections.abc import Sequence
@@ -31,12 +28,10 @@ from pydantic import AliasChoices, SecretStr
 from pydantic.fields import FieldInfo
 from pydantic_core import PydanticUndefined
 
-from service.settings import Settings
+from service.settings import SECTIONS, Settings
 
 DEFAULT_PATH = Path("docs/configuration.md")
 REGENERATE = "python -m service.tools.configdoc --write"
-
-_HEADER = re.compile(r"^\s*# -- (?P<name>[^-].*?) -+\s*$")
 
 _INTRO = f"""\
 # Configuration
@@ -68,30 +63,15 @@ _OUTRO = """\
 
 
 def field_groups(settings_cls: type[Settings] = Settings) -> list[tuple[str, list[str]]]:
-    """Field names grouped under the comment headers of the class's source, in source order."""
-    names = list(settings_cls.model_fields)
-    try:
-        source = inspect.getsource(settings_cls)
-    except (OSError, TypeError):
-        return [("settings", names)]
-    lines = source.splitlines()
-    headers = [(i + 1, m["name"]) for i, line in enumerate(lines) if (m := _HEADER.match(line))]
-    tree = ast.parse(source)
-    cls = next(node for node in tree.body if isinstance(node, ast.ClassDef))
+    """Field names grouped by the settings' sections (``SECTIONS``), in their order; a field
+    of no section (one a subclass adds) comes last, under "other"."""
     groups: list[tuple[str, list[str]]] = []
     seen: set[str] = set()
-    for node in cls.body:
-        if not (isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name)):
-            continue
-        name = node.target.id
-        if name not in settings_cls.model_fields:
-            continue  # model_config and other class attributes
-        title = next((t for lineno, t in reversed(headers) if lineno < node.lineno), "settings")
-        if not groups or groups[-1][0] != title:
-            groups.append((title, []))
-        groups[-1][1].append(name)
-        seen.add(name)
-    missing = [n for n in names if n not in seen]  # fields defined outside the class body
+    for section in SECTIONS:
+        own = [name for name in section.__annotations__ if name in settings_cls.model_fields]
+        groups.append((str(getattr(section, "title", section.__name__)), own))
+        seen.update(own)
+    missing = [n for n in settings_cls.model_fields if n not in seen]
     if missing:
         groups.append(("other", missing))
     return groups
