@@ -1,0 +1,225 @@
+"""Whether an LLM's answer is usable: its JSON, its ids, and each item's plausibility.
+
+An answer is checked before it is used: same count, same ids, non-empty texts, and (unless
+the checks are off) each text keeps its source's numbers, inline code and URLs at a length
+plausible for a translation of it: cheap checks that an answer which obeys or answers the
+text, or swaps items, rarely passes.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import unicodedata
+from typing import Any
+
+# An answer item holding the last this-many characters of its context returned the context.
+CONTEXT_PROBE_CHARS = 40
+
+# Plausible translation length, in "Latin-equivalent" characters (a wide CJK character
+# counts 3): translations between most languages stay well within 0.25x-4x of the source.
+MIN_RATIO = 0.25
+MAX_RATIO = 4.0
+# Short sources vary too much to judge shortness; they may grow by this much and more.
+MIN_CHECKED_WEIGHT = 20
+LONG_SLACK = 60
+
+_THINK_BLOCK = re.compile(r"<think>.*?</think>", re.DOTALL)
+_FENCE = re.compile(r"```(?:json|JSON)?\s*\n?(.*?)```", re.DOTALL)
+
+
+# A number: digits, or 1-3 digits and thousands groups joined by , . ' or a (thin,
+# no-break) space, so "1,000", "1.000" and "1 000" are all 1000. A decimal part is a
+# number of its own ("3.14" and "3,14" are 3 and 14): English and German forms agree.
+_NUMBER_PATTERN = r"(?:\d{1,3}(?:[,.'\u00a0\u2009\u202f ]\d{3}(?!\d))+|\d+)"
+_NUMBER = re.compile(_NUMBER_PATTERN)
+_ORDINAL_SUFFIX = re.compile(r"(?:st|nd|rd|th)\b", re.IGNORECASE)
+# A number with a CJK myriad unit ("1.5万", "3억"): its value counts as a form of it.
+_SCALED = re.compile(rf"({_NUMBER_PATTERN})(?:[.,](\d{{1,2}}))?\s*([万萬亿億만억])")
+_SCALES = {"万": 10**4, "萬": 10**4, "만": 10**4, "亿": 10**8, "億": 10**8, "억": 10**8}
+_INLINE_CODE = re.compile(r"(?<!`)`([^`\n]+)`(?!`)")
+_URL = re.compile(r"\b(?:https?|ftp)://[!-~]+", re.IGNORECASE)
+_URL_TAIL = ".,;:!?'\")]}>*_`"
+# Wording, not code: a translator may rightly translate `Save` or `the config`.
+_PLAIN_WORDS = re.compile(r"[^\W\d_]+(?:[ '-][^\W\d_]+)*")
+
+
+def text_weight(text: str) -> int:
+    """Length in Latin-equivalent characters: wide (CJK) characters count 3, spaces 0."""
+    return sum(
+        3 if unicodedata.east_asian_width(ch) in "WF" else 1 for ch in text if not ch.isspace()
+    )
+
+
+def _ascii_digits(token: str) -> str:
+    """The digits of ``token`` in ASCII ("２０" and "٢٠" are "20"), separators dropped."""
+    return "".join(str(unicodedata.decimal(ch)) for ch in token if ch.isdecimal())
+
+
+def number_forms(text: str) -> list[set[str]]:
+    """The numbers that matter in ``text``, each as the set of forms that count as it.
+
+    A number is its digits without separators or leading zeros. Single digits and
+    English ordinals ("2nd") are left out: translations rightly write them as words
+    ("两个", "第二"). A number with a myriad unit counts as its value too ("15万" is 15 or
+    150000; "1.5万" is 15000).
+    """
+    forms: list[set[str]] = []
+    scaled: list[tuple[int, int]] = []
+    for match in _SCALED.finditer(text):
+        whole, fraction = _ascii_digits(match.group(1)), _ascii_digits(match.group(2) or "")
+        value = int(whole + fraction) * _SCALES[match.group(3)] // 10 ** len(fraction)
+        forms.append({str(value)} if fraction else {str(value), str(int(whole))})
+        scaled.append(match.span())
+    for match in _NUMBER.finditer(text):
+        if any(start <= match.start() < end for start, end in scaled):
+            continue
+        digits = _ascii_digits(match.group()).lstrip("0") or "0"
+        if len(digits) < 2 or _ORDINAL_SUFFIX.match(text, match.end()):
+            continue
+        forms.append({digits})
+    return forms
+
+
+def code_spans(text: str) -> list[str]:
+    """Inline code (`...`) that a translation keeps as it is; plain words are left out."""
+    spans = (m.group(1).strip() for m in _INLINE_CODE.finditer(text))
+    return [span for span in spans if span and not _PLAIN_WORDS.fullmatch(span)]
+
+
+def urls(text: str) -> list[str]:
+    """The URLs in ``text``, without the punctuation that usually follows one."""
+    return [m.group().rstrip(_URL_TAIL) for m in _URL.finditer(text)]
+
+
+def item_problem(source: str, translated: object, *, checks: bool = True) -> str | None:
+    """Why ``translated`` cannot be a translation of ``source``, or None when it can.
+
+    Cheap structural checks, not a judgement of quality: an answer that obeys or answers
+    the text, or another item's translation, rarely keeps the source's numbers, code and
+    URLs and its length. The reasons name what failed, never the text. With ``checks``
+    off only emptiness is checked.
+    """
+    if not isinstance(translated, str) or not translated.strip():
+        return "empty"
+    if not checks:
+        return None
+    src, out = text_weight(source), text_weight(translated)
+    if out > max(MAX_RATIO * src, src + LONG_SLACK):
+        return "far too long"
+    if src >= MIN_CHECKED_WEIGHT and out < MIN_RATIO * src:
+        return "far too short"
+    if any(url not in translated for url in urls(source)):
+        return "a URL missing"
+    if any(span not in translated for span in code_spans(source)):
+        return "inline code missing"
+    kept = set().union(*number_forms(translated))
+    if any(not forms & kept for forms in number_forms(source)):
+        return "a number missing"
+    return None
+
+
+def context_problem(context: str | None, source: str, translated: str) -> str | None:
+    """Why ``translated`` is no answer for an item sent with ``context``: it holds the
+    context's last characters (which its source does not), so the model copied the context
+    into its answer. A context too short to tell is not judged; a context the model
+    translated along with the text is left to the length check."""
+    if context is None:
+        return None
+    probe = context.strip()[-CONTEXT_PROBE_CHARS:].strip()
+    if text_weight(probe) < MIN_CHECKED_WEIGHT or probe in source:
+        return None
+    return "the context returned" if probe in translated else None
+
+
+def _load_json(content: str) -> Any:
+    """The JSON in an answer, tolerating think blocks, code fences and chatter around it."""
+    text = _THINK_BLOCK.sub("", content).strip()
+    candidates = [text]
+    candidates += [m.group(1).strip() for m in _FENCE.finditer(text)]
+    start, end = text.find("{"), text.rfind("}")
+    if 0 <= start < end:
+        candidates.append(text[start : end + 1])
+    for candidate in candidates:
+        try:
+            return json.loads(candidate)
+        except ValueError:
+            continue
+    return None
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
+
+
+class MalformedAnswer(ValueError):
+    """An answer that is unusable as a whole; the message says how, after "the LLM"."""
+
+
+def parse_answer(content: str | None, count: int) -> dict[int, object]:
+    """Map id -> text from an answer; MalformedAnswer when it is malformed as a whole.
+
+    Malformed: no content, not JSON, not ``{"translations": [...]}``, a different count,
+    or ids that are not exactly 1..count once each (a shifted or renumbered list would
+    misalign). Each says which, so an operator can tell a model that cannot count from
+    one that cannot write JSON.
+    """
+    if not content:
+        raise MalformedAnswer(f"answered no content for {_count(count, 'segment')}")
+    data = _load_json(content)
+    if data is None:
+        raise MalformedAnswer(f"answered malformed JSON for {_count(count, 'segment')}")
+    items = data.get("translations") if isinstance(data, dict) else data
+    if not isinstance(items, list):
+        raise MalformedAnswer("answered JSON without a translations list")
+    if len(items) != count:
+        raise MalformedAnswer(
+            f"returned {_count(len(items), 'item')} for {_count(count, 'segment')}"
+        )
+    out: dict[int, object] = {}
+    for item in items:
+        if not isinstance(item, dict):
+            raise MalformedAnswer("returned an item that is not an object")
+        ident = item.get("id")
+        if isinstance(ident, str) and ident.strip().isdigit():
+            ident = int(ident)
+        if (
+            not isinstance(ident, int)
+            or isinstance(ident, bool)
+            or not 1 <= ident <= count
+            or ident in out
+        ):
+            raise MalformedAnswer(f"returned ids other than 1..{count} once each")
+        out[ident] = item.get("text")
+    return out
+
+
+def judge(
+    cores: list[str],
+    contexts: list[str | None],
+    ids: list[int],
+    answer: dict[int, object],
+    *,
+    checks: bool = True,
+) -> tuple[dict[int, str], dict[int, str]]:
+    """Split ``ids`` into accepted translations and the problem with each rejected one;
+    ``contexts`` are those sent with the items, which no answer may hold."""
+    good: dict[int, str] = {}
+    bad: dict[int, str] = {}
+    for k in ids:
+        value = answer.get(k)
+        problem = item_problem(cores[k - 1], value, checks=checks)
+        if problem is None and isinstance(value, str):
+            problem = context_problem(contexts[k - 1], cores[k - 1], value)
+            if problem is None:
+                good[k] = value
+                continue
+        bad[k] = problem or "empty"
+    return good, bad
+
+
+def rewrap(original: str, core: str) -> str:
+    """``core`` with the original's leading and trailing whitespace."""
+    lead = original[: len(original) - len(original.lstrip())]
+    trail = original[len(original.rstrip()) :]
+    return f"{lead}{core}{trail}"
