@@ -30,11 +30,10 @@ from typing import Any, TypeVar
 try:
     import deepl
     import requests
-except ImportError as exc:  # pragma: no cover - exercised only without the extra
-    raise ModuleNotFoundError(
-        "the deepl backend needs the official DeepL client: pip install 'thinktrans[deepl]'",
-        name="deepl",
-    ) from exc
+except ImportError as exc:  # without the extra, the config is still importable
+    _MISSING: ImportError | None = exc
+else:
+    _MISSING = None
 
 from models.base import Capabilities, Job
 from models.errors import (
@@ -42,6 +41,7 @@ from models.errors import (
     BackendTimeout,
     BackendUnavailable,
     BadOutput,
+    MissingExtra,
     RateLimited,
     UnsupportedLanguage,
 )
@@ -189,6 +189,9 @@ class DeepLTranslator(RemoteTranslator):
     usage_refresh_s: float = 300.0
 
     def __init__(self, config: DeepLConfig) -> None:
+        if _MISSING is not None:
+            raise MissingExtra("the deepl backend needs the official DeepL client: "
+                               "pip install 'thinktrans[deepl]'", name="deepl", extra="deepl")
         super().__init__()
         self.config = config
         self._api_key = config.api_key or None
@@ -410,45 +413,15 @@ class DeepLTranslator(RemoteTranslator):
             raise self._map_error(exc) from exc
 
     def _map_error(self, exc: Exception) -> BackendError:
-        """The one place DeepL's and the client's errors become the service's."""
-        if isinstance(exc, deepl.AuthorizationException):
-            reason = (
-                "DeepL rejected the API key (HTTP 403); check THINKTRANS_DEEPL_API_KEY "
-                "or choose another backend"
-            )
-            self._mark_down(reason, fail_fast=True)
-            return BackendUnavailable(reason)
-        if isinstance(exc, deepl.QuotaExceededException):
-            self._mark_down(self._quota_reason(), fail_fast=True)
-            return BackendUnavailable(self._quota_reason())
-        if isinstance(exc, deepl.TooManyRequestsException):
-            return RateLimited("DeepL is rate limiting requests (HTTP 429) after retries")
-        if isinstance(exc, deepl.ConnectionException):
-            if _is_read_timeout(exc):
-                timeout_s = self.config.request_timeout_s
-                return BackendTimeout(f"DeepL did not answer within {timeout_s:g} s")
-            reason = f"cannot reach DeepL at {self._server_label()}"
-            self._mark_down(reason, fail_fast=False)
-            return BackendUnavailable(reason)
-        if isinstance(exc, deepl.DeepLException):
-            status = exc.http_status_code
-            if status is None or status >= 500:
-                reason = f"DeepL is failing (HTTP {status or 'error'}); try again later"
-                self._mark_down(reason, fail_fast=False)
-                return BackendUnavailable(reason)
-            return BackendError(f"DeepL refused the request (HTTP {status})")
-        if isinstance(exc, RuntimeError) and self._closed:
-            return BackendUnavailable("the DeepL backend is closed")
-        # The client chokes on an answer it cannot read (missing fields, not JSON).
-        return BadOutput(f"DeepL answered something the client cannot read ({type(exc).__name__})")
+        """The one place DeepL's and the client's errors become the backends' errors; the
+        ones that say DeepL is unusable mark the backend down."""
+        error, fail_fast = vendor_error(exc, timeout_s=self.config.request_timeout_s,
+                                        server=self._server_label, closed=self._closed)
+        if fail_fast is not None:
+            self._mark_down(error.detail, fail_fast=fail_fast)
+        return error
 
     # -- readiness ---------------------------------------------------------------------------
-
-    def _quota_reason(self) -> str:
-        return (
-            "DeepL character quota for this billing period is used up (HTTP 456); "
-            "raise the limit or choose another backend"
-        )
 
     def _server_label(self) -> str:
         if self._server_url:
@@ -480,7 +453,7 @@ class DeepLTranslator(RemoteTranslator):
         chars = usage.character
         self._usage = {"character_count": chars.count, "character_limit": chars.limit}
         if chars.limit_reached:
-            self._mark_down(self._quota_reason(), fail_fast=True)
+            self._mark_down(QUOTA_REASON, fail_fast=True)
         else:
             self._mark_up()
 
@@ -508,6 +481,38 @@ class DeepLTranslator(RemoteTranslator):
             "formality": self._formality,
             "context": self.capabilities.context,
         }
+
+
+QUOTA_REASON = ("DeepL character quota for this billing period is used up (HTTP 456); "
+                "raise the limit or choose another backend")
+
+
+def vendor_error(exc: Exception, *, timeout_s: float, server: Callable[[], str],
+                 closed: bool) -> tuple[BackendError, bool | None]:
+    """The backends' error for a DeepL or client failure, and whether it marks the backend
+    down: None (no), True (at once, a retry cannot help) or False (until a probe passes)."""
+    if isinstance(exc, deepl.AuthorizationException):
+        return BackendUnavailable("DeepL rejected the API key (HTTP 403); check "
+                                  "THINKTRANS_DEEPL_API_KEY or choose another backend"), True
+    if isinstance(exc, deepl.QuotaExceededException):
+        return BackendUnavailable(QUOTA_REASON), True
+    if isinstance(exc, deepl.TooManyRequestsException):
+        return RateLimited("DeepL is rate limiting requests (HTTP 429) after retries"), None
+    if isinstance(exc, deepl.ConnectionException):
+        if _is_read_timeout(exc):
+            return BackendTimeout(f"DeepL did not answer within {timeout_s:g} s"), None
+        return BackendUnavailable(f"cannot reach DeepL at {server()}"), False
+    if isinstance(exc, deepl.DeepLException):
+        status = exc.http_status_code
+        if status is None or status >= 500:
+            reason = f"DeepL is failing (HTTP {status or 'error'}); try again later"
+            return BackendUnavailable(reason), False
+        return BackendError(f"DeepL refused the request (HTTP {status})"), None
+    if isinstance(exc, RuntimeError) and closed:
+        return BackendUnavailable("the DeepL backend is closed"), None
+    # The client chokes on an answer it cannot read (missing fields, not JSON).
+    return BadOutput(f"DeepL answered something the client cannot read "
+                     f"({type(exc).__name__})"), None
 
 
 def _is_read_timeout(exc: BaseException) -> bool:

@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import subprocess
+import sys
 import time
 from collections.abc import AsyncIterator, Callable
+from pathlib import Path
 from typing import Any
 
 import deepl
@@ -530,3 +533,23 @@ async def test_catalog_lists_the_model_types(make: Make) -> None:
     # Refined by the server's list: the double lists HE and lacks NB.
     languages = backend.catalog()[0]["languages"]
     assert isinstance(languages, list) and "he" in languages and "nb" not in languages
+
+
+def test_without_the_extra_the_service_imports_and_the_backend_names_it() -> None:
+    # The settings build every backend's config, so the config must import without the
+    # vendor package; asking for the backend then names the extra to install.
+    script = (
+        "import sys; sys.modules['deepl'] = None\n"
+        "import service.app\n"
+        "from models.registry import build_backend\n"
+        "from service.settings import Settings\n"
+        "try:\n"
+        "    build_backend('deepl', Settings())\n"
+        "except Exception as exc:\n"
+        "    print(type(exc).__name__, exc)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=120, cwd=Path(__file__).resolve().parents[1])
+    assert done.returncode == 0, done.stderr
+    assert "BackendConfigError" in done.stdout
+    assert "pip install 'thinktrans[deepl]'" in done.stdout
