@@ -444,11 +444,8 @@ class DeepLTranslator(RemoteTranslator):
             for lang in self._client().get_target_languages()
         ]
 
-    def _fetch_usage(self) -> deepl.Usage:
-        return self._client().get_usage()
-
     async def _refresh_usage(self) -> None:
-        usage = await self._call(self._fetch_usage)
+        usage = await self._call(lambda: self._client().get_usage())
         self._usage_checked_at = time.monotonic()
         chars = usage.character
         self._usage = {"character_count": chars.count, "character_limit": chars.limit}

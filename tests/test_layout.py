@@ -1,32 +1,114 @@
-"""The house's shape, as the architecture document states it: checked, so that it stays true."""
+"""The house's shape, as the architecture document states it: checked, so that it stays true.
+
+- ``models/`` imports nothing from ``service/``, and ``client/`` nothing from either;
+- serving modules do not import the tooling (``service/tools``);
+- no import cycle among the modules of ``service/``, ``models/`` and ``client/``, counting
+  every import wherever it stands (in a function, under ``TYPE_CHECKING``): an import hidden
+  inside a function to break a circle is still a circle;
+- no class runs past 300 lines and no function past 80;
+- the app factory is wiring only.
+"""
 
 from __future__ import annotations
 
 import ast
+from collections.abc import Iterator
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+PACKAGES = ("service", "models", "client/thinktrans_client")
 MAX_FUNCTION_LINES = 80
+MAX_CLASS_LINES = 300
 
 
 def _modules(folder: str) -> list[Path]:
     return sorted((ROOT / folder).rglob("*.py"))
 
 
+def _all_modules() -> list[Path]:
+    return [path for folder in PACKAGES for path in _modules(folder)]
+
+
+def _name(path: Path) -> str:
+    """The module's dotted name (``client/thinktrans_client/acp.py``: thinktrans_client.acp)."""
+    rel = path.relative_to(ROOT)
+    parts = list(rel.with_suffix("").parts)
+    if parts[0] == "client":
+        parts = parts[1:]
+    if parts[-1] == "__init__":
+        parts = parts[:-1]
+    return ".".join(parts)
+
+
 def _imports(path: Path) -> set[str]:
+    """Every module ``path`` imports, anywhere in it; ``from a import b`` names ``a.b`` too
+    (it may be a module), and relative imports are resolved."""
     found: set[str] = set()
+    package = _name(path) if path.name == "__init__.py" else _name(path).rpartition(".")[0]
     for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
         if isinstance(node, ast.Import):
             found.update(alias.name for alias in node.names)
-        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            found.add(node.module)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")
+                anchor = anchor[: len(anchor) - (node.level - 1)]
+                base = ".".join([*anchor, base] if base else anchor)
+            found.add(base)
+            found.update(f"{base}.{alias.name}" for alias in node.names)
     return found
+
+
+def _graph() -> dict[str, set[str]]:
+    """Module -> the project's modules it imports."""
+    paths = {_name(path): path for path in _all_modules()}
+    return {name: {m for m in _imports(path) if m in paths and m != name}
+            for name, path in paths.items()}
+
+
+def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One import cycle, as the modules along it, or None."""
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+    path: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        state[node] = 1
+        path.append(node)
+        for nxt in sorted(graph[node]):
+            if state.get(nxt) == 1:
+                return [*path[path.index(nxt):], nxt]
+            if nxt not in state and (found := visit(nxt)) is not None:
+                return found
+        path.pop()
+        state[node] = 2
+        return None
+
+    for start in sorted(graph):
+        if start not in state and (found := visit(start)) is not None:
+            return found
+    return None
+
+
+def test_the_cycle_finder_finds_a_cycle() -> None:
+    assert _cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": set()}) == ["a", "b", "c", "a"]
+    assert _cycle({"a": {"b"}, "b": set()}) is None
+
+
+def test_no_import_cycle_in_service_models_or_client() -> None:
+    cycle = _cycle(_graph())
+    assert cycle is None, " -> ".join(cycle or [])
 
 
 def test_backends_import_nothing_from_the_service() -> None:
     for path in _modules("models"):
         from_service = {m for m in _imports(path) if m == "service" or m.startswith("service.")}
         assert not from_service, f"{path.name} imports {from_service}"
+
+
+def test_the_client_imports_neither_the_service_nor_the_backends() -> None:
+    for path in _modules("client/thinktrans_client"):
+        found = {m for m in _imports(path) if m.split(".")[0] in ("service", "models")}
+        assert not found, f"{path.name} imports {found}"
 
 
 def test_serving_modules_do_not_import_the_tooling() -> None:
@@ -36,14 +118,24 @@ def test_serving_modules_do_not_import_the_tooling() -> None:
         assert not tooling, f"{path.name} imports {tooling}"
 
 
-def test_no_function_in_the_service_runs_past_80_lines() -> None:
-    long = []
-    for path in _modules("service"):
+def _defs(kind: type[ast.AST] | tuple[type[ast.AST], ...]) -> Iterator[tuple[str, int]]:
+    for path in _all_modules():
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+            if isinstance(node, kind):
+                assert isinstance(node, ast.stmt)
                 lines = (node.end_lineno or node.lineno) - node.lineno + 1
-                if lines > MAX_FUNCTION_LINES:
-                    long.append(f"{path.relative_to(ROOT)}:{node.lineno} {node.name} ({lines})")
+                name = getattr(node, "name", "?")
+                yield f"{path.relative_to(ROOT)}:{node.lineno} {name} ({lines})", lines
+
+
+def test_no_function_runs_past_80_lines() -> None:
+    long = [where for where, lines in _defs((ast.FunctionDef, ast.AsyncFunctionDef))
+            if lines > MAX_FUNCTION_LINES]
+    assert not long, long
+
+
+def test_no_class_runs_past_300_lines() -> None:
+    long = [where for where, lines in _defs(ast.ClassDef) if lines > MAX_CLASS_LINES]
     assert not long, long
 
 
