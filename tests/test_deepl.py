@@ -11,8 +11,11 @@ from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
-import deepl
 import pytest
+
+pytest.importorskip("deepl", reason="needs the deepl extra: pip install 'thinktrans[deepl]'")
+
+import deepl
 
 from models.deepl import (
     MAX_CONTEXT_CHARS,
@@ -291,11 +294,12 @@ async def test_slow_server_times_out(fake: FakeDeepL, make: Make) -> None:
 async def test_callers_wait_for_cuts_it_off(fake: FakeDeepL, make: Make) -> None:
     backend = make()
     fake.mode = "slow"
+    fake.slow_s = 30.0  # the worker thread stays stuck far longer than any bound below
     with pytest.raises(TimeoutError):
         await asyncio.wait_for(backend.translate(["Hello."], source="en", target="de"), 0.2)
     started = time.monotonic()
     await backend.aclose()  # does not wait for the stuck worker thread
-    assert time.monotonic() - started < 0.5
+    assert time.monotonic() - started < 10
     with pytest.raises(BackendUnavailable, match="closed"):
         await backend.translate(["Hello."], source="en", target="de")
 
@@ -341,9 +345,9 @@ async def test_start_does_not_block_and_refines_languages(fake: FakeDeepL, make:
     # otherwise take the one slow answer meant for the start check.
     fake.mode = "slow"
     fake.slow_s = 0.3
-    started = time.monotonic()
     await backend.start()
-    assert time.monotonic() - started < 0.1
+    # start() returned while its check still waits on the slow server.
+    assert backend._start_task is not None and not backend._start_task.done()
     # A timeout returns while the check still runs, and leaves it running.
     assert await backend.wait_ready(timeout_s=0.01) is True  # ready until proven otherwise
     assert backend._start_task is not None and not backend._start_task.done()

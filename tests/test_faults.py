@@ -103,21 +103,22 @@ async def test_a_backend_that_raises_leaves_the_originals_with_status_error() ->
 
 async def test_a_hung_backend_meets_the_deadline_then_backend_timeout_s() -> None:
     fake = FakeTranslator(gate=asyncio.Event())  # never opens while the test runs
-    async with app_with(fake, deadline_ms=200, backend_timeout_s=0.8) as run:
+    async with app_with(fake, deadline_ms=200, backend_timeout_s=4.0) as run:
         c = run.client
         started = time.monotonic()
         r = await post_chunks(c, "hang", deltas(TEXT, 40))
         assert r.status_code == 200
-        assert time.monotonic() - started < 1.0, "a chunk POST never waits for translation"
+        # Waiting for the translation would take the 4 s of backend_timeout_s.
+        assert time.monotonic() - started < 3.0, "a chunk POST never waits for translation"
         await c.post("/v1/streams/hang/close")
-        events = await read_until(c, "hang", timeout_s=5)
+        events = await read_until(c, "hang", timeout_s=15)
         check_stream(events, TEXT)
         assert {s["status"] for s in segments(events)} == {"deadline"}
         for seg in segments(events):
             assert 150 <= seg["latency_ms"] < 2000, seg
         for update in final_statuses(events).values():
             assert update["status"] == "error", update
-            assert "took over 0.8 s" in update["error"], update
+            assert "took over 4 s" in update["error"], update
         # One-shot: the original comes back at the deadline, the late answer is dropped.
         t0 = time.monotonic()
         r = await c.post("/v1/translate", json={"texts": ["Is it still hanging there?"]})
