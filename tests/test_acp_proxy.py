@@ -303,12 +303,17 @@ async def test_signals_reach_the_agent_and_its_code_is_the_proxys(sig: signal.Si
     assert proc.returncode == signal_exit(sig)
 
 
-TICKER = ("import sys, time\n"
+# An agent that writes argv[2] lines of argv[1] bytes of padding as fast as its stdout
+# takes them, and keeps "<pid> <lines written>" in the file argv[3] before each line.
+TICKER = ("import os, sys, time\n"
           "line = b'{\"jsonrpc\":\"2.0\",\"method\":\"x/tick\",\"params\":{\"pad\":\"'"
           " + b'p' * int(sys.argv[1]) + b'\"}}\\n'\n"
-          "for _ in range(int(sys.argv[2])):\n"
-          "    sys.stdout.buffer.write(line)\n"
-          "sys.stdout.buffer.flush()\n"
+          "progress = os.open(sys.argv[3], os.O_WRONLY | os.O_CREAT)\n"
+          "for n in range(int(sys.argv[2]) + 1):\n"
+          "    os.pwrite(progress, b'%d %12d' % (os.getpid(), n), 0)\n"
+          "    if n < int(sys.argv[2]):\n"
+          "        sys.stdout.buffer.write(line)\n"
+          "        sys.stdout.buffer.flush()\n"
           "time.sleep(60)\n")
 
 
@@ -330,15 +335,53 @@ def rss_mib(pid: int) -> float:
     raise AssertionError("no VmRSS")
 
 
-def test_an_editor_that_does_not_read_holds_the_agent_back() -> None:
-    """100 MB of agent output while the editor reads nothing: the proxy stays small (the
-    agent waits on its pipe), and every line arrives once the editor reads."""
+def state(pid: int) -> str:
+    """The process's state letter (``S``: asleep, waiting on something)."""
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    return stat[stat.rindex(")") + 2]
+
+
+def held_back(proxy: subprocess.Popen[bytes], progress: Path, lines: int,
+              timeout_s: float = 60.0) -> int:
+    """Wait until the ticker is held back, and return how many lines it wrote by then.
+
+    Held back: the ticker and the proxy both asleep, its count unchanged, over ten looks in
+    a row. Each would be awake were the other moving: the proxy reading a full pipe, or the
+    ticker writing into one the proxy emptied; only the proxy's bound holds both still.
+    Fails at once if the ticker gets all its lines out first.
+    """
+    deadline = time.monotonic() + timeout_s
+    last, still = -1, 0
+    while time.monotonic() < deadline:
+        record = progress.read_bytes().split()
+        if len(record) == 2:
+            pid, written = int(record[0]), int(record[1])
+            assert written < lines, (
+                "the agent wrote all its output while the editor read none: no backpressure")
+            asleep = state(pid) == "S" and state(proxy.pid) == "S"
+            still = still + 1 if asleep and written == last else 0
+            if still >= 10:
+                return written
+            last = written
+        time.sleep(0.05)
+    raise AssertionError(f"the agent was not held back within {timeout_s:g}s")
+
+
+def test_an_editor_that_does_not_read_holds_the_agent_back(tmp_path: Path) -> None:
+    """100 MB of agent output while the editor reads nothing: the agent waits on its pipe
+    once a few MB are on their way, the proxy stays small, and every line arrives once the
+    editor reads."""
     lines, size = 10_000, 10_000
+    progress = tmp_path / "progress"
+    progress.touch()
     proc = subprocess.Popen([PROXY, "--url", "http://127.0.0.1:9", "--", sys.executable,
-                             "-c", TICKER, str(size), str(lines)], cwd=ROOT,
+                             "-c", TICKER, str(size), str(lines), str(progress)], cwd=ROOT,
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE)
     try:
-        time.sleep(3)
+        written = held_back(proc, progress, lines)
+        # The bound: MAX_PENDING_MESSAGES (256) lines, the agent's pipe and the proxy's
+        # 2 MiB read buffer, the editor's pipe: some 5 MB, far below the 100 MB.
+        assert written * size < 20_000_000
         assert rss_mib(proc.pid) < 150
         assert proc.stdout is not None
         expected = (b'{"jsonrpc":"2.0","method":"x/tick","params":{"pad":"' + b"p" * size
@@ -349,14 +392,19 @@ def test_an_editor_that_does_not_read_holds_the_agent_back() -> None:
         stop(proc)
 
 
-def test_an_editor_that_closes_its_end_stops_the_agent() -> None:
+def test_an_editor_that_closes_its_end_stops_the_agent(tmp_path: Path) -> None:
+    lines = 100_000_000
+    progress = tmp_path / "progress"
+    progress.touch()
     proc = subprocess.Popen([PROXY, "--url", "http://127.0.0.1:9", "--", sys.executable,
-                             "-c", TICKER, "10", "100000000"], cwd=ROOT,
+                             "-c", TICKER, "10", str(lines), str(progress)], cwd=ROOT,
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     assert proc.stdout is not None and proc.stderr is not None
     try:
         proc.stdout.readline()
-        time.sleep(2)  # the editor does not read: every pipe and buffer on the way fills
+        # The editor does not read: every pipe and buffer on the way fills, and the proxy
+        # waits on its write to the editor when the editor closes its end.
+        held_back(proc, progress, lines)
         proc.stdout.close()
         assert proc.wait(20) == 128 + signal.SIGTERM
         assert b"output to the editor failed" in proc.stderr.read()
