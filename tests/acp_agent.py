@@ -5,7 +5,8 @@
 A prompt whose text is ``turn`` streams the turn below: thought chunks (deltas, cut inside
 words) between message chunks, a tool call, its update, a plan and a permission request,
 then ends with ``end_turn``. ``wait`` streams a thought without a sentence end and waits
-for ``session/cancel``, then ends with ``cancelled`` ``CANCEL_ANSWER_DELAY_S`` later. Every
+for ``session/cancel``, then ends with ``cancelled`` ``CANCEL_ANSWER_DELAY_S`` later (or,
+with ``$ACP_AGENT_RELEASE`` set, once a file of that name exists). Every
 message it sends is appended to ``$ACP_AGENT_LOG`` (one JSON line each, as the SDK put it on
 the wire). It writes one line to stderr when it starts, exits with ``$ACP_AGENT_EXIT`` when
 its stdin closes, and on SIGINT, SIGTERM or SIGHUP writes a line to stderr and exits with
@@ -44,6 +45,16 @@ from acp.schema import (
 )
 
 CANCEL_ANSWER_DELAY_S = 1.5
+
+
+async def released() -> None:
+    """Once the file ``$ACP_AGENT_RELEASE`` names exists, else ``CANCEL_ANSWER_DELAY_S``."""
+    path = os.environ.get("ACP_AGENT_RELEASE")
+    if not path:
+        await asyncio.sleep(CANCEL_ANSWER_DELAY_S)
+        return
+    while not os.path.exists(path):
+        await asyncio.sleep(0.01)
 
 
 def signal_exit(signum: int) -> int:
@@ -109,7 +120,7 @@ class FakeAgent:
             for delta in deltas("Let me think about the dates and how they are parsed"):
                 await self._thought(session_id, "w1", delta)
             await self.cancelled[session_id].wait()
-            await asyncio.sleep(CANCEL_ANSWER_DELAY_S)  # the thought must not wait for this
+            await released()  # the thought must not wait for this
             return PromptResponse(stop_reason="cancelled")
         if command != "turn":
             raise RequestError.invalid_params({"prompt": "send 'turn' or 'wait'"})

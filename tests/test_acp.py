@@ -295,7 +295,7 @@ async def test_sessions_do_not_wait_for_each_other(sidecar: Server) -> None:
     async def until(condition: Any) -> None:
         while not condition():
             changed.clear()
-            await asyncio.wait_for(changed.wait(), 3)
+            await asyncio.wait_for(changed.wait(), 10)
 
     async with ThinktransClient(sidecar.url) as client:
         async with ThoughtTranslator(client, send, target="de") as tr:
@@ -406,7 +406,8 @@ async def test_initialize_answer_untouched_when_the_sidecar_does_not_say(
     else:
         async with RawServer(never_answer if fault == "hung" else answer_500) as url:
             out = await translate_all(url, messages, timeout_s=0.3)
-    assert asyncio.get_running_loop().time() - started < 2.0  # bounded by timeout_s
+    # Bounded by timeout_s (0.3 s a call), not by the 10 s stall budget.
+    assert asyncio.get_running_loop().time() - started < 8.0
     assert others(out) == others(messages)
     assert thought_parts(out, output=True) == thought_parts(messages, output=False)
     [line] = [r.getMessage() for r in caplog.records if "without locales" in r.getMessage()]
@@ -674,9 +675,12 @@ async def test_an_empty_thought_chunk_goes_out_as_it_is(sidecar: Server) -> None
 
 async def test_feed_waits_for_room_when_the_client_does_not_read(sidecar: Server) -> None:
     gate = asyncio.Event()
+    sending = asyncio.Event()
     sent: list[Any] = []
+    fed = 0
 
     async def slow_send(message: Any) -> None:
+        sending.set()
         await gate.wait()
         sent.append(message)
 
@@ -684,12 +688,17 @@ async def test_feed_waits_for_room_when_the_client_does_not_read(sidecar: Server
         translator = ThoughtTranslator(client, slow_send, max_pending=4)
 
         async def feed_all() -> None:
+            nonlocal fed
             for i in range(10):
                 await translator.feed(other("tool_call", toolCallId=str(i)))
+                fed += 1
 
         feeding = asyncio.ensure_future(feed_all())
-        await asyncio.sleep(0.2)
-        assert not feeding.done()  # 4 waiting (and one in send): the rest wait for room
+        await asyncio.wait_for(sending.wait(), 10)
+        for _ in range(100):  # turns of the loop: without the bound, every feed would return
+            await asyncio.sleep(0)
+        assert not feeding.done()
+        assert fed == 4  # max_pending, the one in send among them: the rest wait for room
         gate.set()
         await asyncio.wait_for(feeding, 5)
         await translator.aclose()

@@ -18,13 +18,14 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import jsonschema
 import pytest
 from acp import PROTOCOL_VERSION, RequestPermissionResponse, spawn_agent_process, text_block
 from acp.connection import StreamDirection, StreamEvent
 from acp.schema import AllowedOutcome
 
-from tests.acp_agent import CANCEL_ANSWER_DELAY_S, TURN, signal_exit
+from tests.acp_agent import TURN, signal_exit
 from tests.conftest import Server
 from tests.fakes_remote import FakeChat
 from tests.test_acp import is_thought, others, thinktrans_meta, thought_parts, update_of
@@ -70,12 +71,10 @@ class Editor:
         self.hook = hook
         self.updates: list[tuple[str, Any]] = []
         self.wire: list[dict[str, Any]] = []  # what the proxy sent, as read off the pipe
-        self.arrived: list[float] = []  # when each of them was read
 
     def observe(self, event: StreamEvent) -> None:
         if event.direction is StreamDirection.INCOMING:
             self.wire.append(event.message)
-            self.arrived.append(time.monotonic())
 
     async def session_update(self, session_id: str, update: Any, **kwargs: Any) -> None:
         self.updates.append((session_id, update))
@@ -119,10 +118,12 @@ def without_locales(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
 async def drive(tmp: Path, url: str, *proxy_args: str, client_locale: str | None = "zh-CN",
                 session_locale: str | None = "de", prompt: str = "turn",
                 hook: Callable[[], None] | None = None, exit_code: int = 3,
-                during: Callable[[Any, str], Any] | None = None) -> tuple[Run, Editor, Any]:
+                during: Callable[[Any, str, Editor], Any] | None = None,
+                agent_env: dict[str, str] | None = None) -> tuple[Run, Editor, Any]:
     """initialize, session/new and one prompt through the proxy; the proxy then exits."""
     run, editor = Run(tmp), Editor(hook)
-    env = {**os.environ, "ACP_AGENT_LOG": str(run.agent_log), "ACP_AGENT_EXIT": str(exit_code)}
+    env = {**os.environ, "ACP_AGENT_LOG": str(run.agent_log), "ACP_AGENT_EXIT": str(exit_code),
+           **(agent_env or {})}
     with run.stderr_path.open("wb") as stderr:
         async with spawn_agent_process(
                 editor, PROXY, "--url", url, "--timeout", "0.5", *proxy_args, "--", *AGENT,
@@ -135,7 +136,7 @@ async def drive(tmp: Path, url: str, *proxy_args: str, client_locale: str | None
             turn = asyncio.ensure_future(conn.prompt(session_id=session.session_id,
                                                      prompt=[text_block(prompt)]))
             if during is not None:
-                await during(conn, session.session_id)
+                await during(conn, session.session_id, editor)
             answer = await asyncio.wait_for(turn, 30)
             assert init.protocol_version == PROTOCOL_VERSION
         run.returncode = proc.returncode
@@ -230,25 +231,45 @@ async def test_the_sidecar_killed_mid_turn(tmp_path: Path, chat: FakeChat) -> No
             assert update["content"]["text"] == update["_meta"]["thinktrans"]["original"]
 
 
+async def until(check: Callable[[], bool], timeout_s: float = 20.0) -> None:
+    """Wait until ``check`` holds, looking every 20 ms (generously bounded)."""
+    async with asyncio.timeout(timeout_s):
+        while not check():
+            await asyncio.sleep(0.02)
+
+
 async def test_cancel_ends_the_thinking_part(tmp_path: Path, llm_sidecar: Server,
                                              chat: FakeChat) -> None:
+    """The part goes out at the cancel: the agent answers only once the editor has it."""
     chat.reset()
+    thinking = "Let me think about the dates and how they are parsed"
+    release = tmp_path / "release"
 
-    async def cancel(conn: Any, session_id: str) -> None:
-        await asyncio.sleep(0.5)
+    def agent_thought() -> bool:  # the agent has sent every delta of its thought
+        try:
+            return thought_parts(Run(tmp_path).agent_sent(), output=False) == [thinking]
+        except (OSError, ValueError):  # not written yet, or a line half written
+            return False
+
+    def proxy_streams() -> bool:  # the proxy has fed the thought to a sidecar stream
+        metrics = httpx.get(f"{llm_sidecar.url}/metrics").text
+        return any(line.startswith("thinktrans_open_streams ") and float(line.split()[1]) > 0
+                   for line in metrics.splitlines())
+
+    async def cancel(conn: Any, session_id: str, editor: Editor) -> None:
+        await until(agent_thought)
+        await until(proxy_streams)
         await conn.cancel(session_id=session_id)
+        # With the part held until the answer, this would wait for the 60 s stall.
+        await until(lambda: any(is_thought(m) for m in editor.wire))
+        release.touch()
 
-    run, editor, answer = await drive(tmp_path, llm_sidecar.url, prompt="wait", during=cancel)
+    run, editor, answer = await drive(tmp_path, llm_sidecar.url, "--stall", "60",
+                                      prompt="wait", during=cancel,
+                                      agent_env={"ACP_AGENT_RELEASE": str(release)})
     assert answer.stop_reason == "cancelled"
-    parts = thought_parts(editor.wire, output=True)
-    assert parts == ["Let me think about the dates and how they are parsed"]
+    assert thought_parts(editor.wire, output=True) == [thinking]
     assert others(without_locales(editor.wire)) == others(run.agent_sent())
-    # The part went out at the cancel, not with the answer the agent sent later.
-    last_thought = max(t for m, t in zip(editor.wire, editor.arrived, strict=True)
-                       if is_thought(m))
-    [answered] = [t for m, t in zip(editor.wire, editor.arrived, strict=True)
-                  if (m.get("result") or {}).get("stopReason") == "cancelled"]
-    assert answered - last_thought > CANCEL_ANSWER_DELAY_S / 2
 
 
 # -- the relay itself: bytes, signals, exit codes (no SDK on the other side) ---------------
@@ -303,12 +324,17 @@ async def test_signals_reach_the_agent_and_its_code_is_the_proxys(sig: signal.Si
     assert proc.returncode == signal_exit(sig)
 
 
-TICKER = ("import sys, time\n"
+# An agent that writes argv[2] lines of argv[1] bytes of padding as fast as its stdout
+# takes them, and keeps "<pid> <lines written>" in the file argv[3] before each line.
+TICKER = ("import os, sys, time\n"
           "line = b'{\"jsonrpc\":\"2.0\",\"method\":\"x/tick\",\"params\":{\"pad\":\"'"
           " + b'p' * int(sys.argv[1]) + b'\"}}\\n'\n"
-          "for _ in range(int(sys.argv[2])):\n"
-          "    sys.stdout.buffer.write(line)\n"
-          "sys.stdout.buffer.flush()\n"
+          "progress = os.open(sys.argv[3], os.O_WRONLY | os.O_CREAT)\n"
+          "for n in range(int(sys.argv[2]) + 1):\n"
+          "    os.pwrite(progress, b'%d %12d' % (os.getpid(), n), 0)\n"
+          "    if n < int(sys.argv[2]):\n"
+          "        sys.stdout.buffer.write(line)\n"
+          "        sys.stdout.buffer.flush()\n"
           "time.sleep(60)\n")
 
 
@@ -330,15 +356,53 @@ def rss_mib(pid: int) -> float:
     raise AssertionError("no VmRSS")
 
 
-def test_an_editor_that_does_not_read_holds_the_agent_back() -> None:
-    """100 MB of agent output while the editor reads nothing: the proxy stays small (the
-    agent waits on its pipe), and every line arrives once the editor reads."""
+def state(pid: int) -> str:
+    """The process's state letter (``S``: asleep, waiting on something)."""
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    return stat[stat.rindex(")") + 2]
+
+
+def held_back(proxy: subprocess.Popen[bytes], progress: Path, lines: int,
+              timeout_s: float = 60.0) -> int:
+    """Wait until the ticker is held back, and return how many lines it wrote by then.
+
+    Held back: the ticker and the proxy both asleep, its count unchanged, over ten looks in
+    a row. Each would be awake were the other moving: the proxy reading a full pipe, or the
+    ticker writing into one the proxy emptied; only the proxy's bound holds both still.
+    Fails at once if the ticker gets all its lines out first.
+    """
+    deadline = time.monotonic() + timeout_s
+    last, still = -1, 0
+    while time.monotonic() < deadline:
+        record = progress.read_bytes().split()
+        if len(record) == 2:
+            pid, written = int(record[0]), int(record[1])
+            assert written < lines, (
+                "the agent wrote all its output while the editor read none: no backpressure")
+            asleep = state(pid) == "S" and state(proxy.pid) == "S"
+            still = still + 1 if asleep and written == last else 0
+            if still >= 10:
+                return written
+            last = written
+        time.sleep(0.05)
+    raise AssertionError(f"the agent was not held back within {timeout_s:g}s")
+
+
+def test_an_editor_that_does_not_read_holds_the_agent_back(tmp_path: Path) -> None:
+    """100 MB of agent output while the editor reads nothing: the agent waits on its pipe
+    once a few MB are on their way, the proxy stays small, and every line arrives once the
+    editor reads."""
     lines, size = 10_000, 10_000
+    progress = tmp_path / "progress"
+    progress.touch()
     proc = subprocess.Popen([PROXY, "--url", "http://127.0.0.1:9", "--", sys.executable,
-                             "-c", TICKER, str(size), str(lines)], cwd=ROOT,
+                             "-c", TICKER, str(size), str(lines), str(progress)], cwd=ROOT,
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE)
     try:
-        time.sleep(3)
+        written = held_back(proc, progress, lines)
+        # The bound: MAX_PENDING_MESSAGES (256) lines, the agent's pipe and the proxy's
+        # 2 MiB read buffer, the editor's pipe: some 5 MB, far below the 100 MB.
+        assert written * size < 20_000_000
         assert rss_mib(proc.pid) < 150
         assert proc.stdout is not None
         expected = (b'{"jsonrpc":"2.0","method":"x/tick","params":{"pad":"' + b"p" * size
@@ -349,14 +413,19 @@ def test_an_editor_that_does_not_read_holds_the_agent_back() -> None:
         stop(proc)
 
 
-def test_an_editor_that_closes_its_end_stops_the_agent() -> None:
+def test_an_editor_that_closes_its_end_stops_the_agent(tmp_path: Path) -> None:
+    lines = 100_000_000
+    progress = tmp_path / "progress"
+    progress.touch()
     proc = subprocess.Popen([PROXY, "--url", "http://127.0.0.1:9", "--", sys.executable,
-                             "-c", TICKER, "10", "100000000"], cwd=ROOT,
+                             "-c", TICKER, "10", str(lines), str(progress)], cwd=ROOT,
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     assert proc.stdout is not None and proc.stderr is not None
     try:
         proc.stdout.readline()
-        time.sleep(2)  # the editor does not read: every pipe and buffer on the way fills
+        # The editor does not read: every pipe and buffer on the way fills, and the proxy
+        # waits on its write to the editor when the editor closes its end.
+        held_back(proc, progress, lines)
         proc.stdout.close()
         assert proc.wait(20) == 128 + signal.SIGTERM
         assert b"output to the editor failed" in proc.stderr.read()

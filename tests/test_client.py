@@ -180,26 +180,40 @@ def deltas(text: str, sizes: list[int] | None = None) -> list[str]:
     return out
 
 
+def push_at_once(stream: ThinkingStream, piece: str) -> None:
+    """``await stream.push(piece)``, which must return without ever suspending: it waits on
+    nothing (no network, no lock), whatever the sidecar's state."""
+    step = stream.push(piece)
+    try:
+        step.send(None)
+    except StopIteration:
+        return
+    step.close()
+    raise AssertionError("push suspended: it waited on something")
+
+
+async def until(check: Callable[[], bool], timeout_s: float = 10.0) -> None:
+    """Wait until ``check`` holds, looking every 10 ms (generously bounded)."""
+    async with asyncio.timeout(timeout_s):
+        while not check():
+            await asyncio.sleep(0.01)
+
+
 async def run_stream(stream: ThinkingStream, pieces: list[str], *, pause_s: float = 0.0,
                      updates: bool = True, close: bool = True) -> list[StreamItem]:
     """Push ``pieces`` (pausing between them) while reading results; all that came back."""
 
-    async def feed() -> float:
-        slowest = 0.0
+    async def feed() -> None:
         for piece in pieces:
-            started = time.monotonic()
-            await stream.push(piece)
-            slowest = max(slowest, time.monotonic() - started)
+            push_at_once(stream, piece)
             if pause_s:
                 await asyncio.sleep(pause_s)
         if close:
             await stream.close()
-        return slowest
 
     feeder = asyncio.create_task(feed())
     items = [item async for item in stream.results(updates=updates)]
-    slowest = await feeder
-    assert slowest < 0.05, f"push blocked for {slowest:.3f}s"
+    await feeder
     return items
 
 
@@ -261,10 +275,10 @@ async def test_locale_canonical_form_is_the_sidecars(sidecar: Server) -> None:
 
 
 async def test_translate_falls_back_when_down() -> None:
-    async with ThinktransClient(closed_port_url()) as client:
-        started = time.monotonic()
-        [a, b] = await client.translate(["One.", "Two."], target="de")
-        assert time.monotonic() - started < 1.0
+    """A refused connection falls back at once, not after the (here long) ``timeout_s``."""
+    async with ThinktransClient(closed_port_url(), timeout_s=60) as client:
+        async with asyncio.timeout(20):
+            [a, b] = await client.translate(["One.", "Two."], target="de")
         assert (a.text, b.text) == ("One.", "Two.")
         assert a.segments[0].status == "error"
         assert a.segments[0].error is not None and "unreachable" in a.segments[0].error
@@ -504,26 +518,27 @@ async def test_empty_stream_needs_no_server() -> None:
 
 
 async def test_down_sidecar_passes_originals_through() -> None:
-    async with ThinktransClient(closed_port_url()) as client:
+    """At once: neither the (here long) request budget nor the stall budget is waited for."""
+    async with ThinktransClient(closed_port_url(), timeout_s=60, stall_s=120) as client:
         stream = client.stream("t:down", target="zh-CN")
-        started = time.monotonic()
-        items = await run_stream(stream, deltas(THINKING), pause_s=0.001)
-        elapsed = time.monotonic() - started
+        async with asyncio.timeout(20):
+            items = await run_stream(stream, deltas(THINKING), pause_s=0.001)
     segs = assert_complete(items, THINKING)
     assert {s.status for s in segs} == {"error"}
     assert all(s.text == s.original for s in segs)
     assert stream.failure is not None and "unreachable" in stream.failure
-    assert elapsed < 1.5
 
 
 async def test_hung_sidecar_passes_through_within_budget() -> None:
-    async with RawServer(never_answer) as url, ThinktransClient(url, timeout_s=0.4) as client:
+    """After ``timeout_s``: not sooner, and not after the (here long) stall budget."""
+    async with RawServer(never_answer) as url, ThinktransClient(url, timeout_s=1.0,
+                                                                stall_s=120) as client:
         stream = client.stream("t:hung", target="zh-CN")
         started = time.monotonic()
         pieces = deltas(THINKING)
         items = await run_stream(stream, pieces[:10])
         first_out = time.monotonic() - started
-        assert 0.3 < first_out < 1.5
+        assert 0.9 < first_out < 30
         # Once fallen back, each push comes straight out.
         more = client.stream("t:hung2", target="zh-CN")
         rest = await run_stream(more, pieces[10:])
@@ -563,8 +578,7 @@ async def test_sidecar_killed_mid_stream(how: str) -> None:
             reader = asyncio.create_task(read())
             for piece in pieces[:half]:
                 await stream.push(piece)
-            while not got:  # the first sentences are back: the stream is well under way
-                await asyncio.sleep(0.01)
+            await until(lambda: bool(got))  # the first sentences are back: well under way
             if how == "kill":
                 server.proc.kill()
             else:
@@ -595,15 +609,17 @@ async def test_stream_ended_by_the_sidecar(sidecar: Server) -> None:
 
         reader = asyncio.create_task(read())
         await stream.push("First sentence. Second")
-        while not got:
-            await asyncio.sleep(0.01)
+        await until(lambda: bool(got))
         async with httpx.AsyncClient() as other:
             await other.post(f"{sidecar.url}/v1/streams/t:ended/close")
-        await asyncio.sleep(0.3)  # idle: the reader must not spin on the ended stream
-        assert len(transport.requests) < 10
+        # The reader sees the end and falls back, rather than polling the ended stream on.
+        await until(lambda: stream.failure is not None)
+        asked = len(transport.requests)
+        assert asked < 10
         await stream.push(" sentence. Third one.")
         await stream.close()
-        await asyncio.wait_for(reader, 5)
+        await asyncio.wait_for(reader, 10)
+    assert len(transport.requests) == asked  # nothing asked of the sidecar since
     assert_complete(got, "First sentence. Second sentence. Third one.")
     assert stream.failure == "the sidecar ended the stream early"
     assert [s.status for s in segments(got)] == ["translated", "translated", "error"]
@@ -649,19 +665,19 @@ async def test_full_queue_503_is_retried(sidecar: Server) -> None:
 
 
 async def test_shutting_down_503_falls_back_at_once(sidecar: Server) -> None:
-    """A draining sidecar asks for 5 s; the thoughts do not wait that long."""
+    """A draining sidecar asks to come back after more than ``timeout_s``; the thoughts do
+    not wait for that, nor for ``timeout_s`` (both long here)."""
 
     def hook(request: httpx.Request, n: int) -> httpx.Response | None:
         if request.url.path == "/v1/streams":
-            return httpx.Response(503, headers={"Retry-After": "5"},
+            return httpx.Response(503, headers={"Retry-After": "600"},
                                   json={"type": "urn:thinktrans:problem:overloaded"})
         return None
 
-    async with ThinktransClient(sidecar.url, transport=Scripted(hook)) as client:
+    async with ThinktransClient(sidecar.url, transport=Scripted(hook), timeout_s=60) as client:
         stream = client.stream("t:draining", target="de")
-        started = time.monotonic()
-        items = await run_stream(stream, ["Let me see."])
-        assert time.monotonic() - started < 1.0
+        async with asyncio.timeout(20):
+            items = await run_stream(stream, ["Let me see."])
         assert not client.available  # and the next streams skip it for a while
     assert [s.status for s in segments(items)] == ["error"]
     assert stream.failure is not None and "503" in stream.failure
@@ -683,12 +699,13 @@ async def test_stall_budget(sidecar: Server) -> None:
         elapsed = time.monotonic() - started
     assert_complete(items, "All done here. Next step")
     assert stream.failure is not None and "no result within" in stream.failure
-    assert 0.5 < elapsed < 2.0
+    assert 0.5 < elapsed < 20  # not before the stall budget; the bound only stops a hang
 
 
 async def test_outage_is_skipped_then_retried() -> None:
     transport = Scripted()
-    async with ThinktransClient(closed_port_url(), transport=transport, cooloff_s=0.3) as client:
+    async with ThinktransClient(closed_port_url(), transport=transport, cooloff_s=2.0) as client:
+        started = time.monotonic()
         first = client.stream("t:a", target="de")
         await run_stream(first, ["Hello."])
         tried = len(transport.requests)
@@ -696,8 +713,8 @@ async def test_outage_is_skipped_then_retried() -> None:
         items = await run_stream(second, ["Hello again."])
         assert len(transport.requests) == tried  # skipped: no request at all
         assert [s.status for s in segments(items)] == ["error"]
-        await asyncio.sleep(0.35)
-        assert client.available
+        await until(lambda: client.available)
+        assert time.monotonic() - started >= 2.0  # the skip lasted cooloff_s
         third = client.stream("t:c", target="de")
         await run_stream(third, ["Hello once more."])
         assert len(transport.requests) > tried

@@ -75,6 +75,41 @@ def test_sources_import_only_httpx_and_the_standard_library() -> None:
                        and node.module.endswith("proxy") for node in ast.walk(tree))
 
 
+def _package_imports(path: Path) -> set[str]:
+    """The package's modules that ``path`` imports, anywhere in it (in functions too)."""
+    names: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.ImportFrom) and node.module == "thinktrans_client":
+            modules = [f"thinktrans_client.{alias.name}" for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            modules = [node.module]
+        elif isinstance(node, ast.Import):
+            modules = [alias.name for alias in node.names]
+        else:
+            continue
+        names.update(module.split(".")[1] for module in modules
+                     if module.startswith("thinktrans_client."))
+    return names
+
+
+def test_the_modules_import_no_circle() -> None:
+    """The stream's parts (posting, reading, fallback) never import the client back."""
+    modules = {path.stem for path in PACKAGE.glob("*.py")}
+    graph = {path.stem: _package_imports(path) & modules for path in PACKAGE.glob("*.py")}
+    assert {"posting", "reading", "fallback", "pending"} <= set(graph)
+    done: set[str] = set()
+
+    def visit(module: str, path: tuple[str, ...]) -> None:
+        assert module not in path, f"import circle: {' -> '.join((*path, module))}"
+        if module not in done:
+            for imported in graph[module]:
+                visit(imported, (*path, module))
+            done.add(module)
+
+    for module in graph:
+        visit(module, ())
+
+
 def test_no_class_reaches_into_another_objects_private_members() -> None:
     """``obj._name`` only on ``self`` or ``cls``: the client's surface for streams is public."""
     for path in sorted(PACKAGE.glob("*.py")):

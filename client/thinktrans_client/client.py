@@ -27,19 +27,21 @@ empty text and the original kept). Each is sent only when set, so a sidecar that
 them keeps serving everyone else. ``supported_targets()`` says which targets the sidecar
 can translate into now (None: any), for a client to offer only those.
 
-Sending. ``push`` only appends to a buffer; a background task posts the buffer as one
-chunk every ``flush_interval_s`` (or sooner once ``flush_chars`` are waiting). Each chunk
-gets the next seq when it is formed and never changes after, so a retry re-posts the same
-seq and text, which the server ignores: retries are safe. A connection dropped mid-request
-is retried once; 429 and 503 (a full queue) are retried after ``Retry-After``.
+Sending (``posting.ChunkPoster``). ``push`` only appends to a buffer; a background task
+posts the buffer as one chunk every ``flush_interval_s`` (or sooner once ``flush_chars``
+are waiting). Each chunk gets the next seq when it is formed and never changes after, so
+a retry re-posts the same seq and text, which the server ignores: retries are safe. A
+connection dropped mid-request is retried once; 429 and 503 (a full queue) are retried
+after ``Retry-After``.
 
-Reading. ``results`` long-polls ``GET /v1/streams/{id}/events?after=N``; ``after`` is the
-last event id seen, so a failed poll resumes where it stopped. Long-poll rather than SSE
-because every poll then has a bounded duration (``poll_wait_s`` + ``timeout_s``): a hung
-sidecar is noticed within that, where SSE would only show it after its 15 s keep-alive.
+Reading (``reading.EventReader``). ``results`` long-polls
+``GET /v1/streams/{id}/events?after=N``; ``after`` is the last event id seen, so a failed
+poll resumes where it stopped. Long-poll rather than SSE because every poll then has a bounded
+duration (``poll_wait_s`` + ``timeout_s``): a hung sidecar is noticed within that, where
+SSE would only show it after its 15 s keep-alive.
 
-Falling back. The agent's output is never blocked and nothing is lost. The stream falls
-back to the originals when the sidecar
+Falling back (``fallback.Fallback``, ``StallClock``). The agent's output is never blocked
+and nothing is lost. The stream falls back to the originals when the sidecar
 
 - is unreachable (connection refused, reset);
 - takes longer than ``timeout_s`` (beyond the planned long-poll wait) to answer a request;
@@ -61,7 +63,8 @@ from an agent that did not think.
 
 What streams use of the client, all public: ``request`` (one call within the budget),
 ``note_failure`` (starts the skip), ``release_stream`` (a background DELETE that
-``aclose`` waits for) and the budgets ``timeout_s``, ``stall_s`` and ``poll_wait_s``.
+``aclose`` waits for) and the budgets ``timeout_s``, ``stall_s`` and ``poll_wait_s``; the
+parts of a stream see only ``sidecar.Sidecar``, these calls less ``release_stream``.
 
 Logs hold stream ids, lengths and reasons, never thinking text.
 """
@@ -73,13 +76,24 @@ import hashlib
 import logging
 import re
 import time
-from collections import deque
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import AsyncIterator, Mapping, Sequence
 from types import TracebackType
-from typing import Any, Literal, TypeVar, get_args
+from typing import Any, Literal, get_args
 
 import httpx
+
+from thinktrans_client.fallback import Fallback, StallClock
+from thinktrans_client.pending import PendingText
+from thinktrans_client.posting import ChunkPoster
+from thinktrans_client.reading import EventReader
+from thinktrans_client.results import (
+    SegmentUpdate,
+    StreamItem,
+    TranslatedSegment,
+    TranslatedText,
+    optional_str,
+)
+from thinktrans_client.sidecar import SidecarError, Skipped
 
 __all__ = [
     "Policy",
@@ -95,115 +109,13 @@ __all__ = [
 
 log = logging.getLogger("thinktrans.client")
 
-T = TypeVar("T")
-
 STREAM_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]")
-# Below the server's defaults (max_chunk_chars 16384, max_chunks_per_request 1024, and
-# max_request_bytes 1 MiB: 65536 characters are at most 6 bytes each as JSON).
-MAX_CHUNK_CHARS = 8192
-MAX_CHUNKS_PER_POST = 256
-MAX_CHARS_PER_POST = 65536
 
 # What becomes of segments not in the target language (API.md): translated, or hidden
 # (status ``hidden``, empty text). None leaves it to the server's THINKTRANS_POLICY.
 Policy = Literal["translate", "hide"]
 POLICIES: tuple[str, ...] = get_args(Policy)
-
-
-# -- results -------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class TranslatedSegment:
-    """One segment result (API.md, 'Segment result'); ``text`` is what to show."""
-
-    index: int
-    original: str
-    text: str
-    # translated, same_language, skipped, deadline, error, no_target, or hidden (the
-    # stream asked ``policy="hide"``: ``text`` is empty, ``original`` still holds the text)
-    status: str
-    source_lang: str | None = None
-    target: str | None = None
-    backend: str | None = None
-    error: str | None = None
-    queued_ms: float = 0.0
-    latency_ms: float = 0.0
-    model: str | None = None  # the model that translated it, where the backend has one
-    cached: bool = False  # True: it came from the sidecar's translation cache
-
-    @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> TranslatedSegment:
-        return cls(
-            index=int(data["index"]), original=str(data["original"]), text=str(data["text"]),
-            status=str(data["status"]), source_lang=data.get("source_lang"),
-            target=data.get("target"), backend=data.get("backend"), error=data.get("error"),
-            queued_ms=float(data.get("queued_ms") or 0.0),
-            latency_ms=float(data.get("latency_ms") or 0.0),
-            model=_optional_str(data.get("model")), cached=data.get("cached") is True,
-        )
-
-
-@dataclass(frozen=True, slots=True)
-class SegmentUpdate:
-    """A late translation of segment ``index``, which went out earlier as ``deadline``."""
-
-    index: int
-    text: str
-    status: str  # translated, or error when the late translation failed
-    backend: str | None = None
-    error: str | None = None
-    model: str | None = None
-    cached: bool = False
-
-    @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> SegmentUpdate:
-        return cls(
-            index=int(data["index"]), text=str(data["text"]), status=str(data["status"]),
-            backend=data.get("backend"), error=data.get("error"),
-            model=_optional_str(data.get("model")), cached=data.get("cached") is True,
-        )
-
-
-@dataclass(frozen=True, slots=True)
-class TranslatedText:
-    """One text of a one-shot request: the whole text to show and its segments."""
-
-    text: str
-    segments: tuple[TranslatedSegment, ...]
-
-
-StreamItem = TranslatedSegment | SegmentUpdate
-
-
-class SidecarError(Exception):
-    """The sidecar did not serve a request; ``reason`` says why, without thinking text."""
-
-    def __init__(self, reason: str, *, status: int | None = None,
-                 retry_after_s: float | None = None, slug: str | None = None) -> None:
-        super().__init__(reason)
-        self.reason = reason
-        self.status = status
-        self.retry_after_s = retry_after_s
-        self.slug = slug  # the problem type's slug, e.g. ``invalid-locale``
-
-    @property
-    def transient(self) -> bool:
-        """Worth retrying with the same request: the server asked us to come back later."""
-        return self.status in (429, 503)
-
-    @property
-    def sidecar_failed(self) -> bool:
-        """The sidecar itself failed (unreachable, slow, 5xx), not the request."""
-        return self.status is None or self.status >= 500
-
-
-class _Skipped(SidecarError):
-    """The sidecar is being skipped; not itself a failure (noting it would never end the skip)."""
-
-    def __init__(self) -> None:
-        super().__init__("skipped after a recent failure")
 
 
 def safe_stream_id(*parts: str) -> str:
@@ -224,11 +136,6 @@ def safe_stream_id(*parts: str) -> str:
             clean = f"{clean[: room - len(digest) - 1]}.{digest}"
         out.append(clean)
     return ":".join(out)[:128]
-
-
-def _optional_str(value: object) -> str | None:
-    """A field that is a string or absent; None for anything else (an answer is not trusted)."""
-    return value if isinstance(value, str) else None
 
 
 def _choices(model: str | None, policy: str | None) -> dict[str, str]:
@@ -331,7 +238,7 @@ class ThinktransClient:
 
     def note_failure(self, exc: SidecarError) -> None:
         """Record a failed call: a failure of the sidecar itself starts ``cooloff_s``."""
-        if not isinstance(exc, _Skipped) and exc.sidecar_failed:
+        if not isinstance(exc, Skipped) and exc.sidecar_failed:
             self._down_until = time.monotonic() + self.cooloff_s
 
     def release_stream(self, stream_id: str) -> None:
@@ -415,7 +322,7 @@ class ThinktransClient:
         choices = _choices(model, policy)
         try:
             if not self.available:
-                raise _Skipped()
+                raise Skipped()
             body = await self.request("POST", "/v1/translate", json={
                 "target": target, "source": source, "backend": backend, **choices,
                 "texts": texts})
@@ -486,7 +393,7 @@ class ThinktransClient:
         """A GET of what the sidecar offers, honouring and starting the cool-off as others do."""
         try:
             if not self.available:
-                raise _Skipped()
+                raise Skipped()
             return await self.request("GET", path)
         except SidecarError as exc:
             self.note_failure(exc)
@@ -522,59 +429,17 @@ class ThinktransClient:
                               flush_interval_s=flush_interval_s, flush_chars=flush_chars)
 
 
+
 # -- streams -------------------------------------------------------------------------------
 
 
-class _Text:
-    """Text pushed and not yet given out: appended at the end, taken from the front."""
-
-    def __init__(self) -> None:
-        self._parts: deque[str] = deque()
-        self._len = 0
-
-    def __len__(self) -> int:
-        return self._len
-
-    def append(self, text: str) -> None:
-        self._parts.append(text)
-        self._len += len(text)
-
-    def startswith(self, text: str) -> bool:
-        if len(text) > self._len:
-            return False
-        pos = 0
-        for part in self._parts:
-            if pos >= len(text):
-                break
-            piece = text[pos: pos + len(part)]
-            if not part.startswith(piece):
-                return False
-            pos += len(piece)
-        return True
-
-    def take(self, n: int) -> str:
-        out: list[str] = []
-        while n > 0 and self._parts:
-            part = self._parts.popleft()
-            if len(part) > n:
-                self._parts.appendleft(part[n:])
-                part = part[:n]
-            out.append(part)
-            n -= len(part)
-            self._len -= len(part)
-        return "".join(out)
-
-
-def _lone_surrogate(text: str) -> bool:
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return True
-    return False
-
-
 class ThinkingStream:
-    """One thinking part on its way through a thinktrans stream; see the module docstring."""
+    """One thinking part on its way through a thinktrans stream; see the module docstring.
+
+    It composes the parts that each own one state: what was pushed and not yet given out
+    (``PendingText``), posting it (``ChunkPoster``), reading the events
+    (``EventReader``) and falling back (``Fallback``, ``StallClock``).
+    """
 
     def __init__(self, client: ThinktransClient, stream_id: str, *, target: str | None,
                  user_text: str | None, backend: str | None, flush_interval_s: float,
@@ -587,33 +452,21 @@ class ThinkingStream:
         # As asked; once open, as the sidecar answers (its policy when none was asked).
         self.model = model
         self.policy: str | None = policy
-        self.failure: str | None = None  # why the stream fell back to the originals
-        self.failure_slug: str | None = None  # the sidecar's problem slug, when it refused
         self._user_text = user_text
         self._backend = backend
-        self._flush_interval_s = flush_interval_s
-        self._flush_chars = flush_chars
-        self._pending = _Text()  # pushed, not yet yielded by results()
-        self._unsent: list[str] = []  # pushed, not yet in a chunk
-        self._unsent_chars = 0
-        self._unsent_since = 0.0
-        self._unacked: list[tuple[int, str]] = []  # chunks posted or due, not yet accepted
-        self._unacked_since = 0.0
-        self._next_seq = 0
-        self._next_index = 0
-        self._after = -1
-        self._last_push = time.monotonic()
-        self._last_result = 0.0
+        self._pending = PendingText()  # pushed, not yet yielded by results()
+        self._stall = StallClock(client)
+        self._fallback = Fallback(client, stream_id, self._pending)
+        self._poster = ChunkPoster(client, stream_id, open_body=self._open_body,
+                                   on_open=self._opened_as, on_failure=self._fail,
+                                   flush_interval_s=flush_interval_s, flush_chars=flush_chars)
+        self._reader = EventReader(client, stream_id, pending=self._pending, stall=self._stall,
+                                   fallback=self._fallback, opened=self._poster.opened)
         self._closing = False
-        self._ended = False
         self._reading = False
-        self._sender: asyncio.Task[None] | None = None
-        self._opened = asyncio.Event()
-        self._failed = asyncio.Event()
-        self._wake_sender = asyncio.Event()
         self._wake_reader = asyncio.Event()
         if not client.available:
-            self._fail(_Skipped())
+            self._fail(Skipped())
 
     async def __aenter__(self) -> ThinkingStream:
         return self
@@ -621,6 +474,16 @@ class ThinkingStream:
     async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                         tb: TracebackType | None) -> None:
         await self.aclose()
+
+    @property
+    def failure(self) -> str | None:
+        """Why the stream fell back to the originals; None while it has not."""
+        return self._fallback.reason
+
+    @property
+    def failure_slug(self) -> str | None:
+        """The sidecar's problem slug, when it refused the stream."""
+        return self._fallback.slug
 
     # -- the agent's side ----------------------------------------------------------------------
 
@@ -636,198 +499,44 @@ class ThinkingStream:
             raise TypeError(f"delta must be str, got {type(delta).__name__}")
         if not delta:
             return
-        now = time.monotonic()
         self._pending.append(delta)
-        self._last_push = now
+        self._stall.pushed()
         self._wake_reader.set()
-        if self.failure is not None:
-            return
-        if not self._unsent:
-            self._unsent_since = now
-            self._wake_sender.set()  # the sender sleeps without a timer while nothing waits
-        self._unsent.append(delta)
-        self._unsent_chars += len(delta)
-        if self._sender is None:
-            self._sender = asyncio.create_task(self._send(), name=f"thinktrans:{self.stream_id}")
-        if self._unsent_chars >= self._flush_chars:
-            self._wake_sender.set()
+        self._poster.add(delta)  # ignored once the stream has fallen back
 
     async def close(self) -> None:
         """No more deltas: the rest is posted and the stream closed in the background."""
         self._closing = True
-        self._wake_sender.set()
+        self._poster.close()
         self._wake_reader.set()
 
     async def aclose(self) -> None:
         """Close, give the last posts ``timeout_s`` to land, then release the server's stream."""
         await self.close()
-        sender = self._sender
-        if sender is not None and not sender.done():
-            _done, pending = await asyncio.wait({sender}, timeout=self.client.timeout_s)
-            if pending:
-                sender.cancel()
-        if self._sender is not None and self.failure is None:
+        await self._poster.settle()
+        if self._poster.started and self.failure is None:
             self.client.release_stream(self.stream_id)
 
-    # -- failing over --------------------------------------------------------------------------
+    # -- what the parts are given --------------------------------------------------------------
+
+    def _open_body(self) -> dict[str, Any]:
+        return {"stream_id": self.stream_id, "target": self.target, "backend": self._backend,
+                **_choices(self.model, self.policy), "user_text": self._user_text}
+
+    def _opened_as(self, data: Any) -> None:
+        """Take the sidecar's answer to open; KeyError or TypeError when it is malformed."""
+        self.target = data["target"]
+        self.target_source = data["target_source"]
+        # A sidecar that predates model and policy does not answer them: keep what was asked.
+        if "model" in data:
+            self.model = optional_str(data["model"])
+        if isinstance(data.get("policy"), str):
+            self.policy = data["policy"]
 
     def _fail(self, exc: SidecarError) -> None:
-        if self.failure is not None:
-            return
-        self.failure = exc.reason
-        self.failure_slug = exc.slug
-        self.client.note_failure(exc)
-        # A skip follows a failure already logged: one warning per outage, not per stream.
-        log.log(logging.INFO if isinstance(exc, _Skipped) else logging.WARNING,
-                "stream %s falls back to the originals: %s pending_chars=%d",
-                self.stream_id, exc.reason, len(self._pending))
-        self._failed.set()
-        self._wake_reader.set()
-        self._wake_sender.set()
-        sender = self._sender
-        if sender is not None and not sender.done() and sender is not asyncio.current_task():
-            sender.cancel()
-
-    async def _unless_failed(self, coro: Awaitable[T]) -> T | None:
-        """``await coro``, or None as soon as the stream fails."""
-        task = asyncio.ensure_future(coro)
-        failed = asyncio.ensure_future(self._failed.wait())
-        try:
-            await asyncio.wait({task, failed}, return_when=asyncio.FIRST_COMPLETED)
-        except BaseException:  # the reader was cancelled: leave no request behind
-            task.cancel()
-            raise
-        finally:
-            failed.cancel()
-        if task.done():
-            return task.result()
-        task.cancel()
-        try:
-            await task
-        except (asyncio.CancelledError, SidecarError):
-            pass
-        return None
-
-    async def _backoff(self, exc: SidecarError, since: float) -> None:
-        """Wait as a 429/503 asks, or raise if that would take the wait past ``timeout_s``."""
-        delay = exc.retry_after_s if exc.retry_after_s is not None else 0.1
-        # A sidecar that is shutting down asks for 5 s: the originals should not wait that.
-        if time.monotonic() + delay - since > self.client.timeout_s:
-            raise SidecarError(f"{exc.reason} (retry after {delay:g}s is past the budget)",
-                               status=exc.status)
-        await asyncio.sleep(delay)
-
-    # -- sending -------------------------------------------------------------------------------
-
-    async def _send(self) -> None:
-        try:
-            await self._open()
-            while await self._batch_due():
-                self._form_chunks()
-                await self._post_chunks()
-                if self._closing and not self._unsent and not self._unacked:
-                    await self._retrying(lambda: self.client.request(
-                        "POST", f"/v1/streams/{self.stream_id}/close"), time.monotonic())
-                    return
-        except SidecarError as exc:
-            self._fail(exc)
-        except Exception as exc:  # a bug here must not cost the agent its thoughts
-            log.exception("stream %s sender failed", self.stream_id)
-            self._fail(SidecarError(f"client error ({type(exc).__name__})"))
-
-    async def _retrying(self, call: Callable[[], Awaitable[Any]], since: float) -> Any:
-        while True:
-            try:
-                return await call()
-            except SidecarError as exc:
-                if not exc.transient:
-                    raise
-                await self._backoff(exc, since)
-
-    async def _open(self) -> None:
-        body = {"stream_id": self.stream_id, "target": self.target, "backend": self._backend,
-                **_choices(self.model, self.policy), "user_text": self._user_text}
-        data = await self._retrying(
-            lambda: self.client.request("POST", "/v1/streams", json=body), time.monotonic())
-        try:
-            self.target = data["target"]
-            self.target_source = data["target_source"]
-            # A sidecar that predates model and policy does not answer them: keep what was asked.
-            if "model" in data:
-                self.model = _optional_str(data["model"])
-            if isinstance(data.get("policy"), str):
-                self.policy = data["policy"]
-        except (KeyError, TypeError):
-            raise SidecarError("malformed answer to open") from None
-        self._opened.set()
-
-    async def _batch_due(self) -> bool:
-        """Wait until a chunk is due: enough text, ``flush_interval_s`` after its first, close."""
-        while self.failure is None:
-            if self._unacked or self._closing:
-                return True
-            timeout: float | None = None
-            if self._unsent:
-                if self._unsent_chars >= self._flush_chars:
-                    return True
-                timeout = self._unsent_since + self._flush_interval_s - time.monotonic()
-                if timeout <= 0:
-                    return True
-            self._wake_sender.clear()
-            try:
-                await asyncio.wait_for(self._wake_sender.wait(), timeout)
-            except TimeoutError:
-                return True
-        return False
-
-    def _form_chunks(self) -> None:
-        """Turn unsent text into chunks with fixed seqs (a retry re-posts them unchanged)."""
-        if not self._unsent:
-            return
-        text = "".join(self._unsent)
-        self._unsent.clear()
-        self._unsent_chars = 0
-        if not self._closing and "\ud800" <= text[-1] <= "\udbff":
-            # The low half of a surrogate pair may be in the next delta: keep them together.
-            self._unsent.append(text[-1])
-            self._unsent_chars = 1
-            self._unsent_since = time.monotonic()
-            text = text[:-1]
-        if not text:
-            return
-        if _lone_surrogate(text):
-            raise SidecarError("thinking text holds a lone surrogate, which cannot be sent")
-        if not self._unacked:
-            self._unacked_since = time.monotonic()
-        for start in range(0, len(text), MAX_CHUNK_CHARS):
-            self._unacked.append((self._next_seq, text[start: start + MAX_CHUNK_CHARS]))
-            self._next_seq += 1
-
-    async def _post_chunks(self) -> None:
-        while self._unacked and self.failure is None:
-            batch: list[tuple[int, str]] = []
-            chars = 0
-            for chunk in self._unacked[:MAX_CHUNKS_PER_POST]:
-                if batch and chars + len(chunk[1]) > MAX_CHARS_PER_POST:
-                    break
-                batch.append(chunk)
-                chars += len(chunk[1])
-            body = {"chunks": [{"seq": seq, "text": text} for seq, text in batch]}
-            try:
-                data = await self.client.request(
-                    "POST", f"/v1/streams/{self.stream_id}/chunks", json=body)
-                through = int(data["accepted_through"])
-            except SidecarError as exc:
-                if not exc.transient:
-                    raise
-                await self._backoff(exc, self._unacked_since)
-                continue
-            except (KeyError, TypeError, ValueError):
-                raise SidecarError("malformed answer to chunks") from None
-            if through < batch[0][0]:
-                raise SidecarError(f"chunks not accepted (through seq {through})")
-            self._unacked = [chunk for chunk in self._unacked if chunk[0] > through]
-            self._unacked_since = time.monotonic()
+        if self._fallback.fail(exc):
+            self._wake_reader.set()
+            self._poster.stop()
 
     # -- reading -------------------------------------------------------------------------------
 
@@ -842,12 +551,9 @@ class ThinkingStream:
         self._reading = True
         while True:
             if self.failure is not None:
-                if len(self._pending):
-                    text = self._pending.take(len(self._pending))
-                    yield TranslatedSegment(self._next_index, text, text, "error",
-                                            target=self.target,
-                                            error=f"sidecar: {self.failure}")
-                    self._next_index += 1
+                original = self._fallback.originals(self.target)
+                if original is not None:
+                    yield original
                     continue
                 if self._closing:
                     return
@@ -855,14 +561,14 @@ class ThinkingStream:
                 await self._wake_reader.wait()
                 continue
             if self._closing and not len(self._pending) and (
-                    self._sender is None or self._ended or not updates):
+                    not self._poster.started or self._reader.ended or not updates):
                 return
-            if self._sender is None:  # nothing pushed yet
+            if not self._poster.started:  # nothing pushed yet
                 self._wake_reader.clear()
                 await self._wake_reader.wait()
                 continue
             try:
-                events = await self._poll()
+                events = await self._reader.poll()
             except SidecarError as exc:
                 self._fail(exc)
                 continue
@@ -872,69 +578,14 @@ class ThinkingStream:
                 continue
             for event in events:
                 try:
-                    item = self._take_event(event)
+                    item = self._reader.take(event)
                 except SidecarError as exc:
                     self._fail(exc)
                     break
                 if item is not None:
                     yield item
-            if self._ended and self.failure is None and (len(self._pending) or not self._closing):
+            if self._reader.ended and self.failure is None and (
+                    len(self._pending) or not self._closing):
                 # The sidecar ended the stream on its own (it is shutting down): what is
                 # left, and whatever comes later, can only go out as it is.
                 self._fail(SidecarError("the sidecar ended the stream early"))
-
-    async def _poll(self) -> list[Any]:
-        """The next events, after a stall check; [] when the stream failed meanwhile."""
-        if len(self._pending):
-            since = max(self._last_push, self._last_result)
-            left = since + self.client.stall_s - time.monotonic()
-            if left <= 0:
-                raise SidecarError(f"no result within {self.client.stall_s:.1f}s")
-            wait_s = min(self.client.poll_wait_s, left)
-        else:
-            wait_s = self.client.poll_wait_s
-        if not self._opened.is_set():
-            opened = asyncio.ensure_future(self._opened.wait())
-            failed = asyncio.ensure_future(self._failed.wait())
-            await asyncio.wait({opened, failed}, timeout=wait_s,
-                               return_when=asyncio.FIRST_COMPLETED)
-            opened.cancel()
-            failed.cancel()
-            if not self._opened.is_set():
-                return []
-        params = {"after": self._after, "wait_ms": max(1, int(wait_s * 1000))}
-        data = await self._unless_failed(self.client.request(
-            "GET", f"/v1/streams/{self.stream_id}/events", params=params, wait_s=wait_s))
-        if data is None:
-            return []
-        try:
-            events = list(data["events"])
-        except (KeyError, TypeError):
-            raise SidecarError("malformed events answer") from None
-        return events
-
-    def _take_event(self, event: Any) -> StreamItem | None:
-        try:
-            kind, data, event_id = event["type"], event["data"], int(event["id"])
-            if kind == "segment":
-                item: StreamItem | None = TranslatedSegment.from_json(data)
-            elif kind == "update":
-                item = SegmentUpdate.from_json(data)
-            else:
-                item = None
-        except (KeyError, TypeError, ValueError):
-            raise SidecarError("malformed event") from None
-        if event_id <= self._after:
-            return None  # seen already
-        if isinstance(item, TranslatedSegment):
-            # The server's invariant, checked: a segment continues exactly where the last
-            # ended. Should it not, the originals from here on are the only safe output.
-            if item.index != self._next_index or not self._pending.startswith(item.original):
-                raise SidecarError(f"segment {item.index} does not continue the pushed text")
-            self._pending.take(len(item.original))
-            self._next_index += 1
-            self._last_result = time.monotonic()
-        self._after = event_id
-        if kind == "end":
-            self._ended = True
-        return item

@@ -1,0 +1,222 @@
+"""Posting one stream's text: the sidecar stream opened, deltas batched into chunks, closed.
+
+``push`` only appends to a buffer; a background task posts the buffer as one chunk every
+``flush_interval_s`` (or sooner once ``flush_chars`` are waiting). Each chunk gets the next
+seq when it is formed and never changes after, so a retry re-posts the same seq and text,
+which the server ignores: retries are safe. 429 and 503 (a full queue) are retried after
+``Retry-After``, as long as that keeps the wait within the client's ``timeout_s``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any
+
+from thinktrans_client.sidecar import Sidecar, SidecarError
+
+__all__ = ["MAX_CHARS_PER_POST", "MAX_CHUNKS_PER_POST", "MAX_CHUNK_CHARS", "ChunkPoster",
+           "backoff"]
+
+log = logging.getLogger("thinktrans.client")
+
+# Below the server's defaults (max_chunk_chars 16384, max_chunks_per_request 1024, and
+# max_request_bytes 1 MiB: 65536 characters are at most 6 bytes each as JSON).
+MAX_CHUNK_CHARS = 8192
+MAX_CHUNKS_PER_POST = 256
+MAX_CHARS_PER_POST = 65536
+
+
+async def backoff(exc: SidecarError, since: float, timeout_s: float) -> None:
+    """Wait as a 429/503 asks, or raise if that would take the wait past ``timeout_s``."""
+    delay = exc.retry_after_s if exc.retry_after_s is not None else 0.1
+    # A sidecar that is shutting down asks for 5 s: the originals should not wait that.
+    if time.monotonic() + delay - since > timeout_s:
+        raise SidecarError(f"{exc.reason} (retry after {delay:g}s is past the budget)",
+                           status=exc.status)
+    await asyncio.sleep(delay)
+
+
+def _lone_surrogate(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return True
+    return False
+
+
+class ChunkPoster:
+    """Posts one stream's deltas: opens the sidecar's stream, posts chunks, closes it.
+
+    ``open_body`` gives the body of the open, called when it is sent; ``on_open`` takes the
+    sidecar's answer (KeyError or TypeError: malformed); ``on_failure`` hears why posting
+    gave up, once, after which nothing more is posted.
+    """
+
+    def __init__(self, client: Sidecar, stream_id: str, *,
+                 open_body: Callable[[], Mapping[str, Any]], on_open: Callable[[Any], None],
+                 on_failure: Callable[[SidecarError], None], flush_interval_s: float,
+                 flush_chars: int) -> None:
+        self._client = client
+        self._stream_id = stream_id
+        self._open_body = open_body
+        self._on_open = on_open
+        self._on_failure = on_failure
+        self._flush_interval_s = flush_interval_s
+        self._flush_chars = flush_chars
+        self.opened = asyncio.Event()  # the sidecar's stream is open: its events can be read
+        self._unsent: list[str] = []  # added, not yet in a chunk
+        self._unsent_chars = 0
+        self._unsent_since = 0.0
+        self._unacked: list[tuple[int, str]] = []  # chunks posted or due, not yet accepted
+        self._unacked_since = 0.0
+        self._next_seq = 0
+        self._closing = False
+        self._stopped = False
+        self._task: asyncio.Task[None] | None = None
+        self._wake = asyncio.Event()
+
+    @property
+    def started(self) -> bool:
+        """Whether anything was added, so the sidecar has (or will have) this stream."""
+        return self._task is not None
+
+    def add(self, delta: str) -> None:
+        """Queue a delta to post; the first one starts the posting task. Ignored once stopped."""
+        if self._stopped:
+            return
+        if not self._unsent:
+            self._unsent_since = time.monotonic()
+            self._wake.set()  # the task sleeps without a timer while nothing waits
+        self._unsent.append(delta)
+        self._unsent_chars += len(delta)
+        if self._task is None:
+            self._task = asyncio.create_task(self._run(), name=f"thinktrans:{self._stream_id}")
+        if self._unsent_chars >= self._flush_chars:
+            self._wake.set()
+
+    def close(self) -> None:
+        """No more deltas: post the rest at once, then close the sidecar's stream."""
+        self._closing = True
+        self._wake.set()
+
+    def stop(self) -> None:
+        """Post nothing more; a post in flight is cancelled (unless this is the posting task)."""
+        self._stopped = True
+        self._wake.set()
+        task = self._task
+        if task is not None and not task.done() and task is not asyncio.current_task():
+            task.cancel()
+
+    async def settle(self) -> None:
+        """Give the posting task ``timeout_s`` to finish, then cancel it."""
+        task = self._task
+        if task is not None and not task.done():
+            _done, pending = await asyncio.wait({task}, timeout=self._client.timeout_s)
+            if pending:
+                task.cancel()
+
+    async def _run(self) -> None:
+        try:
+            await self._open()
+            while await self._batch_due():
+                self._form_chunks()
+                await self._post_chunks()
+                if self._closing and not self._unsent and not self._unacked:
+                    await self._retrying(lambda: self._client.request(
+                        "POST", f"/v1/streams/{self._stream_id}/close"), time.monotonic())
+                    return
+        except SidecarError as exc:
+            self._on_failure(exc)
+        except Exception as exc:  # a bug here must not cost the agent its thoughts
+            log.exception("stream %s sender failed", self._stream_id)
+            self._on_failure(SidecarError(f"client error ({type(exc).__name__})"))
+
+    async def _retrying(self, call: Callable[[], Awaitable[Any]], since: float) -> Any:
+        while True:
+            try:
+                return await call()
+            except SidecarError as exc:
+                if not exc.transient:
+                    raise
+                await backoff(exc, since, self._client.timeout_s)
+
+    async def _open(self) -> None:
+        body = self._open_body()
+        data = await self._retrying(
+            lambda: self._client.request("POST", "/v1/streams", json=body), time.monotonic())
+        try:
+            self._on_open(data)
+        except (KeyError, TypeError):
+            raise SidecarError("malformed answer to open") from None
+        self.opened.set()
+
+    async def _batch_due(self) -> bool:
+        """Wait until a chunk is due: enough text, ``flush_interval_s`` after its first, close."""
+        while not self._stopped:
+            if self._unacked or self._closing:
+                return True
+            timeout: float | None = None
+            if self._unsent:
+                if self._unsent_chars >= self._flush_chars:
+                    return True
+                timeout = self._unsent_since + self._flush_interval_s - time.monotonic()
+                if timeout <= 0:
+                    return True
+            self._wake.clear()
+            try:
+                await asyncio.wait_for(self._wake.wait(), timeout)
+            except TimeoutError:
+                return True
+        return False
+
+    def _form_chunks(self) -> None:
+        """Turn unsent text into chunks with fixed seqs (a retry re-posts them unchanged)."""
+        if not self._unsent:
+            return
+        text = "".join(self._unsent)
+        self._unsent.clear()
+        self._unsent_chars = 0
+        if not self._closing and "\ud800" <= text[-1] <= "\udbff":
+            # The low half of a surrogate pair may be in the next delta: keep them together.
+            self._unsent.append(text[-1])
+            self._unsent_chars = 1
+            self._unsent_since = time.monotonic()
+            text = text[:-1]
+        if not text:
+            return
+        if _lone_surrogate(text):
+            raise SidecarError("thinking text holds a lone surrogate, which cannot be sent")
+        if not self._unacked:
+            self._unacked_since = time.monotonic()
+        for start in range(0, len(text), MAX_CHUNK_CHARS):
+            self._unacked.append((self._next_seq, text[start: start + MAX_CHUNK_CHARS]))
+            self._next_seq += 1
+
+    async def _post_chunks(self) -> None:
+        while self._unacked and not self._stopped:
+            batch: list[tuple[int, str]] = []
+            chars = 0
+            for chunk in self._unacked[:MAX_CHUNKS_PER_POST]:
+                if batch and chars + len(chunk[1]) > MAX_CHARS_PER_POST:
+                    break
+                batch.append(chunk)
+                chars += len(chunk[1])
+            body = {"chunks": [{"seq": seq, "text": text} for seq, text in batch]}
+            try:
+                data = await self._client.request(
+                    "POST", f"/v1/streams/{self._stream_id}/chunks", json=body)
+                through = int(data["accepted_through"])
+            except SidecarError as exc:
+                if not exc.transient:
+                    raise
+                await backoff(exc, self._unacked_since, self._client.timeout_s)
+                continue
+            except (KeyError, TypeError, ValueError):
+                raise SidecarError("malformed answer to chunks") from None
+            if through < batch[0][0]:
+                raise SidecarError(f"chunks not accepted (through seq {through})")
+            self._unacked = [chunk for chunk in self._unacked if chunk[0] > through]
+            self._unacked_since = time.monotonic()

@@ -1,0 +1,59 @@
+"""The sidecar as a stream's parts see it: the calls they make of the client, and its errors.
+
+The parts (``posting``, ``reading``, ``fallback``) take a ``Sidecar``, which
+``ThinktransClient`` is, rather than the client itself: they need only these few calls,
+and the client's module, which composes them, is then the only one that imports them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Protocol
+
+__all__ = ["Sidecar", "SidecarError", "Skipped"]
+
+
+class SidecarError(Exception):
+    """The sidecar did not serve a request; ``reason`` says why, without thinking text."""
+
+    def __init__(self, reason: str, *, status: int | None = None,
+                 retry_after_s: float | None = None, slug: str | None = None) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.status = status
+        self.retry_after_s = retry_after_s
+        self.slug = slug  # the problem type's slug, e.g. ``invalid-locale``
+
+    @property
+    def transient(self) -> bool:
+        """Worth retrying with the same request: the server asked us to come back later."""
+        return self.status in (429, 503)
+
+    @property
+    def sidecar_failed(self) -> bool:
+        """The sidecar itself failed (unreachable, slow, 5xx), not the request."""
+        return self.status is None or self.status >= 500
+
+
+class Skipped(SidecarError):
+    """The sidecar is being skipped; not itself a failure (noting it would never end the skip)."""
+
+    def __init__(self) -> None:
+        super().__init__("skipped after a recent failure")
+
+
+class Sidecar(Protocol):
+    """What a stream uses of ``ThinktransClient``: one call within the budget, and the budgets."""
+
+    timeout_s: float  # longest one request may take beyond its planned wait
+    stall_s: float  # how long pushed text may go without a result
+    poll_wait_s: float  # how long one long-poll of events may wait on the server
+
+    async def request(self, method: str, path: str, *, json: Any = None,
+                      params: Mapping[str, Any] | None = None, wait_s: float = 0.0) -> Any:
+        """The JSON answer, or SidecarError."""
+        ...
+
+    def note_failure(self, exc: SidecarError) -> None:
+        """Record a failed call (a failure of the sidecar itself starts the cool-off)."""
+        ...
