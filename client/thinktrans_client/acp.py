@@ -306,6 +306,174 @@ def _same_id(a: object, b: object) -> bool:
     return type(a) is type(b) and a == b
 
 
+class _Sessions:
+    """What the client's messages tell (see ``ThoughtTranslator.observe``): its locale, each
+    session's, the user's text of each prompt, which session a request is of, and the
+    ``initialize`` request whose answer gets the locales."""
+
+    def __init__(self, allowed: Sequence[str], *, advertise: bool) -> None:
+        self.client_locale: str | None = None
+        self.locales: dict[str, str] = {}  # session -> its own locale
+        self.user_text: dict[str, str] = {}  # session -> its last prompt's text
+        self._allowed = allowed
+        self._advertise = advertise
+        self._initialize_id: Any = _NO_ID
+        self._new: dict[RequestKey, str | None] = {}  # request -> locale it asked for
+        self._requests: dict[RequestKey, str] = {}  # request -> the session it is of
+
+    def note(self, message: Any) -> None:
+        """Learn from a client's request; never raises, never sends."""
+        if not isinstance(message, Mapping) or not isinstance(message.get("method"), str):
+            return
+        method, params, key = message["method"], message.get("params"), _request_key(message)
+        if method == "initialize":
+            self.client_locale = locale_from_initialize(params, allowed=self._allowed)
+            if self._advertise and "id" in message:
+                self._initialize_id = message["id"]
+            return
+        if not isinstance(params, Mapping):
+            return
+        session = params.get("sessionId")
+        session = session if isinstance(session, str) else None
+        if method in _NEW_SESSION or method in _REOPEN_SESSION:
+            meta = params.get("_meta")
+            locale = (locale_from_initialize(params, allowed=self._allowed)
+                      if isinstance(meta, Mapping) and "locale" in meta else None)
+            if method in _NEW_SESSION:
+                if key is not None:  # a fork keeps its source's locale unless it names one
+                    inherited = self.locales.get(session) if session else None
+                    _remember(self._new, key, locale or inherited)
+                return
+            if session is not None and locale is not None:
+                _remember(self.locales, session, locale)
+        if session is not None and key is not None:
+            _remember(self._requests, key, session)
+        prompt = _prompt_text(message)
+        if prompt is not None:
+            _remember(self.user_text, prompt[0], prompt[1])
+
+    def answered(self, response: Mapping[str, Any]) -> str | None:
+        """The session an answer from the agent is of (None: unknown, or of none)."""
+        key = _request_key(response)
+        if key is None:
+            return None
+        if key in self._new:
+            locale = self._new.pop(key)
+            result = response.get("result")
+            session = result.get("sessionId") if isinstance(result, Mapping) else None
+            if not isinstance(session, str):
+                return None
+            if locale is not None:
+                _remember(self.locales, session, locale)
+            return session  # a new session: no one else's thinking waits on it
+        return self._requests.pop(key, None)
+
+    def answers_initialize(self, message: Any) -> bool:
+        """Whether ``message`` is the successful answer to the ``initialize`` seen earlier."""
+        if (self._initialize_id is _NO_ID or not isinstance(message, Mapping)
+                or "method" in message or not _same_id(message.get("id"), self._initialize_id)):
+            return False
+        self._initialize_id = _NO_ID  # answered (or refused): later ids may be reused
+        return isinstance(message.get("result"), Mapping)
+
+
+class _Output:
+    """The output order, sent by one task one message at a time: a slot goes out once no
+    unfinished slot of its session is before it (a slot of no session waits for every one
+    before it, and holds back every one after it). ``full`` counts the slots and the
+    translated chunks waiting, against ``max_pending``."""
+
+    def __init__(self, send: Send, max_pending: int) -> None:
+        self._send = send
+        self.max_pending = max_pending
+        self.slots: list[_Slot] = []
+        self._ready_count = 0  # translated chunks waiting in parts' ``ready``
+        self._wake = asyncio.Event()
+        self.idle = asyncio.Event()
+        self.idle.set()
+        self.room = asyncio.Event()  # set as messages go out, or when the output stops
+        self.closing = False
+        self._emitter: asyncio.Task[None] | None = None
+
+    def full(self) -> bool:
+        return len(self.slots) + self._ready_count >= self.max_pending
+
+    def append(self, slot: _Slot) -> None:
+        self.slots.append(slot)
+        self.idle.clear()
+        if self._emitter is None:
+            self._emitter = asyncio.create_task(self._emit(), name="thinktrans-acp:emit")
+            # A feed waiting for room learns that no more will come.
+            self._emitter.add_done_callback(lambda _: self.room.set())
+        self._wake.set()
+
+    def add_ready(self, thoughts: _Thoughts, chunk: dict[str, Any]) -> None:
+        """A translated chunk of a thinking part, to go out in its slot."""
+        thoughts.ready.append(chunk)
+        self._ready_count += 1
+        self._wake.set()
+
+    def changed(self) -> None:
+        self._wake.set()
+
+    def check(self) -> None:
+        """Raise what ``send`` raised, or that the output has stopped."""
+        if self._emitter is not None and self._emitter.done():
+            self._emitter.result()
+            if not self.closing:
+                raise RuntimeError("the translator's output has stopped")
+
+    def close(self) -> None:
+        """No more slots: the task ends once every slot is out."""
+        self.closing = True
+        self._wake.set()
+
+    async def finished(self) -> None:
+        if self._emitter is not None:
+            await self._emitter
+
+    async def _emit(self) -> None:
+        """Send every slot that nothing before it holds back, in order; repeat on change."""
+        while True:
+            self._wake.clear()  # before the scan: a change during it triggers another
+            held_sessions: set[str | None] = set()
+            held_all = False  # an unfinished slot of no session holds everything after it
+            pending_before = False
+            for slot in list(self.slots):
+                blocked = held_all or slot.session in held_sessions or (
+                    slot.session is None and pending_before)
+                if not blocked:
+                    await self._emit_slot(slot)
+                if not slot.done:
+                    pending_before = True
+                    if slot.session is None:
+                        held_all = True
+                    held_sessions.add(slot.session)
+            self.slots = [slot for slot in self.slots if not slot.done]
+            self.room.set()
+            if not self.slots:
+                self.idle.set()
+                if self.closing:
+                    return
+            if not self._wake.is_set():
+                await self._wake.wait()
+
+    async def _emit_slot(self, slot: _Slot) -> None:
+        thoughts = slot.thoughts
+        if thoughts is None:
+            if slot.held:
+                return
+            await self._send(slot.message)
+            slot.done = True
+            return
+        while thoughts.ready:
+            await self._send(thoughts.ready.popleft())
+            self._ready_count -= 1
+            self.room.set()
+        if thoughts.finished and not thoughts.ready:
+            slot.done = True
+
+
 class ThoughtTranslator:
     """Feeds ACP messages in, sends them out with thoughts translated and the order kept.
 
@@ -317,6 +485,9 @@ class ThoughtTranslator:
     to ``ThinktransClient.stream`` (``model``, ``policy``, ``backend``,
     ``flush_interval_s``...). ``advertise_locales``: add the locales thoughts can be
     translated into to the agent's ``initialize`` answer.
+
+    It composes what the client's messages tell (``_Sessions``), the output order
+    (``_Output``), and one sidecar stream per open thinking part.
     """
 
     def __init__(
@@ -341,32 +512,22 @@ class ThoughtTranslator:
         if unusable:
             log.warning("%d of %d allowed locales are not BCP 47 tags; they admit nothing",
                         unusable, len(allowed))
-        self.client_locale: str | None = None
-        self._send = send
         self._allowed = allowed
         self._lane = lane
         self._stream_options = dict(stream_options or {})
-        self.advertise_locales = advertise_locales
-        self._initialize_id: Any = _NO_ID
+        self._sessions = _Sessions(allowed, advertise=advertise_locales)
+        self._out = _Output(send, max_pending)
         self._nonce = secrets.token_hex(3)
         self._count = 0
         self._open: dict[tuple[str, str], _Thoughts] = {}
-        self._user_text: dict[str, str] = {}
-        self._session_locales: dict[str, str] = {}
-        self._new_sessions: dict[RequestKey, str | None] = {}  # request -> locale it asked for
-        self._request_sessions: dict[RequestKey, str] = {}  # request -> the session it is of
         self._served: list[str] | None = None  # the sidecar's targets, once it has said
         self._passed_over: set[str] = set()  # locales not served or refused (logged once)
-        self._slots: list[_Slot] = []
-        self._wake = asyncio.Event()
-        self._idle = asyncio.Event()
-        self._idle.set()
-        self.max_pending = max_pending
-        self._ready_count = 0  # translated chunks waiting in parts' ``ready``
-        self._room = asyncio.Event()
-        self._closing = False
-        self._emitter: asyncio.Task[None] | None = None
         self._tasks: set[asyncio.Task[None]] = set()  # readers, and the locales look-up
+
+    @property
+    def client_locale(self) -> str | None:
+        """The locale the client's ``initialize`` named (None: none, or not usable)."""
+        return self._sessions.client_locale
 
     async def __aenter__(self) -> ThoughtTranslator:
         return self
@@ -379,52 +540,58 @@ class ThoughtTranslator:
 
     async def feed(self, message: Any) -> None:
         """Take the next outgoing message (a parsed JSON-RPC object, or anything to pass on)."""
-        if self._closing:
+        if self._out.closing:
             raise RuntimeError("the translator is closed")
-        self._check_emitter()
-        while True:
-            self._room.clear()  # the emitter sets it as messages go out, or when it stops
-            if len(self._slots) + self._ready_count < self.max_pending:
-                break
-            # An open part holds back what follows it in its session until it is closed,
-            # which only a later message would do: close them all, so the wait is bounded
-            # by the client's budgets (or by ``send``).
-            await self.flush()
-            await self._room.wait()
-            self._check_emitter()
+        await self._wait_for_room()
         thought = _thought_text(message)
         if thought is not None and not thought[2]:
             # No text to translate: it goes out as it is, after the part it belongs to.
-            self._append(_Slot(thought[0], message=message))
+            self._out.append(_Slot(thought[0], message=message))
             return
         if thought is not None:
-            session, update, text = thought
-            key = (session, self._lane(update))
-            current = self._open.get(key)
-            message_id = update.get("messageId")
-            if current is not None and message_id is not None and (
-                    message_id != current.message_id):
-                await self._open.pop(key).stream.close()
-                current = None
-            if current is None:
-                current = self._start(session, message, message_id)
-                self._open[key] = current
-                self._append(_Slot(session, thoughts=current))
-            await current.stream.push(text)
+            await self._feed_thought(message, *thought)
             return
         if isinstance(message, Mapping) and message.get("method") in _FROM_THE_CLIENT:
-            self._note_client(message)
+            self._sessions.note(message)
         scope = _session_of(message)
         if scope is None and isinstance(message, Mapping) and "method" not in message:
-            scope = self._answered(message)
+            scope = self._sessions.answered(message)
         await self.flush(scope)
         slot = _Slot(scope, message=message)
-        if self._answers_initialize(message):
+        if self._sessions.answers_initialize(message):
             # Held in its place (and everything after it) until the look-up ends, which
             # the client bounds by its timeout_s: feed itself never waits on the network.
             slot.held = True
             self._spawn(self._advertise_into(slot), "thinktrans-acp:locales")
-        self._append(slot)
+        self._out.append(slot)
+
+    async def _wait_for_room(self) -> None:
+        self._out.check()
+        while True:
+            self._out.room.clear()  # the output sets it as messages go out, or when it stops
+            if not self._out.full():
+                return
+            # An open part holds back what follows it in its session until it is closed,
+            # which only a later message would do: close them all, so the wait is bounded
+            # by the client's budgets (or by ``send``).
+            await self.flush()
+            await self._out.room.wait()
+            self._out.check()
+
+    async def _feed_thought(self, message: Any, session: str, update: Mapping[str, Any],
+                            text: str) -> None:
+        key = (session, self._lane(update))
+        current = self._open.get(key)
+        message_id = update.get("messageId")
+        if current is not None and message_id is not None and (
+                message_id != current.message_id):
+            await self._open.pop(key).stream.close()
+            current = None
+        if current is None:
+            current = self._start(session, message, message_id)
+            self._open[key] = current
+            self._out.append(_Slot(session, thoughts=current))
+        await current.stream.push(text)
 
     async def observe(self, message: Any) -> None:
         """Take a message from the client to the agent, which the translator does not send.
@@ -434,58 +601,11 @@ class ThoughtTranslator:
         request is of, so its answer (the end of a prompt turn) closes only that session's
         thinking parts. ``session/cancel`` closes them at once. Anything else is ignored.
         """
-        self._note_client(message)
+        self._sessions.note(message)
         if isinstance(message, Mapping) and message.get("method") == "session/cancel":
             session = _session_of(message)
             if session is not None:
                 await self.flush(session)
-
-    def _note_client(self, message: Any) -> None:
-        """Learn from a client's request (see ``observe``); never raises, never sends."""
-        if not isinstance(message, Mapping) or not isinstance(message.get("method"), str):
-            return
-        method, params, key = message["method"], message.get("params"), _request_key(message)
-        if method == "initialize":
-            self.client_locale = locale_from_initialize(params, allowed=self._allowed)
-            if self.advertise_locales and "id" in message:
-                self._initialize_id = message["id"]
-            return
-        if not isinstance(params, Mapping):
-            return
-        session = params.get("sessionId")
-        session = session if isinstance(session, str) else None
-        if method in _NEW_SESSION or method in _REOPEN_SESSION:
-            meta = params.get("_meta")
-            locale = (locale_from_initialize(params, allowed=self._allowed)
-                      if isinstance(meta, Mapping) and "locale" in meta else None)
-            if method in _NEW_SESSION:
-                if key is not None:  # a fork keeps its source's locale unless it names one
-                    inherited = self._session_locales.get(session) if session else None
-                    _remember(self._new_sessions, key, locale or inherited)
-                return
-            if session is not None and locale is not None:
-                _remember(self._session_locales, session, locale)
-        if session is not None and key is not None:
-            _remember(self._request_sessions, key, session)
-        prompt = _prompt_text(message)
-        if prompt is not None:
-            _remember(self._user_text, prompt[0], prompt[1])
-
-    def _answered(self, response: Mapping[str, Any]) -> str | None:
-        """The session an answer from the agent is of (None: unknown, or of none)."""
-        key = _request_key(response)
-        if key is None:
-            return None
-        if key in self._new_sessions:
-            locale = self._new_sessions.pop(key)
-            result = response.get("result")
-            session = result.get("sessionId") if isinstance(result, Mapping) else None
-            if not isinstance(session, str):
-                return None
-            if locale is not None:
-                _remember(self._session_locales, session, locale)
-            return session  # a new session: no one else's thinking waits on it
-        return self._request_sessions.pop(key, None)
 
     async def flush(self, session: str | None = None) -> None:
         """Close the open thought streams of ``session`` (of every session when None)."""
@@ -495,19 +615,17 @@ class ThoughtTranslator:
     async def drain(self) -> None:
         """Flush every open thought stream and wait until all fed so far is sent."""
         await self.flush()
-        self._check_emitter()
-        await self._idle.wait()
-        self._check_emitter()
+        self._out.check()
+        await self._out.idle.wait()
+        self._out.check()
 
     async def aclose(self) -> None:
         """Drain, then stop; a ``send`` that failed raises here."""
-        if not self._closing:
+        if not self._out.closing:
             await self.flush()
-            self._closing = True
-            self._wake.set()
+            self._out.close()
         try:
-            if self._emitter is not None:
-                await self._emitter
+            await self._out.finished()
         finally:
             if self._tasks:  # readers releasing their server streams (the look-up has ended)
                 await asyncio.wait(set(self._tasks), timeout=self.client.timeout_s * 2)
@@ -520,7 +638,7 @@ class ThoughtTranslator:
         """The fixed target; else the session's locale, else the client's, if served."""
         if self.target is not None:
             return self.target
-        for tag in (self._session_locales.get(session), self.client_locale):
+        for tag in (self._sessions.locales.get(session), self._sessions.client_locale):
             if tag is None or tag in self._passed_over:
                 continue
             # The sidecar resolves script and region (its zh-Hans serves a zh-CN): the
@@ -541,7 +659,8 @@ class ThoughtTranslator:
         target = self._target_for(session)
         stream = self.client.stream(
             safe_stream_id(session, f"{self._nonce}.{self._count}"), target=target,
-            user_text=None if target else self._user_text.get(session), **self._stream_options)
+            user_text=None if target else self._sessions.user_text.get(session),
+            **self._stream_options)
         self._count += 1
         thoughts = _Thoughts(stream, message, message_id,
                              chosen=target if target != self.target else None)
@@ -557,26 +676,16 @@ class ThoughtTranslator:
         try:
             async for item in thoughts.stream.results(updates=False):
                 if isinstance(item, TranslatedSegment):
-                    thoughts.ready.append(self._chunk(thoughts.template, item))
-                    self._ready_count += 1
-                    self._wake.set()
+                    self._out.add_ready(thoughts, _chunk(thoughts.template, item))
         finally:
             thoughts.finished = True
-            self._wake.set()
+            self._out.changed()
             await thoughts.stream.aclose()
             # This part went out untranslated; the session's next ones take the next choice.
             if thoughts.chosen is not None and thoughts.stream.failure_slug in TARGET_REFUSED:
                 self._pass_over(thoughts.chosen, "was refused by the sidecar")
 
     # -- the initialize answer ---------------------------------------------------------------
-
-    def _answers_initialize(self, message: Any) -> bool:
-        """Whether ``message`` is the successful answer to the ``initialize`` seen earlier."""
-        if (self._initialize_id is _NO_ID or not isinstance(message, Mapping)
-                or "method" in message or not _same_id(message.get("id"), self._initialize_id)):
-            return False
-        self._initialize_id = _NO_ID  # answered (or refused): later ids may be reused
-        return isinstance(message.get("result"), Mapping)
 
     async def _advertise_into(self, slot: _Slot) -> None:
         """Add the locales to the held answer; on any failure it goes out unchanged."""
@@ -595,7 +704,7 @@ class ThoughtTranslator:
             log.exception("initialize answer passed on without locales")
         finally:
             slot.held = False
-            self._wake.set()
+            self._out.changed()
 
     async def _locales_to_offer(self) -> list[str] | None:
         """The locales worth a client's asking: the sidecar's targets now, within ``allowed``;
@@ -612,83 +721,25 @@ class ThoughtTranslator:
             return [self.target] if targets and _usable_locale(self.target, targets) else []
         return [tag for tag in targets if _usable_locale(tag, self._allowed) is not None]
 
-    @staticmethod
-    def _chunk(template: Mapping[str, Any], seg: TranslatedSegment) -> dict[str, Any]:
-        """An ``agent_thought_chunk`` like ``template`` carrying one segment."""
-        params = dict(template["params"])
-        update = dict(params["update"])
-        update["content"] = {**update["content"], "text": seg.text}
-        info: dict[str, Any] = {"original": seg.original, "status": seg.status,
-                                "source_lang": seg.source_lang, "target": seg.target,
-                                "backend": seg.backend}
-        if seg.error is not None:
-            info["error"] = seg.error
-        if seg.model is not None:
-            info["model"] = seg.model
-        if seg.cached:
-            info["cached"] = True
-        meta = update.get("_meta")
-        update["_meta"] = {**(meta if isinstance(meta, Mapping) else {}), "thinktrans": info}
-        params["update"] = update
-        return {**template, "params": params}
 
-    # -- output ------------------------------------------------------------------------------
-
-    def _append(self, slot: _Slot) -> None:
-        self._slots.append(slot)
-        self._idle.clear()
-        if self._emitter is None:
-            self._emitter = asyncio.create_task(self._emit(), name="thinktrans-acp:emit")
-            # A feed waiting for room learns that no more will come.
-            self._emitter.add_done_callback(lambda _: self._room.set())
-        self._wake.set()
-
-    def _check_emitter(self) -> None:
-        if self._emitter is not None and self._emitter.done():
-            self._emitter.result()  # re-raise what send raised
-            if not self._closing:
-                raise RuntimeError("the translator's output has stopped")
-
-    async def _emit(self) -> None:
-        """Send every slot that nothing before it holds back, in order; repeat on change."""
-        while True:
-            self._wake.clear()  # before the scan: a change during it triggers another
-            held_sessions: set[str | None] = set()
-            held_all = False  # an unfinished slot of no session holds everything after it
-            pending_before = False
-            for slot in list(self._slots):
-                blocked = held_all or slot.session in held_sessions or (
-                    slot.session is None and pending_before)
-                if not blocked:
-                    await self._emit_slot(slot)
-                if not slot.done:
-                    pending_before = True
-                    if slot.session is None:
-                        held_all = True
-                    held_sessions.add(slot.session)
-            self._slots = [slot for slot in self._slots if not slot.done]
-            self._room.set()
-            if not self._slots:
-                self._idle.set()
-                if self._closing:
-                    return
-            if not self._wake.is_set():
-                await self._wake.wait()
-
-    async def _emit_slot(self, slot: _Slot) -> None:
-        thoughts = slot.thoughts
-        if thoughts is None:
-            if slot.held:
-                return
-            await self._send(slot.message)
-            slot.done = True
-            return
-        while thoughts.ready:
-            await self._send(thoughts.ready.popleft())
-            self._ready_count -= 1
-            self._room.set()
-        if thoughts.finished and not thoughts.ready:
-            slot.done = True
+def _chunk(template: Mapping[str, Any], seg: TranslatedSegment) -> dict[str, Any]:
+    """An ``agent_thought_chunk`` like ``template`` carrying one segment."""
+    params = dict(template["params"])
+    update = dict(params["update"])
+    update["content"] = {**update["content"], "text": seg.text}
+    info: dict[str, Any] = {"original": seg.original, "status": seg.status,
+                            "source_lang": seg.source_lang, "target": seg.target,
+                            "backend": seg.backend}
+    if seg.error is not None:
+        info["error"] = seg.error
+    if seg.model is not None:
+        info["model"] = seg.model
+    if seg.cached:
+        info["cached"] = True
+    meta = update.get("_meta")
+    update["_meta"] = {**(meta if isinstance(meta, Mapping) else {}), "thinktrans": info}
+    params["update"] = update
+    return {**template, "params": params}
 
 
 async def translate_messages(
