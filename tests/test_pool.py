@@ -14,7 +14,6 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -232,6 +231,7 @@ async def test_engine_turns_take_every_call_that_waited_and_answer_each() -> Non
     past their deadline never reach the engine; an engine failure answers every call."""
     _ray()
     from models.pool import PoolCall
+    from service.batching import GroupedQueue
     from service.pool import Pool as Deployment
     from service.pool import _Queued, _Stats
 
@@ -250,7 +250,7 @@ async def test_engine_turns_take_every_call_that_waited_and_answer_each() -> Non
     cls = Deployment.func_or_class.__bases__[0]  # the class as written, not Serve's ASGI wrapper
     replica = object.__new__(cls)
     replica.translator, replica.timeout_s, replica.max_batch_size = Engine(), 5.0, 3
-    replica.tally, replica.waiting, replica.engine = _Stats(), deque(), asyncio.Lock()
+    replica.tally, replica.waiting, replica.engine = _Stats(), GroupedQueue(), asyncio.Lock()
     run = cls.run.__wrapped__
 
     def call(*texts: str, due: float | None = None) -> _Queued:
