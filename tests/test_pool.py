@@ -276,6 +276,59 @@ async def test_engine_turns_take_every_call_that_waited_and_answer_each() -> Non
     assert not replica.waiting
 
 
+async def test_a_turn_drops_calls_late_by_their_groups_turn_and_checks_each_answer() -> None:
+    """Calls taken in one turn whose deadline passes, or whose sidecar gives up, while an
+    earlier group runs never reach the engine; an engine answer of the wrong length fails
+    its group's calls (the batcher's one output check), an engine bug its turn's calls;
+    each is answered."""
+    _ray()
+    from models.errors import BadOutput
+    from models.pool import PoolCall
+    from service.batching import GroupedQueue
+    from service.pool import Pool as Deployment
+    from service.pool import _Queued, _Stats
+
+    gate = asyncio.Event()
+    seen: list[list[str]] = []
+
+    class Engine:
+        async def translate(self, texts: list[str], *, target: str, **_: Any) -> list[str]:
+            seen.append(list(texts))
+            if target == "ja":
+                raise RuntimeError("an engine bug")
+            if target == "de":
+                await gate.wait()
+                return [t.upper() for t in texts]
+            return [t.upper() for t in texts][:1]  # one short
+
+    cls = Deployment.func_or_class.__bases__[0]
+    replica = object.__new__(cls)
+    replica.translator, replica.timeout_s, replica.max_batch_size = Engine(), 5.0, 10
+    replica.tally, replica.waiting, replica.engine = _Stats(), GroupedQueue(), asyncio.Lock()
+
+    def call(target: str, *texts: str, due: float | None = None) -> _Queued:
+        return _Queued(PoolCall(texts=list(texts), target=target), due)
+
+    due = time.monotonic() + 0.2
+    late, gone = call("fr", "late", due=due), call("fr", "gone")
+    turn = asyncio.create_task(cls.run.__wrapped__(
+        replica, [call("de", "a"), late, gone, call("fr", "b", "c")]))
+    while not seen:
+        await asyncio.sleep(0.01)
+    while time.monotonic() <= due:  # the de group runs past the late call's deadline
+        await asyncio.sleep(0.01)
+    gone.cancelled = True
+    gate.set()
+    de, expired, given_up, short = await asyncio.wait_for(turn, 10)
+    assert seen == [["a"], ["b", "c"]]
+    assert de == ["A"] and isinstance(expired, Expired) and isinstance(given_up, Expired)
+    assert isinstance(short, BadOutput) and "1 outputs for 2 inputs" in str(short)
+    assert (replica.tally.expired_segments, replica.tally.cancelled_segments) == (1, 1)
+    [failed] = await cls.run.__wrapped__(replica, [call("ja", "boom")])
+    assert "the pool failed: RuntimeError" in str(failed)  # answered by its turn, not lost
+    assert not replica.waiting
+
+
 # -- the backend alone: no Ray needed ---------------------------------------------------------
 
 INFO = {"ready": True, "reason": None, "max_batch_size": 2, "engine": "ctranslate2",
