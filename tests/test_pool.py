@@ -22,6 +22,7 @@ from typing import Any
 import httpx
 import pytest
 
+from models.base import Job
 from models.errors import (
     BackendError,
     BackendTimeout,
@@ -405,8 +406,8 @@ async def test_the_backend_cuts_batches_at_the_pools_limit_and_learns_its_models
     backend = await scripted(pool)
     try:
         assert backend.resolve_model(None, "en", "de") == "nllb"  # the pool's default
-        out = await backend.translate(["a", "b", "c", "d", "e"], source="en", target="de",
-                                      deadline_s=5.0)
+        out = await backend.run(Job(["a", "b", "c", "d", "e"], "en", "de",
+                                    due=time.monotonic() + 5.0))
         assert out == ["de:a", "de:b", "de:c", "de:d", "de:e"]
         assert [len(c["texts"]) for c in pool.calls] == [2, 2, 1]  # max_batch_size 2
         assert all(0 < c["deadline_ms"] <= 5000 for c in pool.calls)
@@ -431,7 +432,7 @@ async def test_a_batch_whose_deadline_passes_while_it_waits_is_given_up() -> Non
     try:
         started = time.monotonic()
         with pytest.raises(BackendTimeout, match="deadline"):
-            await backend.translate(["Hi."], source="en", target="de", deadline_s=0.2)
+            await backend.run(Job(["Hi."], "en", "de", due=time.monotonic() + 0.2))
         assert time.monotonic() - started < 2
         assert backend.ready
     finally:
@@ -443,10 +444,10 @@ async def test_a_batch_past_its_deadline_is_not_sent() -> None:
     backend.ready = True
     try:
         with pytest.raises(Expired):
-            await backend.translate(["Hello."], source="en", target="de", deadline_s=0.0)
+            await backend.run(Job(["Hello."], "en", "de", due=time.monotonic()))
         # Sent: the port refuses, and the backend says why it is not ready.
         with pytest.raises(BackendUnavailable, match="unreachable"):
-            await backend.translate(["Hello."], source="en", target="de", deadline_s=5.0)
+            await backend.run(Job(["Hello."], "en", "de", due=time.monotonic() + 5.0))
         assert not backend.ready and "unreachable" in (backend.reason or "")
     finally:
         await backend.aclose()
