@@ -9,8 +9,8 @@ and the pool replica's engine turns (``service/pool.py``).
   they wait are counted out at once and removed lazily: the queue is compacted once dead
   items outnumber live ones, so a push and a discard are O(1) amortised.
 - ``Cutoff``: what must not run, given up by its caller or past due, and who answers it.
-- ``check_outputs``: the one check of a backend's answer, its shape (Ray Serve's
-  ``_validate_results``); nothing else in the codebase checks an answer's length.
+- ``check_outputs``: the one check of the contract's answer shape, as many strings as texts
+  (Ray Serve's ``_validate_results``); no backend and no other batcher checks it again.
 """
 
 from __future__ import annotations
