@@ -5,7 +5,9 @@ characters) or ``max_wait_ms`` after its first item. Items are grouped by
 (source, target, model), since a tokenizer or a vendor call takes one pair and one model
 at a time. The loop takes a concurrency slot *before* it forms a batch, so while the
 backend is busy items pile up and the next batch goes full. Every future is resolved whatever
-happens: a result, a BackendError, or cancelled by its caller (then dropped unrun).
+happens: a result, a BackendError, or cancelled by its caller (then dropped unrun). The queue,
+the cut-off of given-up items and the check of an answer are the parts in
+``service/batching.py``, which the pool's engine turns use too.
 """
 
 from __future__ import annotations
@@ -15,28 +17,25 @@ import contextlib
 import functools
 import logging
 import time
-from collections import OrderedDict, deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 from models.base import Job, Translator
 from models.errors import (
     BackendError,
     BackendTimeout,
     BackendUnavailable,
-    BadOutput,
     Expired,
     UnsupportedLanguage,
 )
+from service.batching import Cutoff, GroupedQueue, Pair, check_outputs
 from service.errors import Overloaded
 from service.logs import text_fields
 from service.metrics import Metrics
 from service.problems import kind_of
 
 log = logging.getLogger("thinktrans.batcher")
-
-# What a batch shares: (source, target, the model named or None).
-Pair = tuple[str | None, str, str | None]
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,6 +58,19 @@ class _Item:
     due: float | None = None  # when its segment is due out (monotonic); None: no deadline
     enqueued: float = field(default_factory=time.monotonic)
     queued: bool = True  # counted in the queue's size (False once taken or cancelled)
+    weight: ClassVar[int] = 1  # one segment: one place in a batch
+
+    @property
+    def chars(self) -> int:
+        return len(self.text)
+
+    def gone(self) -> bool:
+        """Its caller cancelled it (a queued item's future is done by nothing else)."""
+        return self.future.done()
+
+
+# Drops the items whose callers gave up; late ones still run (a stream's update needs them).
+_GIVEN_UP: Cutoff[_Item] = Cutoff()
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,12 +113,10 @@ class Batcher:
         self._queue_depth = metrics.queue_depth.labels(self.name)
         self._batch_size = metrics.batch_size.labels(self.name)
         self._batch_seconds = metrics.batch_seconds.labels(self.name)
-        self._groups: OrderedDict[Pair, deque[_Item]] = OrderedDict()
-        self._size = 0  # items waiting, not counting cancelled ones
+        self._queue: GroupedQueue[_Item] = GroupedQueue()  # len: items waiting, not cancelled
         # Segments waiting on identical work already here (the dispatcher joins them to
         # it): they take no place in a batch but hold memory, so they count in the queue.
         self._held = 0
-        self._dead = 0  # cancelled items still sitting in the groups
         self._waiter: asyncio.Future[None] | None = None  # the loop, waiting for items
         self._slots = asyncio.Semaphore(limits.max_concurrency)
         self._loop_task: asyncio.Task[None] | None = None
@@ -136,12 +146,8 @@ class Batcher:
             if pending:
                 await asyncio.wait(pending)
         err = BackendUnavailable(f"backend {self.name!r} is shutting down")
-        for group in self._groups.values():
-            for item in group:
-                item.queued = False  # counted out below, not by its done callback
-                _fail(item, err)
-        self._groups.clear()
-        self._size = self._dead = 0
+        for item in self._queue.drain():  # counted out, not by their done callbacks
+            _fail(item, err)
         self._gauge()
 
     # -- circuit breaker ---------------------------------------------------------------------
@@ -174,7 +180,7 @@ class Batcher:
 
     @property
     def queue_size(self) -> int:
-        return self._size + self._held
+        return len(self._queue) + self._held
 
     def free(self) -> int:
         """How many more items the queue takes before it is full."""
@@ -215,27 +221,18 @@ class Batcher:
             )
         future: asyncio.Future[Translation] = asyncio.get_running_loop().create_future()
         pair: Pair = (source, target, model)
-        group = self._groups.get(pair)
-        if group is None:
-            group = self._groups[pair] = deque()
         item = _Item(text, pair, future, context=context, due=due)
-        group.append(item)
+        self._queue.push(item)
         future.add_done_callback(functools.partial(self._on_done, item))
-        self._size += 1
         self._gauge()
         _wake(self._waiter)
         return future
 
     def _on_done(self, item: _Item, future: asyncio.Future[Translation]) -> None:
-        """A queued item cancelled by its caller gives its place back now."""
-        if not item.queued:
-            return  # taken into a batch (answered), or already counted out
-        item.queued = False
-        self._size -= 1
-        self._dead += 1
-        if self._dead > 64 and self._dead > self._size:
-            self._compact()  # O(queue), after at least as many cancellations
-        self._gauge()
+        """A queued item cancelled by its caller gives its place back now (an item taken
+        into a batch, or already counted out, is not waiting)."""
+        if self._queue.discard(item):
+            self._gauge()
 
     # -- the loop --------------------------------------------------------------------------
 
@@ -251,62 +248,22 @@ class Batcher:
             self._running.add(task)
             task.add_done_callback(self._running.discard)
 
-    def _unqueue(self, item: _Item) -> None:
-        """Count an item out as it leaves its group."""
-        if item.queued:
-            item.queued = False
-            self._size -= 1
-        else:
-            self._dead -= 1
-
-    def _prune(self) -> None:
-        """Drop items whose callers gave up from the groups' heads, and empty groups."""
-        for pair in list(self._groups):
-            group = self._groups[pair]
-            while group and group[0].future.done():
-                self._unqueue(group.popleft())
-            if not group:
-                del self._groups[pair]
-
-    def _compact(self) -> None:
-        """Remove every cancelled item from the groups."""
-        for pair in list(self._groups):
-            live = deque(item for item in self._groups[pair] if item.queued)
-            if live:
-                self._groups[pair] = live
-            else:
-                del self._groups[pair]
-        self._dead = 0
-
-    def _full(self, group: deque[_Item]) -> bool:
-        if len(group) >= self.limits.max_batch_size:
-            return True
-        chars = 0
-        for item in group:
-            chars += len(item.text)
-            if chars >= self.limits.max_batch_chars:
-                return True
-        return False
-
     async def _next_batch(self) -> list[_Item]:
+        """The group whose first item has waited longest, unless one is full: once it is
+        full or that item has waited ``max_wait_ms``, its batch."""
+        size, chars = self.limits.max_batch_size, self.limits.max_batch_chars
         max_wait_s = self.limits.max_wait_ms / 1000.0
         while True:
-            self._prune()
-            if not self._groups:
+            head = self._queue.next_group(size, chars)
+            if head is None:
                 await self._wait_changed(None)
                 continue
-            # The group whose first item has waited longest goes next, unless one is full.
-            pair, group = next(iter(self._groups.items()))
-            oldest = group[0].enqueued
-            for p, g in self._groups.items():
-                if self._full(g):
-                    pair, group = p, g
-                    break
-                if g[0].enqueued < oldest:
-                    pair, group, oldest = p, g, g[0].enqueued
+            pair, oldest, full = head
             remaining = oldest + max_wait_s - time.monotonic()
-            if self._full(group) or remaining <= 0:
-                return self._take(pair, group)
+            if full or remaining <= 0:
+                batch = self._queue.take(size, chars, pair=pair)
+                self._gauge()
+                return batch
             await self._wait_changed(remaining)
 
     async def _wait_changed(self, timeout_s: float | None) -> None:
@@ -322,29 +279,9 @@ class Batcher:
             if timer is not None:
                 timer.cancel()
 
-    def _take(self, pair: Pair, group: deque[_Item]) -> list[_Item]:
-        batch: list[_Item] = []
-        chars = 0
-        while group and len(batch) < self.limits.max_batch_size:
-            item = group[0]
-            if item.future.done():
-                self._unqueue(group.popleft())
-                continue
-            if batch and chars + len(item.text) > self.limits.max_batch_chars:
-                break
-            self._unqueue(group.popleft())
-            batch.append(item)
-            chars += len(item.text)
-        if not group:
-            self._groups.pop(pair, None)
-        else:
-            self._groups.move_to_end(pair)  # fairness: other pairs go before its rest
-        self._gauge()
-        return batch
-
     async def _run(self, batch: list[_Item]) -> None:
         try:
-            live = [item for item in batch if not item.future.done()]
+            live = _GIVEN_UP.sift(batch)
             if not live:
                 return
             source, target, model = live[0].pair
@@ -358,7 +295,7 @@ class Batcher:
             counted = model is None
             try:
                 outputs = await asyncio.wait_for(call, self.limits.timeout_s)
-                _check_outputs(self.name, texts, outputs)
+                check_outputs(self.name, texts, outputs)
             except BackendError as exc:
                 # Work dropped late, or a pair the backend does not serve: no fault of it.
                 blameless = isinstance(exc, Expired | UnsupportedLanguage)
@@ -437,12 +374,3 @@ def _fail(item: _Item, exc: BaseException) -> None:
 def _consume(future: asyncio.Future[Translation]) -> None:
     if not future.cancelled():
         future.exception()
-
-
-def _check_outputs(name: str, texts: Sequence[str], outputs: object) -> None:
-    """The one place that checks the backend contract's output shape."""
-    if not isinstance(outputs, list) or len(outputs) != len(texts):
-        got = len(outputs) if isinstance(outputs, list) else type(outputs).__name__
-        raise BadOutput(f"backend {name!r} returned {got} outputs for {len(texts)} inputs")
-    if not all(isinstance(o, str) for o in outputs):
-        raise BadOutput(f"backend {name!r} returned a non-string output")

@@ -10,7 +10,8 @@ them, and the calls that arrive while it runs make the next turn full. In a turn
 whose deadline has passed, or whose sidecar gave up on them, are answered unrun; the rest
 are grouped by (source, target, model), each group one call to the local engine, the same
 ``LocalTranslator`` as the ``local`` backend (its splitting, output bounds and loop guard).
-Every call gets its own answer: its translations, or a problem.
+Every call gets its own answer: its translations, or a problem. The queue, the cut-off and
+the check of the engine's answer are the sidecar batcher's own parts (``service/batching.py``).
 
 Run it with ``thinktrans pool`` (a local Ray instance, or ``--address`` to join one), or
 deploy ``service.pool:build`` from a Serve config (``serve run``, ``serve deploy``, KubeRay):
@@ -38,7 +39,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 try:
     from ray import serve
@@ -52,6 +53,8 @@ from pydantic import ValidationError
 from models.errors import BackendConfigError, BackendError, BackendTimeout, Expired
 from models.local import LocalConfig, LocalTranslator
 from models.pool import PoolCall
+from models.registry import build_backend
+from service.batching import Cutoff, GroupedQueue, Pair, by_pair, check_outputs
 from service.errors import ConfigError, InputError, PayloadTooLarge, ThinktransError
 from service.problems import error_problem, install_handlers, problem
 from service.settings import Settings, load_settings
@@ -74,23 +77,46 @@ install_handlers(api)
 
 @dataclass(slots=True)
 class _Queued:
-    """A call waiting in the replica's batch queue."""
+    """A call as the route hands it to Serve's batch."""
 
     call: PoolCall
     due: float | None  # monotonic; None: no deadline
     cancelled: bool = False  # its sender gave up (closed the connection): never run
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, eq=False)
 class _Waiting:
-    """A call waiting for an engine turn, and where its answer goes."""
+    """A call waiting for an engine turn (an item of the replica's ``GroupedQueue``), and
+    where its answer goes."""
 
-    queued: _Queued
+    sent: _Queued
     answer: asyncio.Future[list[str] | Failure]
+    pair: Pair = field(init=False)
+    enqueued: float = field(default_factory=time.monotonic)
+    queued: bool = False  # counted in the queue (set by it)
+    chars: ClassVar[int] = 0  # no character budget: the engine splits what is too long
+
+    def __post_init__(self) -> None:
+        call = self.sent.call
+        self.pair = (call.source, call.target, call.model)
 
     @property
-    def size(self) -> int:
-        return len(self.queued.call.texts)
+    def due(self) -> float | None:
+        return self.sent.due
+
+    @property
+    def weight(self) -> int:
+        """Its segments, each a place in ``max_batch_size``."""
+        return len(self.sent.call.texts)
+
+    def gone(self) -> bool:
+        return self.sent.cancelled
+
+
+def _answer(w: _Waiting, outcome: list[str] | Failure) -> None:
+    """Answer a call once (a call dropped, then failed with its turn, keeps the first)."""
+    if not w.answer.done():
+        w.answer.set_result(outcome)
 
 
 def _segments(queued: Sequence[_Queued]) -> int:
@@ -162,7 +188,7 @@ class Pool:
         self.max_batch_size = 64
         self.batch_wait_ms = 10.0
         self.tally = _Stats()
-        self.waiting: deque[_Waiting] = deque()  # calls in arrival order, for the engine
+        self.waiting: GroupedQueue[_Waiting] = GroupedQueue()  # calls, for the engine
         self.engine = asyncio.Lock()  # one engine turn at a time
         # Serve routes to a replica once this returns: not before its model is loaded. A
         # load that fails fails the replica, and Serve starts another.
@@ -294,7 +320,8 @@ class Pool:
         takes the oldest waiting calls, whoever's batch brought them. While the engine is
         busy, batches formed meanwhile pile up here, so the next turn goes full."""
         mine = [_Waiting(q, asyncio.get_running_loop().create_future()) for q in queued]
-        self.waiting.extend(mine)
+        for w in mine:
+            self.waiting.push(w)
         try:
             while not all(w.answer.done() for w in mine):
                 async with self.engine:
@@ -302,7 +329,7 @@ class Pool:
                         break  # nothing waited, yet ours are unanswered: never spin
         except BaseException:
             for w in mine:  # cancelled: ours still waiting are dropped by the next turn
-                w.queued.cancelled = True
+                w.sent.cancelled = True
             raise
         lost = BackendError("the pool lost this call")
         return [w.answer.result() if w.answer.done() else lost for w in mine]
@@ -311,72 +338,56 @@ class Pool:
         """One engine turn: the oldest waiting calls, up to ``max_batch_size`` segments, by
         (source, target, model) group, one engine call per group. A call whose sender gave
         up, or whose deadline has passed when it is taken or when its group's turn comes,
-        is answered unrun. Whether any call was taken."""
-        taken: list[_Waiting] = []
-        size = 0
-        popped = False
-        while self.waiting and (not taken or size + self.waiting[0].size <= self.max_batch_size):
-            w = self.waiting.popleft()
-            popped = True
-            if not self._dropped(w, time.monotonic()):
-                taken.append(w)
-                size += w.size
+        is answered unrun and takes no room. Whether any call was taken."""
+        popped = len(self.waiting) > 0  # the first call is taken (or dropped) whatever its size
+        taken = self.waiting.take(self.max_batch_size, cutoff=self._cutoff())
         try:
-            await self._run_turn(taken)
+            for (source, target, model), members in by_pair(taken).items():
+                # A group's calls may expire, or be given up, while an earlier group runs.
+                live = self._cutoff().sift(members)
+                if live:
+                    await self._run_group(live, source, target, model)
         except BaseException as exc:  # a bug, an unmapped engine error, a cancellation
             if isinstance(exc, Exception):
                 log.exception("engine turn failed: %s", type(exc).__name__)
             for w in taken:  # every call taken is answered, whoever's batch brought it
-                if not w.answer.done():
-                    w.answer.set_result(BackendError(f"the pool failed: {type(exc).__name__}"))
+                _answer(w, BackendError(f"the pool failed: {type(exc).__name__}"))
             if not isinstance(exc, Exception):
                 raise
         return popped
 
-    def _dropped(self, w: _Waiting, now: float) -> bool:
-        """Answer a call that must not run (its sender gave up, its deadline passed)."""
-        if w.queued.cancelled:
-            self.tally.cancelled(w.queued.call)
-            w.answer.set_result(Expired("the sender gave up on it"))
-        elif w.queued.due is not None and w.queued.due <= now:
-            self.tally.expired(w.queued.call)
-            w.answer.set_result(Expired("the call's deadline passed while it waited in the pool"))
-        else:
-            return False
-        return True
+    def _cutoff(self) -> Cutoff[_Waiting]:
+        """What must not run now: calls their senders gave up, calls past their deadline."""
+        return Cutoff(time.monotonic(), expired=self._expired, gone=self._given_up)
 
-    async def _run_turn(self, taken: list[_Waiting]) -> None:
-        groups: dict[tuple[str | None, str, str | None], list[_Waiting]] = {}
-        for w in taken:
-            c = w.queued.call
-            groups.setdefault((c.source, c.target, c.model), []).append(w)
-        for (source, target, model), members in groups.items():
-            now = time.monotonic()  # a group's calls may expire while an earlier one runs
-            live = [w for w in members if not self._dropped(w, now)]
-            if live:
-                await self._run_group(live, source, target, model)
+    def _given_up(self, w: _Waiting) -> None:
+        self.tally.cancelled(w.sent.call)
+        _answer(w, Expired("the sender gave up on it"))
+
+    def _expired(self, w: _Waiting) -> None:
+        self.tally.expired(w.sent.call)
+        _answer(w, Expired("the call's deadline passed while it waited in the pool"))
 
     async def _run_group(self, members: list[_Waiting], source: str | None, target: str,
                          model: str | None) -> None:
-        calls = [w.queued.call for w in members]
+        calls = [w.sent.call for w in members]
         texts = [text for call in calls for text in call.texts]
         try:
             outputs = await asyncio.wait_for(
                 self.translator.translate(texts, source=source, target=target, model=model),
                 self.timeout_s)
-            if len(outputs) != len(texts):
-                raise BackendError(f"the engine returned {len(outputs)} for {len(texts)}")
+            check_outputs(LocalTranslator.name, texts, outputs)
         except (BackendError, TimeoutError) as exc:
             error = exc if isinstance(exc, BackendError) else BackendTimeout(
                 f"the engine took over {self.timeout_s:g} s")
             for w in members:
-                w.answer.set_result(error)
+                _answer(w, error)
             return
         self.tally.ran(len(texts), len({call.sidecar for call in calls}))
         start = 0
-        for w in members:
-            w.answer.set_result(outputs[start:start + w.size])
-            start += w.size
+        for w in members:  # the outputs back, per call
+            _answer(w, outputs[start:start + w.weight])
+            start += w.weight
 
 
 # -- building and running ---------------------------------------------------------------------
@@ -386,8 +397,6 @@ def application(settings: Settings) -> Any:
     """The pool as a Serve application, from the settings: the model from ``local_*``, the
     batch limits as ``user_config``, replicas, CPUs and GPUs as deployment options (a Serve
     config overrides any of them). Raises ConfigError for settings no replica could use."""
-    from models.registry import build_backend
-
     try:
         build_backend("local", settings)  # checked here, in one line, not in each replica
     except BackendConfigError as exc:

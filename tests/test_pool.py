@@ -14,7 +14,6 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,6 +22,7 @@ from typing import Any
 import httpx
 import pytest
 
+from models.base import Job
 from models.errors import (
     BackendError,
     BackendTimeout,
@@ -232,6 +232,7 @@ async def test_engine_turns_take_every_call_that_waited_and_answer_each() -> Non
     past their deadline never reach the engine; an engine failure answers every call."""
     _ray()
     from models.pool import PoolCall
+    from service.batching import GroupedQueue
     from service.pool import Pool as Deployment
     from service.pool import _Queued, _Stats
 
@@ -250,7 +251,7 @@ async def test_engine_turns_take_every_call_that_waited_and_answer_each() -> Non
     cls = Deployment.func_or_class.__bases__[0]  # the class as written, not Serve's ASGI wrapper
     replica = object.__new__(cls)
     replica.translator, replica.timeout_s, replica.max_batch_size = Engine(), 5.0, 3
-    replica.tally, replica.waiting, replica.engine = _Stats(), deque(), asyncio.Lock()
+    replica.tally, replica.waiting, replica.engine = _Stats(), GroupedQueue(), asyncio.Lock()
     run = cls.run.__wrapped__
 
     def call(*texts: str, due: float | None = None) -> _Queued:
@@ -273,6 +274,59 @@ async def test_engine_turns_take_every_call_that_waited_and_answer_each() -> Non
     assert (replica.tally.expired_segments, replica.tally.cancelled_segments) == (1, 1)
     failed = await run(replica, [call("boom"), call("boom")])
     assert [type(answer) for answer in failed] == [BackendError, BackendError]
+    assert not replica.waiting
+
+
+async def test_a_turn_drops_calls_late_by_their_groups_turn_and_checks_each_answer() -> None:
+    """Calls taken in one turn whose deadline passes, or whose sidecar gives up, while an
+    earlier group runs never reach the engine; an engine answer of the wrong length fails
+    its group's calls (the batcher's one output check), an engine bug its turn's calls;
+    each is answered."""
+    _ray()
+    from models.errors import BadOutput
+    from models.pool import PoolCall
+    from service.batching import GroupedQueue
+    from service.pool import Pool as Deployment
+    from service.pool import _Queued, _Stats
+
+    gate = asyncio.Event()
+    seen: list[list[str]] = []
+
+    class Engine:
+        async def translate(self, texts: list[str], *, target: str, **_: Any) -> list[str]:
+            seen.append(list(texts))
+            if target == "ja":
+                raise RuntimeError("an engine bug")
+            if target == "de":
+                await gate.wait()
+                return [t.upper() for t in texts]
+            return [t.upper() for t in texts][:1]  # one short
+
+    cls = Deployment.func_or_class.__bases__[0]
+    replica = object.__new__(cls)
+    replica.translator, replica.timeout_s, replica.max_batch_size = Engine(), 5.0, 10
+    replica.tally, replica.waiting, replica.engine = _Stats(), GroupedQueue(), asyncio.Lock()
+
+    def call(target: str, *texts: str, due: float | None = None) -> _Queued:
+        return _Queued(PoolCall(texts=list(texts), target=target), due)
+
+    due = time.monotonic() + 0.2
+    late, gone = call("fr", "late", due=due), call("fr", "gone")
+    turn = asyncio.create_task(cls.run.__wrapped__(
+        replica, [call("de", "a"), late, gone, call("fr", "b", "c")]))
+    while not seen:
+        await asyncio.sleep(0.01)
+    while time.monotonic() <= due:  # the de group runs past the late call's deadline
+        await asyncio.sleep(0.01)
+    gone.cancelled = True
+    gate.set()
+    de, expired, given_up, short = await asyncio.wait_for(turn, 10)
+    assert seen == [["a"], ["b", "c"]]
+    assert de == ["A"] and isinstance(expired, Expired) and isinstance(given_up, Expired)
+    assert isinstance(short, BadOutput) and "1 outputs for 2 inputs" in str(short)
+    assert (replica.tally.expired_segments, replica.tally.cancelled_segments) == (1, 1)
+    [failed] = await cls.run.__wrapped__(replica, [call("ja", "boom")])
+    assert "the pool failed: RuntimeError" in str(failed)  # answered by its turn, not lost
     assert not replica.waiting
 
 
@@ -352,8 +406,8 @@ async def test_the_backend_cuts_batches_at_the_pools_limit_and_learns_its_models
     backend = await scripted(pool)
     try:
         assert backend.resolve_model(None, "en", "de") == "nllb"  # the pool's default
-        out = await backend.translate(["a", "b", "c", "d", "e"], source="en", target="de",
-                                      deadline_s=5.0)
+        out = await backend.run(Job(["a", "b", "c", "d", "e"], "en", "de",
+                                    due=time.monotonic() + 5.0))
         assert out == ["de:a", "de:b", "de:c", "de:d", "de:e"]
         assert [len(c["texts"]) for c in pool.calls] == [2, 2, 1]  # max_batch_size 2
         assert all(0 < c["deadline_ms"] <= 5000 for c in pool.calls)
@@ -378,7 +432,7 @@ async def test_a_batch_whose_deadline_passes_while_it_waits_is_given_up() -> Non
     try:
         started = time.monotonic()
         with pytest.raises(BackendTimeout, match="deadline"):
-            await backend.translate(["Hi."], source="en", target="de", deadline_s=0.2)
+            await backend.run(Job(["Hi."], "en", "de", due=time.monotonic() + 0.2))
         assert time.monotonic() - started < 2
         assert backend.ready
     finally:
@@ -390,10 +444,10 @@ async def test_a_batch_past_its_deadline_is_not_sent() -> None:
     backend.ready = True
     try:
         with pytest.raises(Expired):
-            await backend.translate(["Hello."], source="en", target="de", deadline_s=0.0)
+            await backend.run(Job(["Hello."], "en", "de", due=time.monotonic()))
         # Sent: the port refuses, and the backend says why it is not ready.
         with pytest.raises(BackendUnavailable, match="unreachable"):
-            await backend.translate(["Hello."], source="en", target="de", deadline_s=5.0)
+            await backend.run(Job(["Hello."], "en", "de", due=time.monotonic() + 5.0))
         assert not backend.ready and "unreachable" in (backend.reason or "")
     finally:
         await backend.aclose()
