@@ -49,3 +49,63 @@ def test_no_function_in_the_service_runs_past_80_lines() -> None:
 
 def test_the_app_factory_is_wiring_only() -> None:
     assert len((ROOT / "service" / "app.py").read_text().splitlines()) < 200
+
+
+STREAM_PARTS = ("streams", "intake", "admission", "cutting", "emission")
+MAX_CLASS_LINES = 300
+
+
+def test_a_streams_parts_are_classes_of_one_job() -> None:
+    """A stream is composed of small parts (service/streams.py and its parts' modules)."""
+    long = []
+    for name in STREAM_PARTS:
+        path = ROOT / "service" / f"{name}.py"
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ClassDef):
+                lines = (node.end_lineno or node.lineno) - node.lineno + 1
+                if lines > MAX_CLASS_LINES:
+                    long.append(f"{path.name}: {node.name} ({lines})")
+    assert not long, long
+
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _imports_on_load(node: ast.AST) -> set[str]:
+    """The modules imported when a module is loaded: not inside its functions."""
+    found: set[str] = set()
+    for child in ast.iter_child_nodes(node):
+        if isinstance(child, ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda):
+            continue
+        if isinstance(child, ast.ImportFrom) and child.module and child.level == 0:
+            found.add(child.module)
+        elif isinstance(child, ast.Import):
+            found.update(alias.name for alias in child.names)
+        else:
+            found |= _imports_on_load(child)
+    return found
+
+
+def test_the_service_modules_import_no_circle() -> None:
+    """Module-level imports among the service's modules form no cycle (an import hidden
+    in a function is not seen here, and is the circle all the same: keep them out)."""
+    graph: dict[str, set[str]] = {}
+    for path in _modules("service"):
+        found = _imports_on_load(ast.parse(path.read_text(encoding="utf-8")))
+        graph[_module_name(path)] = {m for m in found if m.startswith("service.")}
+    state: dict[str, int] = {}  # 1: on the path being walked, 2: done
+
+    def walk(module: str, path: list[str]) -> None:
+        state[module] = 1
+        for dep in sorted(graph.get(module, ())):
+            if state.get(dep) == 1:
+                raise AssertionError(" -> ".join([*path[path.index(dep):], dep]))
+            if dep in graph and dep not in state:
+                walk(dep, [*path, dep])
+        state[module] = 2
+
+    for module in sorted(graph):
+        if module not in state:
+            walk(module, [module])
