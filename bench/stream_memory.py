@@ -4,7 +4,7 @@
 
 Each pair or word of the set is placed, as a segment of its own, in a stream of one of two
 shapes, and decided by the service's own ``decide`` (with ``leans_on_memory``, as
-``service/streams.py`` does):
+``service/cutting.py`` does):
 
 - *between*: the segments before and after it are reliably in its own language;
 - *switch*: the segment before it is reliably in another language of the same script

@@ -29,7 +29,7 @@ from models.errors import BackendError, BadOutput
 from service.batcher import Batcher, Translation
 from service.cache import CacheKey, TranslationCache
 from service.detect import Detector
-from service.errors import Overloaded, PayloadTooLarge, UnknownBackend
+from service.errors import Overloaded, UnknownBackend
 from service.locale import same_language
 from service.metrics import Metrics
 
@@ -114,9 +114,6 @@ class Dispatcher:
         self._inflight: dict[CacheKey, _Work] = {}
         self.metrics = metrics
         self._saved: dict[str, Any] = {}  # per billed backend: its saved-characters counter
-        # Characters streams have accepted and not cut yet: each may still become a segment
-        # to queue, so admission counts a place for each (service/streams.py).
-        self.uncut = 0
 
     def chain(self, backend: str | None) -> list[str]:
         """The chain a request asked for (a name or ``a,b``), else the configured one."""
@@ -136,7 +133,7 @@ class Dispatcher:
         """Whether a backend of the chain translates better with the preceding text."""
         return any(self.backends[name].capabilities.context for name in chain)
 
-    # -- admission ---------------------------------------------------------------------------
+    # -- room: what admission (service/admission.py) asks ----------------------------------
 
     def room(self, chain: Sequence[str]) -> int:
         """How many more segments the chain's queues take now: the free places of each
@@ -148,29 +145,10 @@ class Dispatcher:
             return sys.maxsize
         return sum(max(0, batcher.free()) for batcher in usable)
 
-    def check_room(self, chain: Sequence[str], wanted: int) -> None:
-        """Refuse, before anything is queued, a request whose segments cannot all be queued.
-
-        More than the whole queue holds is 413 (no retry can help); more than the chain's
-        queues hold now is 503 with Retry-After.
-        """
+    def queue_bound(self, chain: Sequence[str]) -> int | None:
+        """The most the chain's first queue ever holds (None: no such backend)."""
         first = self.batchers.get(chain[0])
-        if first is None or wanted <= 0:
-            return
-        limit = first.limits.max_queue_size
-        if wanted > limit:
-            raise PayloadTooLarge(
-                f"this request needs {wanted} segments translated; a backend queue holds at "
-                f"most THINKTRANS_MAX_QUEUE_SIZE={limit}: send fewer or shorter texts per "
-                "request"
-            )
-        room = max(0, self.room(chain) - self.uncut)
-        if wanted > room:
-            raise Overloaded(
-                f"the {','.join(chain)!r} queue has room for {room} segments, this request "
-                f"needs {wanted}; nothing was queued, retry later",
-                retry_after_s=1,
-            )
+        return None if first is None else first.limits.max_queue_size
 
     # -- translating -------------------------------------------------------------------------
 

@@ -1,9 +1,10 @@
 """The runtime: everything the service runs on, opened and closed as one async context.
 
 ``Runtime`` builds, in order, the backends, one batcher per backend, the detector, the
-dispatcher that runs segments down backend chains, and the stream manager; on exit it
-stops them in reverse. The app's lifespan, the CLI's ``translate`` and ``compare`` all
-open a runtime; none of them needs an HTTP app to translate.
+dispatcher that runs segments down backend chains, admission (the room of their queues)
+and the stream manager; on exit it stops them in reverse. The app's lifespan, the CLI's
+``translate`` and ``compare`` all open a runtime; none of them needs an HTTP app to
+translate.
 
 A one-shot request is a stream fed once and closed: the same code cuts, detects,
 decides, batches, waits on the deadline and emits, whatever brought the text.
@@ -21,8 +22,10 @@ from typing import Any
 from models import registry
 from models.base import Translator
 from models.errors import BackendConfigError
+from service.admission import Admission
 from service.batcher import Batcher, BatchLimits
 from service.cache import TranslationCache
+from service.cutting import Pacer
 from service.detect import Detection, Detector, get_detector
 from service.dispatch import Dispatcher
 from service.errors import ConfigError, ThinktransError
@@ -31,7 +34,7 @@ from service.locale import canonicalize
 from service.metrics import Metrics
 from service.schemas import Policy, TextResult
 from service.settings import Settings
-from service.streams import Pacer, Stream, StreamManager
+from service.streams import Stream, StreamManager
 
 log = logging.getLogger("thinktrans.runtime")
 
@@ -45,7 +48,7 @@ def build_backends(settings: Settings) -> dict[str, Translator]:
         raise ConfigError(str(exc)) from exc
 
 class Runtime:
-    """Settings -> backends -> batchers -> detector -> dispatcher -> streams."""
+    """Settings -> backends -> batchers -> detector -> dispatcher -> admission -> streams."""
 
     def __init__(
         self,
@@ -62,6 +65,7 @@ class Runtime:
         self.batchers: dict[str, Batcher] = {}
         self.detector: Detector = get_detector(settings.detector, settings.detect_languages)
         self._dispatcher: Dispatcher | None = None
+        self._admission: Admission | None = None
         self.cache: TranslationCache | None = None
         self._streams: StreamManager | None = None
 
@@ -70,6 +74,12 @@ class Runtime:
         if self._dispatcher is None:
             raise RuntimeError("the runtime is not open; use 'async with Runtime(...)'")
         return self._dispatcher
+
+    @property
+    def admission(self) -> Admission:
+        if self._admission is None:
+            raise RuntimeError("the runtime is not open; use 'async with Runtime(...)'")
+        return self._admission
 
     @property
     def streams(self) -> StreamManager:
@@ -100,7 +110,9 @@ class Runtime:
                 check_output_language=self.settings.check_output_language,
                 cache=self.cache, metrics=self.metrics,
             )
-            streams = StreamManager(self.settings, self.detector, self._dispatcher, self.metrics)
+            self._admission = Admission(self._dispatcher)
+            streams = StreamManager(self.settings, self.detector, self._dispatcher,
+                                    self._admission, self.metrics)
             await streams.start()
             stack.push_async_callback(self._close_streams, streams)
             self._streams = streams
@@ -199,7 +211,7 @@ class Runtime:
             pacer = Pacer()
             for stream, text in zip(streams, texts, strict=True):
                 await _feed_all(stream, text, pacer)
-            self.dispatcher.check_room(chain, sum(s.unstarted for s in streams))
+            self.admission.check_room(chain, sum(s.unstarted for s in streams))
             for stream in streams:
                 stream.start_deferred()
             for stream in streams:

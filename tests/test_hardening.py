@@ -149,7 +149,7 @@ async def test_streams_bursting_together_overshoot_the_queue_by_one_chunk_at_mos
         watcher.cancel()
         assert deepest <= 1500 + len(CHUNK) // len(SHORT) + 1, deepest
         assert all(r.status_code == 503 for r in answers)
-        assert getattr(dispatcher, "uncut", 0) == 0
+        assert run.runtime.admission.uncut == 0
 
 
 async def test_a_request_on_a_full_queue_accepts_nothing() -> None:

@@ -52,10 +52,16 @@ def test_the_same_text_one_shot_and_as_a_stream_gives_the_same_segments(
     text: str, cuts: list[int]
 ) -> None:
     async def run() -> None:
-        async with runtime_with(FakeTranslator()) as runtime:
+        # Each half on its own runtime: the stream is not served from the cache (or the
+        # work in flight) that the one-shot request left, so both real paths are compared.
+        one_fake, stream_fake = FakeTranslator(), FakeTranslator()
+        async with runtime_with(one_fake) as runtime:
             [one_shot] = await runtime.translate([text], target="zh-CN")
+        async with runtime_with(stream_fake) as runtime:
             streamed = await as_stream(runtime, "s", text, cuts)
         assert shape(one_shot.segments) == shape(streamed)
+        translated = any(s.status == "translated" for s in streamed)
+        assert bool(one_fake.calls) == bool(stream_fake.calls) == translated
         assert "".join(s.original for s in one_shot.segments) == text
         assert one_shot.text == "".join(s.text for s in one_shot.segments)
 

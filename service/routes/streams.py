@@ -219,12 +219,13 @@ _SSE_ITEM = {
 )
 async def stream_events(
     cursor: Cursor,
+    streams: StreamsDep,
     wait_ms: Annotated[int, Query(ge=0, le=3_600_000, description="Long-poll: longest wait.")] = 0,
 ) -> Response:
     """Segment, update and end events: SSE with `Accept: text/event-stream`, else long-poll
     JSON (waiting up to `wait_ms` for the first event after `after`)."""
     stream, after = cursor
-    max_wait_ms = stream.manager.settings.max_wait_poll_ms
+    max_wait_ms = streams.settings.max_wait_poll_ms
     events = await stream.wait_events(after, min(wait_ms, max_wait_ms) / 1000.0)
     # Built from each event's JSON as kept (EventsResponse's shape, serialised once).
     body = ",".join(f'{{"id":{event_id},"type":"{kind}","data":{data}}}'
