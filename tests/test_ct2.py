@@ -22,10 +22,10 @@ pytest.importorskip("torch")
 
 from models import convert as convert_module
 from models.convert import ConversionError, cache_path, convert, is_converted, read_meta
+from models.errors import BackendConfigError
 from models.local import LocalTranslator
 from models.registry import build_backend
 from service.cli import app
-from service.errors import ConfigError
 from service.settings import load_settings
 from tests.conftest import make_settings, post_chunks, read_until, segments, start_app
 from tests.test_local import TEXTS as LOCAL_TEXTS
@@ -289,7 +289,8 @@ def test_missing_ctranslate2_names_the_extra(monkeypatch: pytest.MonkeyPatch) ->
     real = local_module.find_spec
     monkeypatch.setattr(local_module, "find_spec",
                         lambda name: None if name == "ctranslate2" else real(name))
-    with pytest.raises(ConfigError, match=r"needs 'ctranslate2': pip install 'thinktrans\[ct2\]'"):
+    needs = r"needs 'ctranslate2': pip install 'thinktrans\[ct2\]'"
+    with pytest.raises(BackendConfigError, match=needs):
         build_backend("local", load_settings(backend="local", local_engine="ctranslate2"))
 
 

@@ -27,7 +27,7 @@ pytest.importorskip("transformers")
 from transformers import AutoConfig, AutoTokenizer
 
 from models import local as local_module
-from models.errors import BackendUnavailable, UnsupportedLanguage
+from models.errors import BackendConfigError, BackendUnavailable, UnsupportedLanguage
 from models.languages import table_key
 from models.local import (
     M2M_CODES,
@@ -39,7 +39,6 @@ from models.local import (
     split_text,
 )
 from models.registry import build_backend
-from service.errors import ConfigError
 from service.locale import canonicalize
 from service.settings import load_settings
 from service.tools import testmodel
@@ -307,7 +306,7 @@ async def test_marian_pair_from_the_setting_or_the_name(
 
 
 def test_marian_models_setting_is_checked_at_build() -> None:
-    with pytest.raises(ConfigError, match="src-tgt=ID_OR_DIR"):
+    with pytest.raises(BackendConfigError, match="src-tgt=ID_OR_DIR"):
         make_backend("x", local_marian_models=["Helsinki-NLP/opus-mt-en-de"])
 
 
@@ -522,7 +521,8 @@ def test_missing_packages_name_the_extra(monkeypatch: pytest.MonkeyPatch) -> Non
         LocalTranslator(LocalConfig(model="x", engine="transformers"))
     assert err.value.name == "torch"
     # The registry turns it into a configuration error that names the extra.
-    with pytest.raises(ConfigError, match=r"needs 'torch': pip install 'thinktrans\[local\]'"):
+    needs = r"needs 'torch': pip install 'thinktrans\[local\]'"
+    with pytest.raises(BackendConfigError, match=needs):
         make_backend("x")
 
 
