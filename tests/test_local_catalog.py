@@ -5,7 +5,7 @@ The same behaviour through real checkpoints: tests/test_local_models.py."""
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from types import SimpleNamespace
 
@@ -278,7 +278,7 @@ def test_a_catalog_loads_named_models_on_its_engine(executor: ThreadPoolExecutor
         seen.append((engine, spec))
         return marian(spec.model_id, target=spec.pair[1] if spec.pair else "de")
 
-    warm: list[Callable[..., None]] = []
+    warm: list[tuple[object, ...]] = []
     monkeypatch.setattr(catalog_module, "load_slot", fake_load_slot)
     monkeypatch.setattr(catalog_module, "warm_up", lambda *args: warm.append(args))
     listed = catalog([Spec("a")], [marian("a")], executor)

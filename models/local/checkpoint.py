@@ -3,7 +3,12 @@
 - The language table: this backend's languages, by table key (``models.languages``), with their
   flores-200 code (NLLB-200) and their M2M-100 code. A loaded checkpoint serves those its
   tokenizer has a token for.
-- The family, told from the config and the tokenizer, never from the name (``detect_family``).
+- The family, told from the config and the tokenizer, never from the name (``detect_family``):
+  NLLB-200 (``model_type`` m2m_100 with flores-200 tokens such as ``eng_Latn``: the source's
+  token set as the tokenizer's ``src_lang``, the target's forced first), M2M-100 (m2m_100
+  with ``__en__``-style tokens: ``src_lang`` and ``get_lang_id``), Marian (one pair, or one
+  source and ``>>fra<<`` target tokens). NLLB and M2M need a source: an unknown one, or one
+  the checkpoint lacks, is read as English (``FALLBACK_SOURCE``), as it is for Marian.
 - Model specs: ``THINKTRANS_LOCAL_MODEL`` and its kin as written (``en-de=ID`` names a Marian
   pair first, ``parse_pair_spec``), turned into the list of checkpoints to load
   (``model_specs``).
