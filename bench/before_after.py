@@ -38,7 +38,7 @@ def pipeline(checkouts: dict[str, Path], concurrency: list[int], requests: int) 
         for name, checkout in checkouts.items():
             out = _run(checkout, "pipeline_bench.py", "--concurrency", str(c),
                        "--requests", str(requests))
-            row = [line for line in out.splitlines() if line.startswith(f"| {c} |")][0]
+            row = next(line for line in out.splitlines() if line.startswith(f"| {c} |"))
             print(f"| {name} {row}")
 
 

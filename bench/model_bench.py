@@ -56,7 +56,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from models.engines import cpuinfo
+from models.local.engines import cpuinfo
 from service.tools.testmodel import SHAPES as TESTMODEL_SHAPES
 from service.tools.testmodel import shape_config
 
@@ -75,7 +75,8 @@ SENTENCES = [
     "I should also look at the tests to see whether any of them rely on the old value.",
 ]
 TINY = {f"tiny-{family}": family for family in ("nllb", "m2m100", "marian")}
-# The local backend's loop guard (models/local.py NO_REPEAT_NGRAM_SIZE): it costs CPU per step.
+# The local backend's loop guard (models/local/translator.py NO_REPEAT_NGRAM_SIZE): it costs
+# CPU per step.
 NO_REPEAT_NGRAM_SIZE = 6
 ENGINES = ("transformers", "ctranslate2")
 COMPUTE_TYPES = ("auto", "int8", "int8_float32", "int8_float16", "int8_bfloat16", "float16",
@@ -341,7 +342,7 @@ class CTranslate2Engine:
         self.device = device
         self.before = memory()
         began = time.perf_counter()
-        # As the service runs it (models/engines.py CT2Engine): a small model's batch is cut
+        # As the service runs it (models/local/engines.py CT2Engine): a small model's batch is cut
         # into one part per thread, run at once on single-threaded workers.
         threads = args.threads or min(4, cores())
         small = (d_model_of(args) or 1024) <= 512

@@ -411,8 +411,8 @@ def convert(
     THINKTRANS_LOCAL_MODEL at it. Serving it needs only 'thinktrans[ct2]' (no torch);
     converting needs 'thinktrans[local,ct2]'.
     """
-    from models.convert import ConversionError
-    from models.convert import convert as run_convert
+    from models.local.convert import ConversionError
+    from models.local.convert import convert as run_convert
 
     try:
         path = run_convert(src, out, quantization=quantization.value, force=force)

@@ -20,10 +20,10 @@ pytest.importorskip("ctranslate2")
 pytest.importorskip("torch")
 
 
-from models import convert as convert_module
-from models.convert import ConversionError, cache_path, convert, is_converted, read_meta
 from models.errors import BackendConfigError
-from models.local import LocalTranslator
+from models.local import LocalTranslator, engines
+from models.local import convert as convert_module
+from models.local.convert import ConversionError, cache_path, convert, is_converted, read_meta
 from models.registry import build_backend
 from service.cli import app
 from service.settings import load_settings
@@ -284,13 +284,11 @@ async def test_a_failed_conversion_says_why_and_auto_falls_back(
 
 
 def test_missing_ctranslate2_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
-    from models import local as local_module
-
-    real = local_module.find_spec
-    monkeypatch.setattr(local_module, "find_spec",
+    real = engines.find_spec
+    monkeypatch.setattr(engines, "find_spec",
                         lambda name: None if name == "ctranslate2" else real(name))
-    with pytest.raises(BackendConfigError,
-                       match=r"needs 'ctranslate2': pip install 'thinktrans\[ct2\]'"):
+    needs = r"needs 'ctranslate2': pip install 'thinktrans\[ct2\]'"
+    with pytest.raises(BackendConfigError, match=needs):
         build_backend("local", load_settings(backend="local", local_engine="ctranslate2"))
 
 
@@ -330,7 +328,7 @@ async def test_a_small_models_batch_is_cut_for_the_workers(checkpoints: dict[str
     backend = await started(checkpoints["nllb"], local_threads=2)  # d_model 32: small
     try:
         assert (backend.info()["workers"], backend.info()["threads"]) == (2, 2)
-        translator = backend._slots[0].model
+        translator = backend._catalog.slots[0].model
         seen: list[int] = []
 
         class Spy:
@@ -338,7 +336,7 @@ async def test_a_small_models_batch_is_cut_for_the_workers(checkpoints: dict[str
                 seen.append(kwargs["max_batch_size"])
                 return translator.translate_batch(source, **kwargs)
 
-        backend._slots[0].loaded.model = Spy()
+        backend._catalog.slots[0].loaded.model = Spy()
         parts = await backend.translate(TEXTS, source="en", target="de")
     finally:
         await backend.aclose()

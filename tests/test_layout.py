@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import ast
+import functools
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -41,9 +42,13 @@ def _name(path: Path) -> str:
     return ".".join(parts)
 
 
+@functools.cache
+def _module_names() -> frozenset[str]:
+    return frozenset(_name(path) for path in _all_modules())
+
+
 def _imports(path: Path) -> set[str]:
-    """Every module ``path`` imports, anywhere in it; ``from a import b`` names ``a.b`` too
-    (it may be a module), and relative imports are resolved."""
+    """Every module ``path`` imports, anywhere in it; relative imports are resolved."""
     found: set[str] = set()
     package = _name(path) if path.name == "__init__.py" else _name(path).rpartition(".")[0]
     for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
@@ -55,8 +60,10 @@ def _imports(path: Path) -> set[str]:
                 anchor = package.split(".")
                 anchor = anchor[: len(anchor) - (node.level - 1)]
                 base = ".".join([*anchor, base] if base else anchor)
-            found.add(base)
-            found.update(f"{base}.{alias.name}" for alias in node.names)
+            # ``from a import b`` imports the module ``a.b`` where there is one (``a``, its
+            # package, is imported first by any import of one of its modules), else ``a``.
+            modules = {f"{base}.{alias.name}" for alias in node.names} & _module_names()
+            found.update(modules if len(modules) == len(node.names) else {base, *modules})
     return found
 
 
@@ -166,3 +173,17 @@ def test_the_app_factory_is_wiring_only() -> None:
     wiring = {"include_router", "add_middleware", "get_secret_value", "freeze"}
     assert called <= wiring, f"app.py does more than wiring: {sorted(called - wiring)}"
     assert "Runtime(" in (ROOT / "service" / "app.py").read_text(encoding="utf-8")
+
+
+# The local backend's modules, bottom up: each imports only those before it.
+LOCAL_ORDER = ("checkpoint", "text", "convert", "engines", "slot", "catalog", "translator")
+
+
+def test_the_local_backend_is_built_bottom_up() -> None:
+    graph = _graph()
+    package = {f"models.local.{name}" for name in LOCAL_ORDER}
+    assert {m for m in graph if m.startswith("models.local.")} == package
+    for i, name in enumerate(LOCAL_ORDER):
+        below = {f"models.local.{lower}" for lower in LOCAL_ORDER[:i]}
+        imported = {m for m in graph[f"models.local.{name}"] if m.startswith("models.local")}
+        assert imported <= below, f"models.local.{name} imports {sorted(imported - below)}"

@@ -26,20 +26,17 @@ pytest.importorskip("transformers")
 
 from transformers import AutoConfig, AutoTokenizer
 
-from models import local as local_module
 from models.errors import BackendConfigError, BackendUnavailable, UnsupportedLanguage
-from models.languages import table_key
 from models.local import (
     M2M_CODES,
     NLLB_CODES,
     LocalConfig,
     LocalTranslator,
     detect_family,
-    parse_pair_spec,
+    engines,
     split_text,
 )
 from models.registry import build_backend
-from service.locale import canonicalize
 from service.settings import load_settings
 from service.tools import testmodel
 from service.tools.testmodel import make_test_model
@@ -156,36 +153,6 @@ def test_test_models_are_deterministic(models: dict[str, Path], tmp_path: Path) 
         assert (again / name).read_bytes() == (models["nllb"] / name).read_bytes()
 
 
-# -- the language table --------------------------------------------------------------------------
-
-
-@pytest.mark.parametrize(
-    ("tag", "nllb", "m2m"),
-    [("zh-CN", "zho_Hans", "zh"), ("zh-Hant-TW", "zho_Hant", "zh"), ("zh-TW", "zho_Hant", "zh"),
-     ("zh", "zho_Hans", "zh"), ("ja-JP", "jpn_Jpan", "ja"), ("en", "eng_Latn", "en"),
-     ("pt-BR", "por_Latn", "pt"), ("de", "deu_Latn", "de"), ("ko", "kor_Hang", "ko"),
-     ("no", "nob_Latn", "no")],
-)
-def test_backend_codes(tag: str, nllb: str, m2m: str) -> None:
-    key = table_key(canonicalize(tag))
-    assert (NLLB_CODES[key], M2M_CODES[key]) == (nllb, m2m)
-
-
-def test_table_is_consistent() -> None:
-    assert len(NLLB_CODES) == 54 and set(M2M_CODES) == set(NLLB_CODES)
-    for key, flores in NLLB_CODES.items():
-        assert canonicalize(key) == key and table_key(key) == key
-        assert len(flores.split("_")) == 2
-
-
-def test_pair_specs() -> None:
-    assert parse_pair_spec("en-de=/models/x") == (("en", "de"), "/models/x")
-    assert parse_pair_spec("en-zh-TW=hub/id") == (("en", "zh-Hant"), "hub/id")
-    assert parse_pair_spec("no-en=d") == (("nb", "en"), "d")
-    assert parse_pair_spec("/models/en-de=x") == (None, "/models/en-de=x")
-    assert parse_pair_spec("Helsinki-NLP/opus-mt-en-de") == (None, "Helsinki-NLP/opus-mt-en-de")
-
-
 # -- family detection and language codes ---------------------------------------------------------
 
 
@@ -208,15 +175,15 @@ async def test_family_detected_and_translations_non_empty(
 
 
 async def test_nllb_uses_flores_codes(nllb: LocalTranslator) -> None:
-    tokenizer = nllb._slots[0].tokenizer
-    route = nllb._route("en", "zh-CN")
-    assert route.src_code == "eng_Latn"
-    assert route.forced_bos == tokenizer.convert_tokens_to_ids("zho_Hans")
-    assert nllb._route("en", "zh-TW").forced_bos == tokenizer.convert_tokens_to_ids("zho_Hant")
-    assert nllb._route("zh-Hans", "en").src_code == "zho_Hans"
-    assert nllb._route("nb", "pt-BR").src_code == "nob_Latn"
-    assert nllb._route(None, "de").src_code == "eng_Latn"  # the documented fallback
-    assert nllb._route("tlh", "de").src_code == "eng_Latn"  # a source outside the table
+    tokenizer = nllb._catalog.slots[0].tokenizer
+    route = nllb._catalog.route
+    assert route("en", "zh-CN").src_code == "eng_Latn"
+    assert route("en", "zh-CN").forced_bos == tokenizer.convert_tokens_to_ids("zho_Hans")
+    assert route("en", "zh-TW").forced_bos == tokenizer.convert_tokens_to_ids("zho_Hant")
+    assert route("zh-Hans", "en").src_code == "zho_Hans"
+    assert route("nb", "pt-BR").src_code == "nob_Latn"
+    assert route(None, "de").src_code == "eng_Latn"  # the documented fallback
+    assert route("tlh", "de").src_code == "eng_Latn"  # a source outside the table
 
     # The source code really reaches the encoder: the tokenizer is set per batch.
     await nllb.translate(["こんにちは"], source="ja", target="en")
@@ -225,12 +192,12 @@ async def test_nllb_uses_flores_codes(nllb: LocalTranslator) -> None:
 
 
 async def test_m2m100_uses_iso_codes_through_get_lang_id(m2m: LocalTranslator) -> None:
-    tokenizer = m2m._slots[0].tokenizer
-    assert m2m._route("en", "de").forced_bos == tokenizer.get_lang_id("de")
-    assert m2m._route("en", "nb").forced_bos == tokenizer.get_lang_id("no")
-    assert m2m._route("en", "zh-TW").forced_bos == tokenizer.get_lang_id("zh")
-    assert m2m._route("ja", "en").src_code == "ja"
-    assert m2m._route(None, "en").src_code == "en"
+    tokenizer = m2m._catalog.slots[0].tokenizer
+    assert m2m._catalog.route("en", "de").forced_bos == tokenizer.get_lang_id("de")
+    assert m2m._catalog.route("en", "nb").forced_bos == tokenizer.get_lang_id("no")
+    assert m2m._catalog.route("en", "zh-TW").forced_bos == tokenizer.get_lang_id("zh")
+    assert m2m._catalog.route("ja", "en").src_code == "ja"
+    assert m2m._catalog.route(None, "en").src_code == "en"
     await m2m.translate(["Hallo"], source="de", target="en")
     assert tokenizer.src_lang == "de"
 
@@ -240,7 +207,7 @@ async def test_a_different_target_gives_a_different_forced_bos(
     models: dict[str, Path], family: str
 ) -> None:
     backend = await started(models[family])
-    de, ja = backend._route("en", "de"), backend._route("en", "ja")
+    de, ja = backend._catalog.route("en", "de"), backend._catalog.route("en", "ja")
     assert de.forced_bos is not None and ja.forced_bos is not None
     assert de.forced_bos != ja.forced_bos
     # The forced token is the decoder's first input, so the garbage that follows differs too.
@@ -258,9 +225,9 @@ async def test_marian_pairs_choose_the_checkpoint(models: dict[str, Path]) -> No
         models["marian"], local_marian_models=[f"en-ja={models['marian-en-ja']}"]
     )
     try:
-        assert backend._route("en", "de").slot.model_id == str(models["marian"])
-        assert backend._route("en", "ja").slot.model_id == str(models["marian-en-ja"])
-        assert backend._route(None, "ja").slot.model_id == str(models["marian-en-ja"])
+        assert backend._catalog.route("en", "de").slot.model_id == str(models["marian"])
+        assert backend._catalog.route("en", "ja").slot.model_id == str(models["marian-en-ja"])
+        assert backend._catalog.route(None, "ja").slot.model_id == str(models["marian-en-ja"])
         assert backend.languages() == ["de", "ja"]
         assert backend.supports("en", "de-AT") and backend.supports(None, "ja")
         assert not backend.supports("en", "fr")
@@ -373,33 +340,10 @@ async def test_whitespace_kept_and_blank_texts_skip_the_model(nllb: LocalTransla
 # -- long segments ---------------------------------------------------------------------------
 
 
-def _count_words(text: str) -> int:
-    return len(text.split())
-
-
-def test_split_text_cuts_at_sentences_then_words_then_characters() -> None:
-    text = "One two three. Four five six seven. Eight nine."
-    pieces = split_text(text, _count_words, 4)
-    assert "".join(pieces) == text
-    assert pieces == ["One two three. ", "Four five six seven. ", "Eight nine."]
-    long_sentence = "a b c d e f g h i j"
-    pieces = split_text(long_sentence, _count_words, 4)
-    assert "".join(pieces) == long_sentence
-    assert all(_count_words(piece) <= 4 for piece in pieces)
-    assert pieces[0] == "a b c d "
-    # Text without spaces: halved until each piece fits.
-    cjk = "用户说了你好" * 8
-    pieces = split_text(cjk, len, 10)
-    assert "".join(pieces) == cjk and all(len(piece) <= 10 for piece in pieces)
-    assert split_text("short one", _count_words, 4) == ["short one"]
-    # Chinese sentence ends need no space after them.
-    assert split_text("你好。用户说了。好的", len, 5) == ["你好。", "用户说了。", "好的"]
-
-
 async def test_long_segments_split_and_rejoined(models: dict[str, Path]) -> None:
     backend = await started(models["nllb"], local_max_input_tokens=12)
     try:
-        tokenizer = backend._slots[0].tokenizer
+        tokenizer = backend._catalog.slots[0].tokenizer
         long_text = " ".join(TEXTS[:4])
 
         def count(text: str) -> int:
@@ -513,16 +457,16 @@ async def test_cuda_device_without_cuda(models: dict[str, Path]) -> None:
 
 @pytest.mark.engines("transformers")
 def test_missing_packages_name_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
-    real = local_module.find_spec
+    real = engines.find_spec
     monkeypatch.setattr(
-        local_module, "find_spec", lambda name: None if name == "torch" else real(name)
+        engines, "find_spec", lambda name: None if name == "torch" else real(name)
     )
     with pytest.raises(ModuleNotFoundError, match=r"pip install 'thinktrans\[local\]'") as err:
         LocalTranslator(LocalConfig(model="x", engine="transformers"))
     assert err.value.name == "torch"
     # The registry turns it into a configuration error that names the extra.
-    with pytest.raises(BackendConfigError,
-                       match=r"needs 'torch': pip install 'thinktrans\[local\]'"):
+    needs = r"needs 'torch': pip install 'thinktrans\[local\]'"
+    with pytest.raises(BackendConfigError, match=needs):
         make_backend("x")
 
 
@@ -560,15 +504,19 @@ async def test_inference_runs_off_the_event_loop(models: dict[str, Path]) -> Non
 
 async def test_work_runs_on_the_backends_own_thread(nllb: LocalTranslator) -> None:
     seen: list[str] = []
-    original = nllb._generate
+    engine = nllb._engine
+    original = engine.generate
 
-    def spy(route: Any, texts: list[str]) -> list[str]:
+    def spy(*args: Any) -> list[list[int]]:
         seen.append(threading.current_thread().name)
-        return original(route, texts)
+        return original(*args)
 
-    nllb._generate = spy  # type: ignore[method-assign]
-    await nllb.translate(["hello"], source="en", target="de")
-    assert seen and all(name.startswith("thinktrans-local") for name in seen)
+    engine.generate = spy  # type: ignore[method-assign]
+    try:
+        await nllb.translate(["hello"], source="en", target="de")
+    finally:
+        del engine.generate
+    assert seen == ["thinktrans-local_0"]
 
 
 async def test_generation_is_bounded_and_guarded_against_loops(nllb: LocalTranslator) -> None:
@@ -604,7 +552,7 @@ async def test_generation_is_bounded_and_guarded_against_loops(nllb: LocalTransl
 
 @pytest.mark.engines("transformers")
 async def test_transformers_generate_gets_the_guards(nllb: LocalTranslator) -> None:
-    model = nllb._slots[0].model
+    model = nllb._catalog.slots[0].model
     seen: list[dict[str, Any]] = []
     real_generate = model.generate
 
@@ -653,7 +601,7 @@ async def test_multi_target_marian_prefixes_the_target_token(
     backend = await started(multi)
     try:
         assert backend.languages() == ["fr", "ja"]
-        route = backend._route("en", "ja")
+        route = backend._catalog.route("en", "ja")
         assert route.prefix == ">>jpn<<"
         tokenizer = route.slot.tokenizer
         ids = tokenizer(route.prefix + "hello")["input_ids"]

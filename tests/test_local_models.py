@@ -21,10 +21,9 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from models import local as local_module
-from models.convert import directory_fingerprint
 from models.errors import BackendUnavailable, UnsupportedLanguage
-from models.local import M2M_CODES, LocalTranslator
+from models.local import M2M_CODES, LocalTranslator, catalog
+from models.local.checkpoint import directory_fingerprint
 from service.tools.testmodel import make_test_model
 from tests.test_local import (  # noqa: F401 - autouse fixtures and the parametrize hook
     TEXTS,
@@ -70,7 +69,7 @@ async def started(*models: str, **overrides: Any) -> LocalTranslator:
 
 def batches(backend: LocalTranslator) -> dict[str, int]:
     """Batches each loaded model has run, configured and extra (counted by the worker)."""
-    slots = [*backend._slots, *backend._extras.values()]
+    slots = [*backend._catalog.slots, *backend._catalog.extras.slots().values()]
     return {slot.model_id: slot.batches for slot in slots}
 
 
@@ -223,7 +222,7 @@ async def test_a_failed_on_demand_load_is_remembered(
         assert backend.model_problem(missing) == reason
         assert backend.info()["extra_models"] == []
         # After it, the next ask tries again.
-        monkeypatch.setattr(local_module, "EXTRA_RETRY_S", 0.0)
+        monkeypatch.setattr(catalog, "EXTRA_RETRY_S", 0.0)
         assert backend.model_problem(missing) == f"loading model {missing!r} {LOADING}"
         assert await settled(backend, missing) is None
         assert all(await backend.translate(TEXTS, source="en", target="ja", model=missing))

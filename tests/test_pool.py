@@ -401,13 +401,17 @@ async def test_the_backend_maps_the_pools_answers_and_goes_down_only_when_it_is_
         await backend.aclose()
 
 
+def due_in(texts: list[str], deadline_s: float) -> Job:
+    """An en -> de job due ``deadline_s`` from now, as the batcher hands it over."""
+    return Job(texts, "en", "de", due=time.monotonic() + deadline_s)
+
+
 async def test_the_backend_cuts_batches_at_the_pools_limit_and_learns_its_models() -> None:
     pool = ScriptedPool()
     backend = await scripted(pool)
     try:
         assert backend.resolve_model(None, "en", "de") == "nllb"  # the pool's default
-        out = await backend.run(Job(["a", "b", "c", "d", "e"], "en", "de",
-                                    due=time.monotonic() + 5.0))
+        out = await backend.run(due_in(["a", "b", "c", "d", "e"], 5.0))
         assert out == ["de:a", "de:b", "de:c", "de:d", "de:e"]
         assert [len(c["texts"]) for c in pool.calls] == [2, 2, 1]  # max_batch_size 2
         assert all(0 < c["deadline_ms"] <= 5000 for c in pool.calls)
@@ -432,7 +436,7 @@ async def test_a_batch_whose_deadline_passes_while_it_waits_is_given_up() -> Non
     try:
         started = time.monotonic()
         with pytest.raises(BackendTimeout, match="deadline"):
-            await backend.run(Job(["Hi."], "en", "de", due=time.monotonic() + 0.2))
+            await backend.run(due_in(["Hi."], 0.2))
         assert time.monotonic() - started < 2
         assert backend.ready
     finally:
@@ -444,10 +448,10 @@ async def test_a_batch_past_its_deadline_is_not_sent() -> None:
     backend.ready = True
     try:
         with pytest.raises(Expired):
-            await backend.run(Job(["Hello."], "en", "de", due=time.monotonic()))
+            await backend.run(due_in(["Hello."], 0.0))
         # Sent: the port refuses, and the backend says why it is not ready.
         with pytest.raises(BackendUnavailable, match="unreachable"):
-            await backend.run(Job(["Hello."], "en", "de", due=time.monotonic() + 5.0))
+            await backend.run(due_in(["Hello."], 5.0))
         assert not backend.ready and "unreachable" in (backend.reason or "")
     finally:
         await backend.aclose()

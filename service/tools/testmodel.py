@@ -48,7 +48,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from models.convert import make_readable
+from models.local.convert import make_readable
 
 FAMILIES = ("nllb", "m2m100", "marian")
 
@@ -254,7 +254,7 @@ def language_code(family: str, tag: str) -> str:
     """The code of BCP 47 ``tag`` in ``family``: ``eng_Latn`` (NLLB), ``en`` (M2M-100's
     ``__en__`` token), ``en`` (Marian, the tag itself); ValueError naming what is known."""
     from models.languages import canonical, table_key
-    from models.local import M2M_CODES, NLLB_CODES
+    from models.local.checkpoint import M2M_CODES, NLLB_CODES
 
     standard = canonical(tag)
     if standard is None:

@@ -8,13 +8,13 @@ source, the quantization, the checkpoint's ``model_type`` and position limit). S
 directory needs only ``ctranslate2`` and the tokenizer (transformers without torch); converting
 needs torch and transformers, as CTranslate2's converter loads the checkpoint with them.
 
-The local backend converts in a child process (``python -m models.convert``), so that the
-full-precision checkpoint it loads never inflates the service's own memory, and keeps the
-result under ``local_ct2_cache`` (default: ``$HF_HOME/thinktrans-ct2``), named by the model, the
-quantization and a fingerprint of the source: a restart finds it there, and a changed
-checkpoint directory or a new hub revision is converted again. A conversion is written to a
-temporary directory and renamed into place, so a crash never leaves a half-written model that
-a later start would trust.
+The local backend converts in a child process (``main``, as ``python -m models.local.convert``
+runs it), so that the full-precision checkpoint it loads never inflates the service's own
+memory, and keeps the result under ``local_ct2_cache`` (default: ``$HF_HOME/thinktrans-ct2``),
+named by the model, the quantization and a fingerprint of the source: a restart finds it
+there, and a changed checkpoint directory or a new hub revision is converted again. A
+conversion is written to a temporary directory and renamed into place, so a crash never
+leaves a half-written model that a later start would trust.
 """
 
 from __future__ import annotations
@@ -32,11 +32,13 @@ import sys
 import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass
+from importlib import metadata
 from importlib.util import find_spec
 from pathlib import Path
 from typing import Any
 
 from models.base import first_line
+from models.local.checkpoint import detect_family, directory_fingerprint
 
 log = logging.getLogger(__name__)
 
@@ -45,6 +47,8 @@ QUANTIZATIONS = (
     "float16", "bfloat16", "float32",
 )
 META_FILE = "thinktrans-ct2.json"
+# What the child process runs; its arguments follow on the command line.
+_CHILD = "import sys; from models.local.convert import main; sys.exit(main(sys.argv[1:]))"
 # Files of a checkpoint that are weights (CTranslate2 writes its own) or clash with its files.
 _NOT_COPIED = re.compile(r"(\.safetensors|\.bin|\.pt|\.h5|\.msgpack|\.ot|\.index\.json)$")
 
@@ -89,16 +93,6 @@ class _Source:
 
     location: str  # what the converter loads: a directory, or the hub id
     fingerprint: str
-
-
-def directory_fingerprint(path: Path) -> str:
-    """A checkpoint directory's version: its path and its files' names, sizes and times."""
-    digest = hashlib.sha256(str(path.resolve()).encode())
-    for entry in sorted(path.iterdir()):
-        if entry.is_file():
-            stat = entry.stat()
-            digest.update(f"{entry.name}:{stat.st_size}:{stat.st_mtime_ns}".encode())
-    return digest.hexdigest()[:16]
 
 
 def _source(model_id: str, offline: bool) -> _Source:
@@ -157,7 +151,9 @@ def cached_conversion(
     env = dict(os.environ)
     if offline:
         env["HF_HUB_OFFLINE"] = "1"
-    command = [sys.executable, "-m", "models.convert", "--quantization", quantization,
+    # ``main`` called, not ``-m models.local.convert``: the package imports this module
+    # first, so runpy would warn and run a second copy of it.
+    command = [sys.executable, "-c", _CHILD, "--quantization", quantization,
                "--model-id", model_id, source.location, str(work / "model")]
     try:
         done = subprocess.run(command, capture_output=True, text=True, timeout=timeout_s,
@@ -183,8 +179,8 @@ def cached_conversion(
 
 
 def _package_root() -> str:
-    """The directory ``models`` is imported from, for the child's ``-m models.convert``."""
-    return str(Path(__file__).resolve().parent.parent)
+    """The directory ``models`` is imported from, for the child's import of this module."""
+    return str(Path(__file__).resolve().parents[2])
 
 
 def _check_can_convert() -> None:
@@ -208,8 +204,6 @@ def convert(src: str, out: str | Path, *, quantization: str = "int8", model_id: 
     _check_can_convert()
     from ctranslate2.converters import TransformersConverter
     from transformers import AutoConfig, AutoTokenizer, GenerationConfig
-
-    from models.local import detect_family
 
     output = Path(out).expanduser()
     if output.exists() and any(output.iterdir()) and not force:
@@ -284,17 +278,15 @@ def make_readable(out: Path, created: Sequence[Path] = ()) -> None:
 
 def _version(module: str) -> str | None:
     try:
-        from importlib.metadata import version
-
-        return version(module)
-    except Exception:
+        return metadata.version(module)
+    except metadata.PackageNotFoundError:
         return None
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m models.convert SRC OUT --quantization int8``: what the backend runs in a
-    child process. The last line of stderr is the reason on failure."""
-    parser = argparse.ArgumentParser(prog="python -m models.convert")
+    """``python -m models.local.convert SRC OUT --quantization int8``: what the backend runs
+    in a child process. The last line of stderr is the reason on failure."""
+    parser = argparse.ArgumentParser(prog="python -m models.local.convert")
     parser.add_argument("src")
     parser.add_argument("out")
     parser.add_argument("--quantization", default="int8", choices=QUANTIZATIONS)

@@ -1,9 +1,9 @@
 """The two engines the local backend runs a checkpoint on: transformers + torch, or CTranslate2.
 
-The backend (models/local.py) owns everything around the model: the tokenizer, the family and
-its language codes, splitting long segments, sorting by length, the output bound per segment,
-decoding ids to text. An engine only loads the weights and turns a batch of token ids into
-generated ids:
+The rest of the local backend owns everything around the model: the tokenizer, the family and
+its language codes (models/local/checkpoint.py), splitting long segments, sorting by length,
+the output bound per segment, decoding ids to text (models/local/slot.py). An engine only loads
+the weights and turns a batch of token ids into generated ids:
 
 - ``prepare()`` resolves the device and the compute type (and imports the engine);
 - ``load(model_id, tokenizer, offline, converted)`` loads one checkpoint;
@@ -22,6 +22,7 @@ docs/benchmarks.md).
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import os
@@ -29,6 +30,10 @@ from dataclasses import dataclass
 from importlib.util import find_spec
 from pathlib import Path
 from typing import Any, Protocol
+
+from models.errors import MissingExtra
+from models.local.checkpoint import LoadError, not_found_reason
+from models.local.convert import ConversionError, cached_conversion, default_cache_dir
 
 log = logging.getLogger(__name__)
 
@@ -41,8 +46,9 @@ COMPUTE_TYPES = (
 )
 
 
-class LoadError(Exception):
-    """A checkpoint could not be loaded; the message is the backend's ``reason``."""
+class ConversionFailed(LoadError):
+    """Converting a checkpoint for CTranslate2 failed; under ``auto`` the backend then falls
+    back to transformers."""
 
 
 @dataclass(frozen=True)
@@ -97,6 +103,19 @@ def required_packages(engine: str) -> tuple[str, ...]:
     if engine == "ctranslate2":
         return ("ctranslate2", "transformers", "sentencepiece")
     return ("torch", "transformers", "sentencepiece")
+
+
+def require_packages(engine: str) -> None:
+    """MissingExtra naming the extra to install when a package ``engine`` needs is missing;
+    checked with ``find_spec``, so that nothing is imported."""
+    extra = "ct2" if engine == "ctranslate2" else "local"
+    for module in required_packages(engine):
+        if find_spec(module) is None:
+            raise MissingExtra(
+                f"the local backend's {engine} engine needs {module!r}: pip install "
+                f"'thinktrans[{extra}]'",
+                name=module, extra=extra,
+            )
 
 
 def build(engine: str, options: EngineOptions) -> Engine:
@@ -168,8 +187,6 @@ class TransformersEngine:
             model = AutoModelForSeq2SeqLM.from_pretrained(model_id, dtype=self._dtype,
                                                           local_files_only=offline)
         except (OSError, ValueError) as exc:  # weights missing or not a seq2seq model
-            from models.local import not_found_reason
-
             raise LoadError(not_found_reason(model_id, exc)) from exc
         model = model.to(self.device).eval()
         eos = _eos_ids(model.generation_config.eos_token_id, tokenizer.eos_token_id)
@@ -198,7 +215,7 @@ class CT2Engine:
     """A CTranslate2 ``Translator``: int8 on CPU, int8_float16 on CUDA by default.
 
     ``load`` takes a converted directory as it is, and converts a checkpoint (directory or hub
-    id) once into the cache (models/convert.py).
+    id) once into the cache (models/local/convert.py).
 
     CPU threads: a large model (NLLB, M2M-100) runs a batch on all ``threads`` at once; a small
     one (``d_model`` <= 512: Marian) gets as many single-threaded workers, each taking a part of
@@ -265,8 +282,6 @@ class CT2Engine:
              d_model: int | None = None) -> Loaded:
         import ctranslate2
 
-        from models.convert import ConversionError, cached_conversion, default_cache_dir
-
         if converted:
             path = Path(model_id).expanduser()
         else:
@@ -330,14 +345,7 @@ class CT2Engine:
         return [tokenizer.convert_tokens_to_ids(result.hypotheses[0]) for result in results]
 
 
-class ConversionFailed(LoadError):
-    """Converting a checkpoint for CTranslate2 failed; under ``auto`` the backend then falls
-    back to transformers."""
-
-
 def _generation_config(path: Path) -> dict[str, Any]:
-    import json
-
     try:
         value = json.loads((path / "generation_config.json").read_text(encoding="utf-8"))
     except (OSError, ValueError):
@@ -347,8 +355,6 @@ def _generation_config(path: Path) -> dict[str, Any]:
 
 def _target_vocabulary(path: Path) -> frozenset[str]:
     """The tokens of a converted model's target vocabulary (a JSON list or one per line)."""
-    import json
-
     for name in ("target_vocabulary", "shared_vocabulary"):
         for suffix, parse in ((".json", json.loads), (".txt", str.splitlines)):
             file = path / (name + suffix)

@@ -1,0 +1,339 @@
+"""What a checkpoint is, before any engine loads it: its family, its languages, how it is named.
+
+- The language table: this backend's languages, by table key (``models.languages``), with their
+  flores-200 code (NLLB-200) and their M2M-100 code. A loaded checkpoint serves those its
+  tokenizer has a token for.
+- The family, told from the config and the tokenizer, never from the name (``detect_family``):
+  NLLB-200 (``model_type`` m2m_100 with flores-200 tokens such as ``eng_Latn``: the source's
+  token set as the tokenizer's ``src_lang``, the target's forced first), M2M-100 (m2m_100
+  with ``__en__``-style tokens: ``src_lang`` and ``get_lang_id``), Marian (one pair, or one
+  source and ``>>fra<<`` target tokens). NLLB and M2M need a source: an unknown one, or one
+  the checkpoint lacks, is read as English (``FALLBACK_SOURCE``), as it is for Marian.
+- Model specs: ``THINKTRANS_LOCAL_MODEL`` and its kin as written (``en-de=ID`` names a Marian
+  pair first, ``parse_pair_spec``), turned into the list of checkpoints to load
+  (``model_specs``).
+- A Marian checkpoint's pair and the codes any checkpoint serves (``language_codes``).
+- Why a checkpoint could not be found, in one line that says what to set
+  (``not_found_reason``); whether the hub can be reached at all (``hub_unreachable``).
+- A directory's version (``directory_fingerprint``), so that a checkpoint replaced in place
+  never shares a cached translation or a conversion with the one before.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import re
+import socket
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+from models.base import first_line
+from models.errors import BackendConfigError
+from models.languages import canonical, table_key
+
+log = logging.getLogger(__name__)
+
+# The languages this backend knows: table key (see models.languages), flores-200 code
+# (NLLB-200), M2M-100 code. A loaded checkpoint serves those its tokenizer has a token for.
+_ROWS: tuple[tuple[str, str, str], ...] = (
+    ("af", "afr_Latn", "af"),
+    ("ar", "arb_Arab", "ar"),
+    ("bg", "bul_Cyrl", "bg"),
+    ("bn", "ben_Beng", "bn"),
+    ("ca", "cat_Latn", "ca"),
+    ("cs", "ces_Latn", "cs"),
+    ("cy", "cym_Latn", "cy"),
+    ("da", "dan_Latn", "da"),
+    ("de", "deu_Latn", "de"),
+    ("el", "ell_Grek", "el"),
+    ("en", "eng_Latn", "en"),
+    ("es", "spa_Latn", "es"),
+    ("et", "est_Latn", "et"),
+    ("fa", "pes_Arab", "fa"),
+    ("fi", "fin_Latn", "fi"),
+    ("fr", "fra_Latn", "fr"),
+    ("gu", "guj_Gujr", "gu"),
+    ("he", "heb_Hebr", "he"),
+    ("hi", "hin_Deva", "hi"),
+    ("hr", "hrv_Latn", "hr"),
+    ("hu", "hun_Latn", "hu"),
+    ("id", "ind_Latn", "id"),
+    ("it", "ita_Latn", "it"),
+    ("ja", "jpn_Jpan", "ja"),
+    ("kn", "kan_Knda", "kn"),
+    ("ko", "kor_Hang", "ko"),
+    ("lt", "lit_Latn", "lt"),
+    ("lv", "lvs_Latn", "lv"),
+    ("mk", "mkd_Cyrl", "mk"),
+    ("ml", "mal_Mlym", "ml"),
+    ("mr", "mar_Deva", "mr"),
+    ("nb", "nob_Latn", "no"),
+    ("ne", "npi_Deva", "ne"),
+    ("nl", "nld_Latn", "nl"),
+    ("pa", "pan_Guru", "pa"),
+    ("pl", "pol_Latn", "pl"),
+    ("pt", "por_Latn", "pt"),
+    ("ro", "ron_Latn", "ro"),
+    ("ru", "rus_Cyrl", "ru"),
+    ("sk", "slk_Latn", "sk"),
+    ("sl", "slv_Latn", "sl"),
+    ("sq", "als_Latn", "sq"),
+    ("sv", "swe_Latn", "sv"),
+    ("sw", "swh_Latn", "sw"),
+    ("ta", "tam_Taml", "ta"),
+    ("te", "tel_Telu", "te"),
+    ("th", "tha_Thai", "th"),
+    ("fil", "tgl_Latn", "tl"),
+    ("tr", "tur_Latn", "tr"),
+    ("uk", "ukr_Cyrl", "uk"),
+    ("ur", "urd_Arab", "ur"),
+    ("vi", "vie_Latn", "vi"),
+    ("zh-Hans", "zho_Hans", "zh"),
+    ("zh-Hant", "zho_Hant", "zh"),
+)
+NLLB_CODES: dict[str, str] = {key: flores for key, flores, _ in _ROWS}
+M2M_CODES: dict[str, str] = {key: m2m for key, _, m2m in _ROWS}
+
+FAMILIES = ("nllb", "m2m100", "marian")
+# What an unknown source is read as: most agent thinking is English, and the encoder copes
+# with a wrong source tag far better than with none.
+FALLBACK_SOURCE = "en"
+_PAIR = re.compile(r"^(?P<src>[A-Za-z]{2,8})-(?P<tgt>[A-Za-z]{2,8}(?:-[A-Za-z0-9]{1,8})*)$")
+_OPUS_NAME = re.compile(r"opus-mt-(?P<src>[A-Za-z]{2,8})-(?P<tgt>[A-Za-z]{2,8})$")
+_FLORES = re.compile(r"^[a-z]{3}_[A-Z][a-z]{3}$")
+
+
+class LoadError(Exception):
+    """A checkpoint could not be loaded; the message is the backend's ``reason``."""
+
+
+def key_or_none(tag: str | None) -> str | None:
+    """The table key of a tag, or None when it is missing or not a BCP 47 tag."""
+    standard = canonical(tag) if tag is not None else None
+    return table_key(standard) if standard is not None else None
+
+
+# -- model specs -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Spec:
+    """A checkpoint to load: a configured one, or one a request named."""
+
+    model_id: str
+    pair: tuple[str, str] | None = None  # a Marian pair written before the id: ``en-de=ID``
+    marian_only: bool = False  # named in THINKTRANS_LOCAL_MARIAN_MODELS
+    setting: str = "THINKTRANS_LOCAL_MODEL"  # where it was named, for failure reasons
+    on_demand: bool = False  # named by a request, not configured
+
+
+def parse_pair_spec(value: str) -> tuple[tuple[str, str] | None, str]:
+    """Split ``en-de=ID`` into ``(("en", "de"), "ID")``; a value without a pair gives ``None``."""
+    left, sep, right = value.partition("=")
+    match = _PAIR.match(left.strip()) if sep and "/" not in left else None
+    src, tgt = (key_or_none(match["src"]), key_or_none(match["tgt"])) if match else (None, None)
+    if src is None or tgt is None:
+        return None, value.strip()
+    return (src, tgt), right.strip()
+
+
+def model_specs(model: str, marian_models: Sequence[str] = (),
+                models: Sequence[str] = ()) -> list[Spec]:
+    """The configured checkpoints, the main one first: ``models`` when set, else ``model``
+    and ``marian_models`` (the ``local_*`` settings); BackendConfigError for a malformed
+    entry."""
+    if models:
+        specs = [Spec(model_id, pair, setting="THINKTRANS_LOCAL_MODELS")
+                 for pair, model_id in map(parse_pair_spec, models)]
+        if not all(spec.model_id for spec in specs):
+            raise BackendConfigError("local_models (THINKTRANS_LOCAL_MODELS) has an empty entry: "
+                                     f"{', '.join(models)!r}")
+        return specs
+    pair, model_id = parse_pair_spec(model)
+    if not model_id:
+        raise BackendConfigError("local_model (THINKTRANS_LOCAL_MODEL) is empty; name a checkpoint")
+    specs = [Spec(model_id, pair)]
+    for entry in marian_models:
+        extra_pair, extra_id = parse_pair_spec(entry)
+        if extra_pair is None or not extra_id:
+            raise BackendConfigError(
+                "local_marian_models (THINKTRANS_LOCAL_MARIAN_MODELS) entries must read "
+                f"'src-tgt=ID_OR_DIR', e.g. 'en-de=Helsinki-NLP/opus-mt-en-de'; got {entry!r}"
+            )
+        specs.append(Spec(extra_id, extra_pair, marian_only=True))
+    return specs
+
+
+# -- the family and its languages --------------------------------------------------------------
+
+
+def detect_family(config: Any, tokenizer: Any) -> str | None:
+    """``nllb``, ``m2m100`` or ``marian`` from a checkpoint's config and tokenizer, else None."""
+    model_type = getattr(config, "model_type", None)
+    if model_type == "marian":
+        return "marian"
+    if model_type is None and type(tokenizer).__name__.startswith("Marian"):
+        return "marian"  # a converted model without thinktrans-ct2.json: the tokenizer tells
+    if model_type not in ("m2m_100", "nllb-moe", None):
+        return None
+    # NLLB checkpoints say model_type m2m_100 too; the tokenizer tells them apart.
+    name = type(tokenizer).__name__
+    if name.startswith("Nllb"):
+        return "nllb"
+    if hasattr(tokenizer, "lang_code_to_id") and hasattr(tokenizer, "get_lang_id"):
+        return "m2m100"
+    if "eng_Latn" in tokenizer.get_vocab():  # a generic fast tokenizer with flores tokens
+        return "nllb"
+    return None
+
+
+def language_codes(family: str, spec: Spec, tokenizer: Any
+                   ) -> tuple[str | None, dict[str, str], frozenset[int]]:
+    """What a checkpoint of ``family`` serves: (Marian's source key or None, codes, the ids
+    never decoded). NLLB/M2M codes map a table key to the family's code; Marian's map a
+    target key to its text prefix ("" or a ``>>fra<<`` token). LoadError when Marian's pair
+    cannot be told."""
+    drop = set(tokenizer.all_special_ids)
+    source: str | None = None
+    if family == "nllb":
+        vocab = tokenizer.get_vocab()
+        codes = {key: code for key, code in NLLB_CODES.items() if code in vocab}
+        drop.update(i for token, i in vocab.items() if _FLORES.match(token))
+    elif family == "m2m100":
+        known = tokenizer.lang_code_to_id
+        codes = {key: code for key, code in M2M_CODES.items() if code in known}
+        drop.update(known.values())
+    else:
+        source, codes = marian_pair(spec, tokenizer)
+    return source, codes, frozenset(drop)
+
+
+def lang_token_id(family: str, tokenizer: Any, code: str) -> int:
+    """The id of the language token of ``code`` (NLLB's flores token, M2M-100's ``__de__``)."""
+    if family == "m2m100":
+        return int(tokenizer.get_lang_id(code))
+    return int(tokenizer.convert_tokens_to_ids(code))
+
+
+def marian_pair(spec: Spec, tokenizer: Any) -> tuple[str, dict[str, str]]:
+    """The (source key, {target key: prefix}) of a Marian checkpoint. Its pair is, first that
+    applies: the spec's ``src-tgt=`` prefix, the tokenizer's saved ``source_lang`` and
+    ``target_lang``, an ``opus-mt-src-tgt`` name; multi-target checkpoints (``>>fra<<``
+    tokens) serve every target in the table they have a token for."""
+    pair = spec.pair
+    if pair is None:
+        saved = tokenizer.init_kwargs
+        pair = _pair_from(saved.get("source_lang"), saved.get("target_lang"))
+    if pair is None:
+        match = _OPUS_NAME.search(spec.model_id.rstrip("/"))
+        pair = _pair_from(match["src"], match["tgt"]) if match else None
+    multi = getattr(tokenizer, "supported_language_codes", None) or []
+    if multi:  # ">>fra<<" tokens: one checkpoint, several targets
+        targets: dict[str, str] = {}
+        for token in multi:
+            key = key_or_none(token[2:-2].replace("_", "-"))
+            if key in NLLB_CODES:  # a language of this backend's table
+                targets.setdefault(key, token)
+        if pair is not None and pair[1] in targets:
+            targets = {pair[1]: targets[pair[1]]}
+        source = pair[0] if pair is not None else FALLBACK_SOURCE
+        return source, targets
+    if pair is None:
+        raise LoadError(
+            f"cannot tell the language pair of Marian checkpoint {spec.model_id!r}: write it as "
+            f"'en-de={spec.model_id}' in THINKTRANS_LOCAL_MODEL or THINKTRANS_LOCAL_MARIAN_MODELS"
+        )
+    return pair[0], {pair[1]: ""}
+
+
+def _pair_from(source: object, target: object) -> tuple[str, str] | None:
+    if not isinstance(source, str) or not isinstance(target, str):
+        return None
+    src, tgt = key_or_none(source), key_or_none(target)
+    if src is None or tgt is None:
+        return None
+    return src, tgt
+
+
+# -- where a checkpoint is ---------------------------------------------------------------------
+
+
+def _looks_local(model_id: str) -> bool:
+    return model_id.startswith(("/", "./", "../", "~")) or Path(model_id).expanduser().exists()
+
+
+def hub_unreachable(model_id: str, timeout_s: float = 3.0) -> bool:
+    """Whether ``model_id`` names a hub repository while the hub cannot be reached (its
+    name does not resolve, or no connection within ``timeout_s``)."""
+    if _looks_local(model_id):
+        return False  # a local directory
+    from huggingface_hub import constants
+
+    if constants.HF_HUB_OFFLINE:
+        return False  # already offline: the hub client does not try the network
+    endpoint = urlsplit(constants.ENDPOINT)
+    port = endpoint.port or (443 if endpoint.scheme == "https" else 80)
+    try:
+        socket.create_connection((endpoint.hostname or "", port), timeout=timeout_s).close()
+    except OSError:
+        log.warning("local: the model hub %s is unreachable; loading %r from the local cache "
+                    "only", constants.ENDPOINT, model_id)
+        return True
+    return False
+
+
+def not_found_reason(model_id: str, exc: BaseException,
+                     setting: str = "THINKTRANS_LOCAL_MODEL") -> str:
+    """Why ``model_id`` could not be loaded, and what to set (``setting``: where it was
+    named) to fix it."""
+    looks_local = model_id.startswith(("/", "./", "../", "~")) or Path(model_id).exists()
+    path = Path(model_id).expanduser()
+    unreadable = sorted(p.name for p in path.iterdir()
+                        if p.is_file() and not os.access(p, os.R_OK)) if path.is_dir() else []
+    if unreadable:
+        # save_pretrained writes model.safetensors as 0600; a non-root container cannot read it
+        return (
+            f"cannot read {', '.join(unreadable)} in {model_id!r} as uid {os.getuid()}: make "
+            f"the checkpoint readable (chmod -R a+rX {model_id})"
+        )
+    if looks_local and not path.exists():
+        return (
+            f"model directory {model_id!r} does not exist: set {setting} to a "
+            "checkpoint directory or a hub id (HF_HUB_OFFLINE=1 keeps hub ids to the local cache)"
+        )
+    if path.is_dir():
+        return (
+            f"{model_id!r} is not a loadable checkpoint directory ({first_line(exc)}): set "
+            f"{setting} to a directory written by save_pretrained, or to a hub id "
+            "(HF_HUB_OFFLINE=1 keeps hub ids to the local cache)"
+        )
+    return (
+        f"model {model_id!r} not found locally and the hub is unreachable or does not have it "
+        f"({first_line(exc)}): set {setting} to a local directory or pre-seed HF_HOME "
+        "with it; HF_HUB_OFFLINE=1 skips the network"
+    )
+
+
+# -- versions ----------------------------------------------------------------------------------
+
+
+def directory_fingerprint(path: Path) -> str:
+    """A checkpoint directory's version: its path and its files' names, sizes and times."""
+    digest = hashlib.sha256(str(path.resolve()).encode())
+    for entry in sorted(path.iterdir()):
+        if entry.is_file():
+            stat = entry.stat()
+            digest.update(f"{entry.name}:{stat.st_size}:{stat.st_mtime_ns}".encode())
+    return digest.hexdigest()[:16]
+
+
+def version(model_id: str) -> str:
+    """A checkpoint directory's fingerprint; "" for a hub id (its revision is not known
+    without asking the hub)."""
+    path = Path(model_id).expanduser()
+    return directory_fingerprint(path) if path.is_dir() else ""

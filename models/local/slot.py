@@ -1,0 +1,264 @@
+"""One checkpoint loaded on an engine (a ``Slot``), and running texts through it.
+
+``load_slot`` reads the checkpoint's config and tokenizer (a converted directory's
+``thinktrans-ct2.json`` stands in for its config), tells the family and the languages
+(models/local/checkpoint.py) and has the engine load the weights. ``translate_batch`` runs a
+batch of texts on a ``Route`` (a slot and the codes of one pair): cut into parts
+(models/local/text.py), longest first in slices of at most ``MAX_BATCH_TOKENS`` padded
+tokens, each part's output cut to its own bound, decoded without special and language
+tokens, put back in order and rejoined. Everything here runs on the backend's threads, never
+on the event loop.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from dataclasses import dataclass, field
+from types import SimpleNamespace
+from typing import Any
+
+from models.base import first_line
+from models.errors import BackendError, BackendUnavailable
+from models.local.checkpoint import (
+    FALLBACK_SOURCE,
+    LoadError,
+    Spec,
+    detect_family,
+    hub_unreachable,
+    lang_token_id,
+    language_codes,
+    not_found_reason,
+    version,
+)
+from models.local.convert import is_converted, read_meta
+from models.local.engines import Engine, Loaded
+from models.local.text import cut_texts, rejoin
+
+log = logging.getLogger(__name__)
+
+# Padded input tokens per generate call; a larger batch is cut into length-sorted slices.
+MAX_BATCH_TOKENS = 8192
+
+
+@dataclass
+class Slot:
+    """One loaded checkpoint and what it can serve."""
+
+    model_id: str
+    family: str
+    tokenizer: Any
+    loaded: Loaded  # the engine's model
+    # NLLB/M2M: table key -> the family's code. Marian: target key -> text prefix ("" or ">>fr<<").
+    codes: dict[str, str]
+    source: str | None = None  # Marian: the pair's source key
+    drop_ids: frozenset[int] = frozenset()  # never decoded: specials and language tokens
+    # A directory's files (names, sizes, times), so that a checkpoint replaced in place
+    # never shares cached translations with the one before; "" for a hub id.
+    version: str = ""
+    max_positions: int = 1024
+    test_checkpoint: bool = False  # `thinktrans make-test-model` output: its text is noise
+    batches: int = 0  # batches run on it (the worker thread alone writes it)
+
+    @property
+    def model(self) -> Any:
+        return self.loaded.model
+
+
+@dataclass(frozen=True)
+class Route:
+    """How one (source, target) is served: which checkpoint, which codes."""
+
+    slot: Slot
+    src_code: str | None  # NLLB/M2M source code
+    forced_bos: int | None  # NLLB/M2M target token
+    prefix: str  # Marian multi-target token
+    no_space: bool  # rejoin split parts without spaces
+
+
+@dataclass
+class Stats:
+    batches: int = 0
+    segments: int = 0
+    generate_calls: int = 0
+    split_segments: int = 0
+    output_tokens: int = 0  # generated, as kept (before EOS, within the bound)
+    last_generate_sizes: list[int] = field(default_factory=list)
+
+
+# -- loading -----------------------------------------------------------------------------------
+
+
+def load_slot(engine: Engine, spec: Spec) -> Slot:
+    """Load ``spec``'s checkpoint on ``engine`` (prepared); LoadError says why it cannot."""
+    log.info("local: loading %s", spec.model_id)
+    converted = is_converted(spec.model_id)
+    # Without the hub at hand, load from the local cache only, at once: the hub
+    # client's own retries take half a minute to give up on an unreachable hub.
+    offline = not converted and hub_unreachable(spec.model_id)
+    config, tokenizer = _config_and_tokenizer(spec, converted, offline)
+    family = detect_family(config, tokenizer)
+    if family is None:
+        raise LoadError(
+            f"model {spec.model_id!r} is a {getattr(config, 'model_type', None)!r} checkpoint; "
+            "the local backend runs NLLB-200, M2M-100 and Marian checkpoints "
+            "(THINKTRANS_LOCAL_MODEL)"
+        )
+    if spec.marian_only and family != "marian":
+        raise LoadError(
+            f"{spec.model_id!r} in THINKTRANS_LOCAL_MARIAN_MODELS is a {family} checkpoint, "
+            "not a Marian one; name it in THINKTRANS_LOCAL_MODEL instead"
+        )
+    d_model = getattr(config, "d_model", None)
+    if not isinstance(d_model, int):  # a directory converted by other tools
+        d_model = 512 if family == "marian" else None  # opus-mt's; big ones say so
+    loaded = engine.load(spec.model_id, tokenizer, offline=offline, converted=converted,
+                         d_model=d_model)
+    test_checkpoint = bool(getattr(config, "thinktrans_test_checkpoint", False))
+    if test_checkpoint:
+        log.warning("local: %r is a random-weight test checkpoint; its output is noise",
+                    spec.model_id)
+    source, codes, drop_ids = language_codes(family, spec, tokenizer)
+    if not codes:
+        raise LoadError(
+            f"model {spec.model_id!r} ({family}) has none of the languages in the local "
+            "backend's table; choose another checkpoint (THINKTRANS_LOCAL_MODEL)"
+        )
+    return Slot(
+        model_id=spec.model_id, family=family, tokenizer=tokenizer, loaded=loaded,
+        codes=codes, source=source, drop_ids=drop_ids, version=version(spec.model_id),
+        max_positions=int(getattr(config, "max_position_embeddings", 1024) or 1024),
+        test_checkpoint=test_checkpoint,
+    )
+
+
+def _config_and_tokenizer(spec: Spec, converted: bool, offline: bool) -> tuple[Any, Any]:
+    try:
+        from transformers import AutoConfig, AutoTokenizer
+
+        # A converted directory's config.json is CTranslate2's; thinktrans-ct2.json keeps
+        # what the checkpoint's said (absent: the tokenizer alone tells the family).
+        config: Any = (SimpleNamespace(**read_meta(spec.model_id)) if converted
+                       else AutoConfig.from_pretrained(spec.model_id, local_files_only=offline))
+        tokenizer = AutoTokenizer.from_pretrained(spec.model_id, local_files_only=offline)
+    except ImportError as exc:  # e.g. a tokenizer that needs sentencepiece or protobuf
+        raise LoadError(
+            f"loading {spec.model_id!r} needs {exc.name or 'a missing package'!r}: "
+            "pip install 'thinktrans[local]'"
+        ) from exc
+    except Exception as exc:  # OSError, HFValidationError, hub HTTP errors, bad files
+        if converted:
+            raise LoadError(
+                f"the CTranslate2 model {spec.model_id!r} lacks its tokenizer files "
+                f"({first_line(exc)}): convert it with `thinktrans convert`, which copies "
+                "them, or copy the checkpoint's tokenizer files beside model.bin"
+            ) from exc
+        raise LoadError(not_found_reason(spec.model_id, exc, spec.setting)) from exc
+    return config, tokenizer
+
+
+def warm_up(engine: Engine, slot: Slot, max_input_tokens: int) -> None:
+    """One tiny generate, so that the first real batch does not pay for lazy setup."""
+    target = next((k for k in slot.codes if k != FALLBACK_SOURCE), next(iter(slot.codes)))
+    source = slot.source or FALLBACK_SOURCE
+    src_code = None
+    forced = None
+    if slot.family != "marian":
+        src_code = slot.codes.get(source) or next(iter(slot.codes.values()))
+        forced = lang_token_id(slot.family, slot.tokenizer, slot.codes[target])
+    prefix = slot.codes[target] if slot.family == "marian" else ""
+    if src_code is not None:
+        slot.tokenizer.src_lang = src_code
+    # Its own stats: it may run on the on-demand thread beside a batch.
+    generate(engine, Route(slot, src_code, forced, prefix, False), ["Hello."],
+             max_input_tokens, Stats())
+
+
+# -- a batch -----------------------------------------------------------------------------------
+
+
+def translate_batch(engine: Engine, route: Route, texts: list[str], max_input_tokens: int,
+                    stats: Stats) -> list[str]:
+    """Split, sort by length, generate in slices, restore the order, rejoin; the one place
+    the engines' errors (torch's, transformers', CTranslate2's) become the backend's."""
+    try:
+        return _translate(engine, route, texts, max_input_tokens, stats)
+    except BackendError:
+        raise
+    except Exception as exc:
+        if type(exc).__name__ == "OutOfMemoryError":
+            raise BackendUnavailable(
+                f"out of memory on {engine.device} for a batch of {len(texts)}: lower "
+                "THINKTRANS_MAX_BATCH_SIZE or THINKTRANS_LOCAL_MAX_INPUT_TOKENS"
+            ) from exc
+        raise BackendError(
+            f"the local model failed on a batch of {len(texts)}: {first_line(exc)}"
+        ) from exc
+
+
+def _translate(engine: Engine, route: Route, texts: list[str], max_input_tokens: int,
+               stats: Stats) -> list[str]:
+    started = time.perf_counter()
+    slot = route.slot
+    tokenizer = slot.tokenizer
+    if route.src_code is not None:
+        tokenizer.src_lang = route.src_code  # safe: one thread runs the batches
+
+    def count(text: str) -> int:
+        return len(tokenizer(route.prefix + text, add_special_tokens=False)["input_ids"])
+
+    pieces = cut_texts(texts, count, max_input_tokens)
+    stats.split_segments += pieces.split
+    # Longest first, so that each slice pads little and the slow one starts early.
+    order = sorted(pieces.parts, key=lambda part: part.n_tokens, reverse=True)
+    sizes = []
+    start = 0
+    while start < len(order):
+        longest = order[start].n_tokens + 4
+        size = max(1, min(len(order) - start, MAX_BATCH_TOKENS // max(longest, 1)))
+        chunk = order[start : start + size]
+        outputs = generate(engine, route, [part.text for part in chunk], max_input_tokens, stats)
+        for part, out in zip(chunk, outputs, strict=True):
+            part.out = out
+        sizes.append(size)
+        start += size
+    results = rejoin(pieces, route.no_space)
+    slot.batches += 1
+    stats.batches += 1
+    stats.segments += len(texts)
+    stats.last_generate_sizes = sizes
+    log.debug(
+        "local: %d segments (%d parts, %d generate calls) in %.0f ms",
+        len(texts), len(pieces.parts), len(sizes), (time.perf_counter() - started) * 1000,
+    )
+    return results
+
+
+def generate(engine: Engine, route: Route, texts: list[str], max_input_tokens: int,
+             stats: Stats) -> list[str]:
+    """Run ``texts`` through the route's model in one engine call, each output cut to its
+    own bound (1.5 x its input + 10 tokens, so that a looping segment cannot run to the
+    batch's bound), counted into ``stats``."""
+    slot = route.slot
+    tokenizer = slot.tokenizer
+    rows = tokenizer(
+        [route.prefix + text for text in texts],
+        truncation=True,
+        max_length=max_input_tokens + 8,  # a safety net: split_text already bounds
+    )["input_ids"]
+    caps = [min(math.ceil(1.5 * len(row)) + 10, slot.max_positions - 2) for row in rows]
+    out = engine.generate(slot.loaded, tokenizer, rows, route.forced_bos, max(caps))
+    stats.generate_calls += 1
+    eos_ids = slot.loaded.eos_ids
+    texts_out = []
+    for row, cap in zip(out, caps, strict=True):
+        ids = []
+        for token in row[:cap]:
+            if token in eos_ids:
+                break
+            if token not in slot.drop_ids:
+                ids.append(token)
+        stats.output_tokens += len(ids)
+        texts_out.append(tokenizer.decode(ids, skip_special_tokens=True).strip())
+    return texts_out
