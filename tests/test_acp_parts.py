@@ -52,13 +52,18 @@ async def _settle(out: _Output) -> None:
         await asyncio.sleep(0)
 
 
-async def test_an_open_part_holds_back_its_session_only() -> None:
+def _recording() -> tuple[_Output, list[Any]]:
+    """An output whose ``send`` records what goes out."""
     sent: list[Any] = []
 
     async def send(message: Any) -> None:
         sent.append(message)
 
-    out = _Output(send, max_pending=16)
+    return _Output(send, max_pending=16), sent
+
+
+async def test_an_open_part_holds_back_its_session_only() -> None:
+    out, sent = _recording()
     a = _Part()
     out.append(_Slot("A", thoughts=a.thoughts))
     out.append(_Slot("A", message="after a, in A"))
@@ -77,12 +82,7 @@ async def test_an_open_part_holds_back_its_session_only() -> None:
 
 
 async def test_a_slot_of_no_session_waits_for_all_before_it_and_holds_all_after() -> None:
-    sent: list[Any] = []
-
-    async def send(message: Any) -> None:
-        sent.append(message)
-
-    out = _Output(send, max_pending=16)
+    out, sent = _recording()
     a = _Part()
     out.append(_Slot("A", thoughts=a.thoughts))
     out.append(_Slot(None, message="of no session"))
