@@ -25,15 +25,10 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from importlib import metadata
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
-try:
+if TYPE_CHECKING:
     import deepl
-    import requests
-except ImportError as exc:  # without the extra, the config is still importable
-    _MISSING: ImportError | None = exc
-else:
-    _MISSING = None
 
 from models.base import Capabilities, Job
 from models.errors import (
@@ -189,9 +184,14 @@ class DeepLTranslator(RemoteTranslator):
     usage_refresh_s: float = 300.0
 
     def __init__(self, config: DeepLConfig) -> None:
-        if _MISSING is not None:
+        # The vendor's client is imported by the backend that needs it: the config, and
+        # the service, import without it.
+        try:
+            import deepl
+        except ImportError as exc:
             raise MissingExtra("the deepl backend needs the official DeepL client: "
-                               "pip install 'thinktrans[deepl]'", name="deepl", extra="deepl")
+                               "pip install 'thinktrans[deepl]'", name="deepl",
+                               extra="deepl") from exc
         super().__init__()
         self.config = config
         self._api_key = config.api_key or None
@@ -355,6 +355,8 @@ class DeepLTranslator(RemoteTranslator):
         return out
 
     def _client(self) -> deepl.DeepLClient:
+        import deepl
+
         client: deepl.DeepLClient | None = getattr(self._local, "client", None)
         if client is None:
             assert self._api_key is not None
@@ -427,6 +429,8 @@ class DeepLTranslator(RemoteTranslator):
         if self._server_url:
             return self._server_url.rstrip("/")
         assert self._api_key is not None
+        import deepl
+
         free = deepl.auth_key_is_free_account(self._api_key)
         return "https://api-free.deepl.com" if free else "https://api.deepl.com"
 
@@ -488,6 +492,8 @@ def vendor_error(exc: Exception, *, timeout_s: float, server: Callable[[], str],
                  closed: bool) -> tuple[BackendError, bool | None]:
     """The backends' error for a DeepL or client failure, and whether it marks the backend
     down: None (no), True (at once, a retry cannot help) or False (until a probe passes)."""
+    import deepl
+
     if isinstance(exc, deepl.AuthorizationException):
         return BackendUnavailable("DeepL rejected the API key (HTTP 403); check "
                                   "THINKTRANS_DEEPL_API_KEY or choose another backend"), True
@@ -514,6 +520,8 @@ def vendor_error(exc: Exception, *, timeout_s: float, server: Callable[[], str],
 
 def _is_read_timeout(exc: BaseException) -> bool:
     """Whether a ConnectionException came from a request that got no answer in time."""
+    import requests
+
     cause = exc.__cause__
     if isinstance(cause, requests.exceptions.ConnectTimeout):
         return False  # nothing accepted the connection: unreachable, not slow
