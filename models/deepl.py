@@ -360,9 +360,8 @@ class DeepLTranslator(RemoteTranslator):
         client: deepl.DeepLClient | None = getattr(self._local, "client", None)
         if client is None:
             assert self._api_key is not None
-            client = deepl.DeepLClient(
-                self._api_key, server_url=self._server_url, send_platform_info=False
-            )
+            client = deepl.DeepLClient(self._api_key, server_url=self._server_url,
+                                       send_platform_info=False)
             client.set_app_info("thinktrans", _app_version())
             self._local.client = client
             with self._lock:
@@ -426,13 +425,7 @@ class DeepLTranslator(RemoteTranslator):
     # -- readiness ---------------------------------------------------------------------------
 
     def _server_label(self) -> str:
-        if self._server_url:
-            return self._server_url.rstrip("/")
-        assert self._api_key is not None
-        import deepl
-
-        free = deepl.auth_key_is_free_account(self._api_key)
-        return "https://api-free.deepl.com" if free else "https://api.deepl.com"
+        return server_label(self._server_url, self._api_key)
 
     async def _check(self) -> None:
         """Check the key and quota (GET /v2/usage); fetch the target list once."""
@@ -516,6 +509,16 @@ def vendor_error(exc: Exception, *, timeout_s: float, server: Callable[[], str],
     # The client chokes on an answer it cannot read (missing fields, not JSON).
     return BadOutput(f"DeepL answered something the client cannot read "
                      f"({type(exc).__name__})"), None
+
+
+def server_label(server_url: str | None, api_key: str | None) -> str:
+    """Where requests go: the configured server, else DeepL's API for the key's plan."""
+    if server_url:
+        return server_url.rstrip("/")
+    import deepl
+
+    free = api_key is not None and deepl.auth_key_is_free_account(api_key)
+    return "https://api-free.deepl.com" if free else "https://api.deepl.com"
 
 
 def _is_read_timeout(exc: BaseException) -> bool:
