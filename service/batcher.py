@@ -58,11 +58,8 @@ class _Item:
     due: float | None = None  # when its segment is due out (monotonic); None: no deadline
     enqueued: float = field(default_factory=time.monotonic)
     queued: bool = True  # counted in the queue's size (False once taken or cancelled)
+    chars: int = 0  # len(text), counted once: batches are formed by it
     weight: ClassVar[int] = 1  # one segment: one place in a batch
-
-    @property
-    def chars(self) -> int:
-        return len(self.text)
 
     def gone(self) -> bool:
         """Its caller cancelled it (a queued item's future is done by nothing else)."""
@@ -221,7 +218,7 @@ class Batcher:
             )
         future: asyncio.Future[Translation] = asyncio.get_running_loop().create_future()
         pair: Pair = (source, target, model)
-        item = _Item(text, pair, future, context=context, due=due)
+        item = _Item(text, pair, future, context=context, due=due, chars=len(text))
         self._queue.push(item)
         future.add_done_callback(functools.partial(self._on_done, item))
         self._gauge()
