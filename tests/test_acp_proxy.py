@@ -21,6 +21,9 @@ from typing import Any
 import httpx
 import jsonschema
 import pytest
+
+pytest.importorskip("acp", reason="needs the client's acp extra: pip install './client[acp]'")
+
 from acp import PROTOCOL_VERSION, RequestPermissionResponse, spawn_agent_process, text_block
 from acp.connection import StreamDirection, StreamEvent
 from acp.schema import AllowedOutcome

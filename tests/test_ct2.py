@@ -16,8 +16,8 @@ from typing import Any
 
 import pytest
 
-pytest.importorskip("ctranslate2")
-pytest.importorskip("torch")
+pytest.importorskip("ctranslate2", reason="needs the ct2 extra: pip install 'thinktrans[ct2]'")
+pytest.importorskip("torch", reason="needs the local extra: pip install 'thinktrans[local]'")
 
 
 from models.errors import BackendConfigError

@@ -431,7 +431,8 @@ async def test_context_groups_run_concurrently(fake: FakeDeepL, make: Make) -> N
     out = await backend.translate(texts, source="en", target="fr",
                                   contexts=["a. ", "b. ", "c. "])
     assert out == [f"[FR] {t}" for t in texts]
-    assert len(fake.translate_requests) == 3
+    # One request per context (a loaded machine may see the client retry one of them).
+    assert {tuple(r.json["text"]) for r in fake.translate_requests} == {(t,) for t in texts}
     assert fake.max_in_flight >= 2
 
 

@@ -25,6 +25,9 @@ from urllib.parse import quote
 
 import httpx
 import pytest
+
+pytest.importorskip("schemathesis", reason="needs the dev extra: pip install 'thinktrans[dev]'")
+
 import schemathesis
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st

@@ -21,8 +21,8 @@ from typing import Any
 
 import pytest
 
-pytest.importorskip("torch")
-pytest.importorskip("transformers")
+pytest.importorskip("torch", reason="needs the local extra: pip install 'thinktrans[local]'")
+pytest.importorskip("transformers", reason="needs the local extra: pip install 'thinktrans[local]'")
 
 from transformers import AutoConfig, AutoTokenizer
 
@@ -377,7 +377,7 @@ async def test_start_returns_at_once_and_ready_flips_after_loading(
     backend._executor.submit(gate.wait, 30)
     began = time.perf_counter()
     await backend.start()
-    assert time.perf_counter() - began < 0.5
+    assert time.perf_counter() - began < 10  # not the 30 s the held worker would take
     assert backend.ready is False
     assert backend.reason == f"loading model {str(models['nllb'])!r}"
     assert backend.languages() is None and backend.supports("en", "de")

