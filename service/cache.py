@@ -2,6 +2,9 @@
 
 A key is ``(identity, source, target, text)``; the identity names the backend, the model
 and everything else that changes the output, so two configurations never share entries.
+For a backend that reads a segment's context (the stream's text before it), that is
+part of what changes the output: the dispatcher adds its digest (``context_mark``), so an
+answer made with one stream's context is never served for another context, or for none.
 
 **Memory.** An ``OrderedDict`` kept in recency order: a hit moves its entry to the end, a
 put evicts from the front until the new entry fits. Each entry is charged an estimate of
@@ -107,6 +110,17 @@ def key_digest(key: CacheKey) -> str:
         h.update(len(data).to_bytes(8, "big"))
         h.update(data)
     return h.hexdigest()
+
+
+def context_mark(context: str | None) -> str:
+    """The part of a cache identity that names the context a backend was given with a
+    text: its SHA-256 (128 bits of it), or ``none``. A context steers what a model
+    answers, an instruction planted in it included; keyed, an answer is only ever served
+    for the input it was made from."""
+    if context is None:
+        return "ctx=none"
+    digest = hashlib.sha256(context.encode("utf-8", "surrogatepass")).hexdigest()
+    return f"ctx={digest[:32]}"
 
 
 def _entry_bytes(key: CacheKey, value: CachedTranslation) -> int:
