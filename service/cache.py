@@ -35,10 +35,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import hashlib
 import logging
 import os
 import sqlite3
+import stat
 import sys
 import time
 from collections import OrderedDict
@@ -150,6 +152,69 @@ def _newest_within(rows: list[_Row], max_bytes: int) -> list[_Row]:
     return kept
 
 
+class Unusable(OSError):
+    """The cache path names something that is not to be opened as the cache's file."""
+
+
+def _open_private(path: Path) -> os.stat_result:
+    """Create or open the file at ``path``, mode 0600, never through a symbolic link;
+    what it is (device and inode), for ``_connect`` to check SQLite opened the same.
+
+    Created here rather than by SQLite so that it is never readable by others, even for
+    a moment (SQLite gives its -wal and -shm files the same mode); a file that was there
+    already (made by hand, or by an older run) is made private too, through the open
+    descriptor, so that a link swapped in meanwhile has nothing changed behind it.
+    ``O_NOFOLLOW`` refuses a link as the last component in the same call that creates
+    the file, where a check before the open would leave a moment to put one there.
+    """
+    flags = os.O_RDWR | os.O_CREAT | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0)
+    flags |= getattr(os, "O_CLOEXEC", 0)
+    if not hasattr(os, "O_NOFOLLOW") and path.is_symlink():  # no such flag: check first
+        raise Unusable(_SYMLINK)
+    try:
+        fd = os.open(path, flags, 0o600)
+    except OSError as exc:
+        # ELOOP (Linux, macOS) or EMLINK (FreeBSD) is how O_NOFOLLOW refuses a link.
+        if exc.errno in (errno.ELOOP, errno.EMLINK) and path.is_symlink():
+            raise Unusable(_SYMLINK) from exc
+        raise
+    try:
+        made = os.fstat(fd)
+        if not stat.S_ISREG(made.st_mode):  # a FIFO or a device (O_NONBLOCK: no wait)
+            raise Unusable("is not a regular file: point it to a writable SQLite file")
+        os.fchmod(fd, 0o600)
+    finally:
+        os.close(fd)
+    return made
+
+
+def _connect(path: Path, made: os.stat_result, timeout_s: float) -> sqlite3.Connection:
+    """SQLite's connection to the file ``_open_private`` made, checked to be that file.
+
+    SQLite opens by name and follows a link at the last component (it resolves the name
+    first, so that its -wal file lies beside the target), with no way to ask it not to
+    from Python; so what it opened is checked afterwards: the file at the name SQLite
+    resolved (``PRAGMA database_list``) must be the one made. A link put in the file's
+    place between the two opens is found here, before anything is written through it,
+    even if it is taken away again.
+    """
+    db = sqlite3.connect(path, timeout=timeout_s, isolation_level=None, check_same_thread=False)
+    try:
+        opened = next(row[2] for row in db.execute("PRAGMA database_list") if row[1] == "main")
+        found = os.stat(opened, follow_symlinks=False)
+        if (found.st_dev, found.st_ino) != (made.st_dev, made.st_ino):
+            raise Unusable(_SYMLINK if path.is_symlink() else
+                           "was replaced while it was being opened: keep it in a directory "
+                           "only this service can write")
+    except BaseException:
+        db.close()
+        raise
+    return db
+
+
+_SYMLINK = "is a symbolic link, which is not followed: point it to the file itself"
+
+
 class _Store:
     """The SQLite file.
 
@@ -172,15 +237,8 @@ class _Store:
     def open(self, now: float) -> None:
         """Create the file (mode 0600) and its schema, check them, drop stale rows."""
         self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-        # Created here rather than by SQLite so that it is never readable by others, even
-        # for a moment; SQLite gives its -wal and -shm files the same mode.
-        os.close(os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600))
-        # A file that was there already (made by hand, or by an older run) is made private
-        # too: it holds translations of thinking text.
-        os.chmod(self.path, 0o600)
-        self._writer = writer = sqlite3.connect(
-            self.path, timeout=_WRITE_TIMEOUT_S, isolation_level=None, check_same_thread=False
-        )
+        made = _open_private(self.path)
+        self._writer = writer = _connect(self.path, made, _WRITE_TIMEOUT_S)
         mode = writer.execute("PRAGMA journal_mode=WAL").fetchone()[0]
         if str(mode).lower() != "wal":
             raise sqlite3.OperationalError(f"WAL journal mode not available (got {mode})")
@@ -195,9 +253,7 @@ class _Store:
         self.total = int(total[0])
         self.write([], now)  # max_bytes or ttl_s may be smaller than last time
         self.rows = writer.execute("SELECT COUNT(*) FROM translations").fetchone()[0]
-        self._reader = reader = sqlite3.connect(
-            self.path, timeout=_READ_TIMEOUT_S, isolation_level=None, check_same_thread=False
-        )
+        self._reader = reader = _connect(self.path, made, _READ_TIMEOUT_S)
         reader.execute("PRAGMA query_only=ON")
 
     def read(self, digest: str, now: float) -> CachedTranslation | None:
@@ -400,6 +456,9 @@ class TranslationCache:
         store = _Store(Path(self.path).expanduser(), self.max_bytes, self.ttl_s)
         try:
             await asyncio.to_thread(store.open, time.time())
+        except Unusable as exc:
+            await asyncio.to_thread(store.close)
+            raise ConfigError(f"THINKTRANS_CACHE_PATH={self.path!r} {exc}, or unset it") from exc
         except (OSError, sqlite3.Error) as exc:
             await asyncio.to_thread(store.close)
             raise ConfigError(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import random
 import sqlite3
 import stat
@@ -286,7 +287,7 @@ async def test_the_file_is_bounded_in_bytes(tmp_path: Path) -> None:
         assert cache.get(key("3-399")).text in newest  # type: ignore[union-attr]
 
 
-@pytest.mark.parametrize("kind", ["directory", "parent is a file", "not a database"])
+@pytest.mark.parametrize("kind", ["directory", "parent is a file", "not a database", "fifo"])
 async def test_an_unusable_path_is_a_config_error_naming_the_setting(
     tmp_path: Path, kind: str
 ) -> None:
@@ -295,6 +296,9 @@ async def test_an_unusable_path_is_a_config_error_naming_the_setting(
     elif kind == "parent is a file":
         (tmp_path / "file").write_text("x")
         path = tmp_path / "file" / "cache.db"
+    elif kind == "fifo":  # opened without waiting for a writer, and refused
+        path = tmp_path / "cache.db"
+        os.mkfifo(path)
     else:
         path = tmp_path / "cache.db"
         path.write_bytes(b"this is not an SQLite file at all, " * 100)
@@ -305,6 +309,70 @@ async def test_an_unusable_path_is_a_config_error_naming_the_setting(
     assert "THINKTRANS_CACHE_PATH" in message and str(path) in message
     assert "\n" not in message
     await cache.aclose()
+
+
+def victim_db(path: Path) -> bytes:
+    """Another program's SQLite file, readable by others (0644): what a link may point to."""
+    db = sqlite3.connect(path)
+    db.execute("CREATE TABLE accounts (name TEXT)")
+    db.commit()
+    db.close()
+    path.chmod(0o644)
+    return path.read_bytes()
+
+
+def assert_untouched(victim: Path, before: bytes) -> None:
+    assert victim.read_bytes() == before
+    assert stat.S_IMODE(victim.stat().st_mode) == 0o644
+    assert not [p for p in victim.parent.iterdir() if p.name.startswith(f"{victim.name}-")]
+
+
+async def refused(path: Path) -> str:
+    cache = TranslationCache(1 << 20, path=str(path))
+    with pytest.raises(ConfigError) as caught:
+        await cache.start()
+    await cache.aclose()
+    message = str(caught.value)
+    assert "THINKTRANS_CACHE_PATH" in message and str(path) in message
+    assert "\n" not in message
+    return message
+
+
+@pytest.mark.parametrize("dangling", [False, True])
+async def test_a_symlinked_path_is_refused_and_its_target_left_alone(
+    tmp_path: Path, dangling: bool
+) -> None:
+    victim = tmp_path / "victim.db"
+    link = tmp_path / "cache.db"
+    link.symlink_to(victim)
+    if dangling:  # a link to where nothing is yet: the target is not created either
+        assert "symbolic link" in await refused(link)
+        assert not victim.exists() and link.is_symlink()
+        return
+    before = victim_db(victim)
+    assert "symbolic link" in await refused(link)
+    assert_untouched(victim, before)
+
+
+async def test_a_link_swapped_in_after_the_check_is_caught(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The file is made or opened without following a link, then SQLite opens it by name:
+    a link put in its place between the two is found, not written through."""
+    victim = tmp_path / "victim.db"
+    before = victim_db(victim)
+    path = tmp_path / "cache.db"
+    connect = sqlite3.connect
+
+    def swapped(database: Any, *args: Any, **kwargs: Any) -> sqlite3.Connection:
+        if Path(database) == path and not path.is_symlink():
+            path.unlink()
+            path.symlink_to(victim)
+        return connect(database, *args, **kwargs)
+
+    monkeypatch.setattr(service.cache.sqlite3, "connect", swapped)
+    assert "symbolic link" in await refused(path)
+    assert_untouched(victim, before)
 
 
 # -- the key holds what the backend saw: a segment's context -------------------------------
