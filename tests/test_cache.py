@@ -18,7 +18,13 @@ import httpx
 import pytest
 
 import service.cache
-from service.cache import CachedTranslation, CacheKey, TranslationCache, _entry_bytes
+from service.cache import (
+    CachedTranslation,
+    CacheKey,
+    TranslationCache,
+    _entry_bytes,
+    check_file,
+)
 from service.errors import ConfigError
 from service.metrics import Metrics
 from tests.conftest import Running, app_with, post_chunks, read_until, segments
@@ -336,6 +342,30 @@ async def refused(path: Path) -> str:
     assert "THINKTRANS_CACHE_PATH" in message and str(path) in message
     assert "\n" not in message
     return message
+
+
+async def test_a_file_of_another_kind_is_refused_and_left_as_it_was(tmp_path: Path) -> None:
+    notes = tmp_path / "notes.txt"
+    notes.write_text("my notes\n" * 100)
+    notes.chmod(0o644)
+    before = notes.read_bytes()
+    assert "not an SQLite file" in await refused(notes)
+    assert_untouched(notes, before)
+    victim = tmp_path / "victim.db"
+    before = victim_db(victim)
+    assert "another program's database (tables accounts)" in await refused(victim)
+    assert_untouched(victim, before)
+
+
+def test_check_file_makes_the_file_as_start_would_and_refuses_what_start_refuses(
+    tmp_path: Path
+) -> None:
+    path = tmp_path / "sub" / "cache.db"
+    check_file(str(path))
+    assert rows(path) == [] and stat.S_IMODE(path.stat().st_mode) == 0o600
+    (tmp_path / "link.db").symlink_to(path)
+    with pytest.raises(ConfigError, match=r"THINKTRANS_CACHE_PATH=.*link\.db.* symbolic link"):
+        check_file(str(tmp_path / "link.db"))
 
 
 @pytest.mark.parametrize("dangling", [False, True])
