@@ -181,7 +181,7 @@ def _open_private(path: Path) -> int:
     try:
         if not stat.S_ISREG(os.fstat(fd).st_mode):  # a FIFO, a device (O_NONBLOCK: no wait)
             raise Unusable("is not a regular file: point it to a file of the cache's own")
-        header = os.pread(fd, len(_SQLITE_HEADER), 0)
+        header = os.read(fd, len(_SQLITE_HEADER))  # just opened: from the start
         if header and header != _SQLITE_HEADER:
             raise Unusable("is not an SQLite file, and was left as it is: point it to a "
                            "file of the cache's own")
