@@ -384,6 +384,15 @@ async def test_a_symlinked_path_is_refused_and_its_target_left_alone(
     assert_untouched(victim, before)
 
 
+async def test_a_link_higher_up_the_path_is_followed(tmp_path: Path) -> None:
+    """Only the file itself must not be a link: /var/run -> /run and the like are fine."""
+    (tmp_path / "real").mkdir()
+    (tmp_path / "dir").symlink_to(tmp_path / "real")
+    async with opened(tmp_path / "dir" / "cache.db") as cache:
+        cache.put(key("Hello."), "Hallo.", None)
+    assert [row[1] for row in rows(tmp_path / "real" / "cache.db")] == ["Hallo."]
+
+
 async def test_a_link_swapped_in_after_the_check_is_caught(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
