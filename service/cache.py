@@ -2,6 +2,9 @@
 
 A key is ``(identity, source, target, text)``; the identity names the backend, the model
 and everything else that changes the output, so two configurations never share entries.
+For a backend that reads a segment's context (the stream's text before it), that is
+part of what changes the output: the dispatcher adds its digest (``context_mark``), so an
+answer made with one stream's context is never served for another context, or for none.
 
 **Memory.** An ``OrderedDict`` kept in recency order: a hit moves its entry to the end, a
 put evicts from the front until the new entry fits. Each entry is charged an estimate of
@@ -32,10 +35,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import hashlib
 import logging
 import os
 import sqlite3
+import stat
 import sys
 import time
 from collections import OrderedDict
@@ -109,6 +114,17 @@ def key_digest(key: CacheKey) -> str:
     return h.hexdigest()
 
 
+def context_mark(context: str | None) -> str:
+    """The part of a cache identity that names the context a backend was given with a
+    text: its SHA-256 (128 bits of it), or ``none``. A context steers what a model
+    answers, an instruction planted in it included; keyed, an answer is only ever served
+    for the input it was made from."""
+    if context is None:
+        return "ctx=none"
+    digest = hashlib.sha256(context.encode("utf-8", "surrogatepass")).hexdigest()
+    return f"ctx={digest[:32]}"
+
+
 def _entry_bytes(key: CacheKey, value: CachedTranslation) -> int:
     identity, source, target, text = key
     size = _ENTRY_OVERHEAD + sys.getsizeof(identity) + sys.getsizeof(target)
@@ -136,6 +152,86 @@ def _newest_within(rows: list[_Row], max_bytes: int) -> list[_Row]:
     return kept
 
 
+class Unusable(OSError):
+    """The cache path names something that is not to be opened as the cache's file."""
+
+
+def _open_private(path: Path) -> int:
+    """A descriptor of the file at ``path``, created (mode 0600) if it is not there, never
+    through a symbolic link, and checked to be a regular file that is empty or SQLite's.
+
+    Created here rather than by SQLite so that it is never readable by others, even for
+    a moment (SQLite gives its -wal and -shm files the same mode). ``O_NOFOLLOW`` refuses
+    a link as the last component in the same call that creates the file, where a check
+    before the open would leave a moment to put one there. A file that is not SQLite's
+    (notes, a log) is refused before SQLite would call it "not a database", and before
+    anything about it changes.
+    """
+    flags = os.O_RDWR | os.O_CREAT | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0)
+    flags |= getattr(os, "O_CLOEXEC", 0)
+    if not hasattr(os, "O_NOFOLLOW") and path.is_symlink():  # no such flag: check first
+        raise Unusable(_SYMLINK)
+    try:
+        fd = os.open(path, flags, 0o600)
+    except OSError as exc:
+        # ELOOP (Linux, macOS) or EMLINK (FreeBSD) is how O_NOFOLLOW refuses a link.
+        if exc.errno in (errno.ELOOP, errno.EMLINK) and path.is_symlink():
+            raise Unusable(_SYMLINK) from exc
+        raise
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):  # a FIFO, a device (O_NONBLOCK: no wait)
+            raise Unusable("is not a regular file: point it to a file of the cache's own")
+        header = os.read(fd, len(_SQLITE_HEADER))  # just opened: from the start
+        if header and header != _SQLITE_HEADER:
+            raise Unusable("is not an SQLite file, and was left as it is: point it to a "
+                           "file of the cache's own")
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _only_ours(db: sqlite3.Connection) -> None:
+    """Refuse a database that holds tables of some other program's: the cache would add
+    its own beside them, write them in WAL mode and trim nothing of theirs."""
+    tables = [row[0] for row in db.execute(
+        "SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite_%'"
+    ).fetchall()]
+    others = sorted(set(tables) - {"translations"})
+    if others:
+        shown = ", ".join(others[:3]) + (", ..." if len(others) > 3 else "")
+        raise Unusable(f"is another program's database (tables {shown}), and was left as "
+                       "it is: point it to a file of the cache's own")
+
+
+def _connect(path: Path, made: os.stat_result, timeout_s: float) -> sqlite3.Connection:
+    """SQLite's connection to the file ``_open_private`` opened, checked to be that file.
+
+    SQLite opens by name and follows a link at the last component (it resolves the name
+    first, so that its -wal file lies beside the target), with no way to ask it not to
+    from Python; so what it opened is checked afterwards: the file at the name SQLite
+    resolved (``PRAGMA database_list``) must be the one made. A link put in the file's
+    place between the two opens is found here, before anything is written through it,
+    even if it is taken away again.
+    """
+    db = sqlite3.connect(path, timeout=timeout_s, isolation_level=None, check_same_thread=False)
+    try:
+        opened = next(row[2] for row in db.execute("PRAGMA database_list") if row[1] == "main")
+        found = os.stat(opened, follow_symlinks=False)
+        if (found.st_dev, found.st_ino) != (made.st_dev, made.st_ino):
+            raise Unusable(_SYMLINK if path.is_symlink() else
+                           "was replaced while it was being opened: keep it in a directory "
+                           "only this service can write")
+    except BaseException:
+        db.close()
+        raise
+    return db
+
+
+_SYMLINK = "is a symbolic link, which is not followed: point it to the file itself"
+_SQLITE_HEADER = b"SQLite format 3\x00"
+
+
 class _Store:
     """The SQLite file.
 
@@ -157,16 +253,26 @@ class _Store:
 
     def open(self, now: float) -> None:
         """Create the file (mode 0600) and its schema, check them, drop stale rows."""
+        writer = self.connect()
+        total = writer.execute("SELECT COALESCE(SUM(size), 0) FROM translations").fetchone()
+        self.total = int(total[0])
+        self.write([], now)  # max_bytes or ttl_s may be smaller than last time
+        self.rows = writer.execute("SELECT COUNT(*) FROM translations").fetchone()[0]
+
+    def connect(self) -> sqlite3.Connection:
+        """Create the file (mode 0600) and its schema, check them; the writer."""
         self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-        # Created here rather than by SQLite so that it is never readable by others, even
-        # for a moment; SQLite gives its -wal and -shm files the same mode.
-        os.close(os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600))
-        # A file that was there already (made by hand, or by an older run) is made private
-        # too: it holds translations of thinking text.
-        os.chmod(self.path, 0o600)
-        self._writer = writer = sqlite3.connect(
-            self.path, timeout=_WRITE_TIMEOUT_S, isolation_level=None, check_same_thread=False
-        )
+        fd = _open_private(self.path)
+        try:
+            made = os.fstat(fd)
+            self._writer = writer = _connect(self.path, made, _WRITE_TIMEOUT_S)
+            _only_ours(writer)
+            # A file that was there already (made by hand, or by an older run) is made
+            # private too, through the descriptor: a link swapped in meanwhile has nothing
+            # changed behind it. Before WAL mode, whose files take the file's mode.
+            os.fchmod(fd, 0o600)
+        finally:
+            os.close(fd)  # no statement is open: no lock of SQLite's goes with it
         mode = writer.execute("PRAGMA journal_mode=WAL").fetchone()[0]
         if str(mode).lower() != "wal":
             raise sqlite3.OperationalError(f"WAL journal mode not available (got {mode})")
@@ -177,14 +283,9 @@ class _Store:
         writer.executescript(_SCHEMA)
         # A table of that name made by something else fails here, not on the first read.
         writer.execute("SELECT digest, text, model, created, size FROM translations LIMIT 0")
-        total = writer.execute("SELECT COALESCE(SUM(size), 0) FROM translations").fetchone()
-        self.total = int(total[0])
-        self.write([], now)  # max_bytes or ttl_s may be smaller than last time
-        self.rows = writer.execute("SELECT COUNT(*) FROM translations").fetchone()[0]
-        self._reader = reader = sqlite3.connect(
-            self.path, timeout=_READ_TIMEOUT_S, isolation_level=None, check_same_thread=False
-        )
+        self._reader = reader = _connect(self.path, made, _READ_TIMEOUT_S)
         reader.execute("PRAGMA query_only=ON")
+        return writer
 
     def read(self, digest: str, now: float) -> CachedTranslation | None:
         if self._reader is None:
@@ -262,6 +363,29 @@ class _Store:
             if db is not None:
                 db.close()
         self._reader = self._writer = None
+
+
+def _unusable(path: str, exc: OSError | sqlite3.Error) -> ConfigError:
+    """The one line a cache path that cannot be used is refused with."""
+    if isinstance(exc, Unusable):
+        return ConfigError(f"THINKTRANS_CACHE_PATH={path!r} {exc}, or unset it")
+    return ConfigError(f"THINKTRANS_CACHE_PATH={path!r} cannot be used: {_one_line(exc)}; "
+                       "point it to a writable SQLite file, or unset it")
+
+
+def check_file(path: str) -> None:
+    """Open the cache file at ``path`` as ``TranslationCache.start`` does, and close it: a
+    ConfigError in one line where it cannot be used. For ``serve`` to call before the
+    server starts, since the cache opens in the app's lifespan, where a failure is a
+    traceback and uvicorn's exit 3. Creates the file (and its schema) if it is not there,
+    as the cache would a moment later; changes no row."""
+    store = _Store(Path(path).expanduser(), 0, 1.0)
+    try:
+        store.connect()
+    except (OSError, sqlite3.Error) as exc:
+        raise _unusable(path, exc) from exc
+    finally:
+        store.close()
 
 
 class TranslationCache:
@@ -388,10 +512,7 @@ class TranslationCache:
             await asyncio.to_thread(store.open, time.time())
         except (OSError, sqlite3.Error) as exc:
             await asyncio.to_thread(store.close)
-            raise ConfigError(
-                f"THINKTRANS_CACHE_PATH={self.path!r} cannot be used: {_one_line(exc)}; "
-                "point it to a writable SQLite file, or unset it"
-            ) from exc
+            raise _unusable(self.path, exc) from exc
         self._store = store
         self._pruned_at = time.time()
         log.info("translation cache file open", extra={

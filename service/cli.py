@@ -92,6 +92,7 @@ def serve(
     import uvicorn
 
     from service.app import create_app
+    from service.cache import check_file
     from service.detect import get_detector
     from service.logs import configure
     from service.runtime import build_backends
@@ -110,6 +111,8 @@ def serve(
         # Checked here, not in the app's lifespan (where a failure is a traceback and
         # uvicorn's exit 3), and before a model loads for minutes.
         _check_port(settings.host, settings.port)
+        if settings.cache_path is not None and settings.cache_mb > 0:
+            check_file(settings.cache_path)
         get_detector(settings.detector, settings.detect_languages)
         application = create_app(settings, backends=build_backends(settings), freeze_gc=True)
     except (ThinktransError, BackendError) as exc:

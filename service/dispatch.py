@@ -10,6 +10,9 @@ The translation cache sits in front of each backend: a segment whose translation
 that backend (its ``cache_identity``: model, engine, decoding options) is cached gets it
 at once, without a batcher; a segment identical to one in flight joins it. Only answers
 that passed every check (the batcher's shape check, the output language) are cached;
+for a backend that reads a segment's context (its instance's ``capabilities.context``),
+the key names that context too (``context_mark``): an instruction one stream plants in
+its context steers only answers for that same context, never another client's;
 backends whose identity is None (passthrough) never are. The cache is consulted before
 the backend's readiness and breaker: a backend that is down still serves what it
 translated before.
@@ -27,7 +30,7 @@ from typing import Any
 from models.base import Translator
 from models.errors import BackendError, BadOutput
 from service.batcher import Batcher, Translation
-from service.cache import CacheKey, TranslationCache
+from service.cache import CacheKey, TranslationCache, context_mark
 from service.detect import Detector
 from service.errors import Overloaded, UnknownBackend
 from service.locale import same_language
@@ -235,10 +238,12 @@ class Dispatcher:
         """The attempt's cache key on backend ``name``; None: not cached there."""
         if self.cache is None:
             return None
-        identity = self.backends[name].cache_identity(attempt.model, attempt.source,
-                                                      attempt.target)
+        translator = self.backends[name]
+        identity = translator.cache_identity(attempt.model, attempt.source, attempt.target)
         if identity is None:
             return None
+        if translator.capabilities.context:  # the batcher sends it the context: its input
+            identity = f"{identity}|{context_mark(attempt.context)}"
         return (identity, attempt.source, attempt.target, attempt.text)
 
     def _found(self, name: str, attempt: _Attempt, key: CacheKey | None) -> _Work | None:

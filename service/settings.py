@@ -25,10 +25,10 @@ from pydantic import (
 )
 from pydantic_settings import (
     BaseSettings,
+    InitSettingsSource,
     NoDecode,
     PydanticBaseSettingsSource,
     SettingsConfigDict,
-    YamlConfigSettingsSource,
 )
 
 from models.deepl import DeepLConfig
@@ -135,22 +135,29 @@ class LocaleSection(BaseModel):
     )
 
 
+# The most memory the cache may be given, in MiB: a bound on a typo more than on a machine.
+CACHE_MB_MAX = 1 << 20
+
+
 class CacheSection(BaseModel):
     """The translation cache."""
 
     title: ClassVar[str] = "translation cache"
 
     cache_mb: float = Field(
-        64.0, ge=0, description="Memory the translation cache may hold, in MiB (text and "
-        "keys, estimated); 0 turns the cache off."
+        64.0, ge=0, le=CACHE_MB_MAX, allow_inf_nan=False, description="Memory the "
+        "translation cache may hold, in MiB (text and keys, estimated); 0 turns the cache "
+        "off."
     )
     cache_path: str | None = Field(
-        None, description="Opt-in persistent cache: an SQLite file that keeps translations "
-        "across restarts (thinking text on disk: protect the file). Unset: memory only."
+        None, description="Opt-in persistent cache: an SQLite file of its own that keeps "
+        "translations across restarts (thinking text on disk: keep it in a directory only "
+        "the service can write). A symbolic link, a file that is not SQLite's and another "
+        "program's database are refused. Unset: memory only."
     )
     cache_ttl_s: float = Field(
-        7 * 24 * 3600.0, gt=0, description="How long a translation kept in `cache_path` is "
-        "served; older ones are dropped."
+        7 * 24 * 3600.0, gt=0, allow_inf_nan=False, description="How long a translation "
+        "kept in `cache_path` is served; older ones are dropped."
     )
 
 
@@ -576,6 +583,9 @@ class Settings(
                 raise ValueError(f"default_locale: {exc.detail}") from None
         return self
 
+    # What the YAML file holds, read once and strictly by ``_with_file`` (empty: no file).
+    file_values: ClassVar[Mapping[str, Any]] = {}
+
     @classmethod
     def settings_customise_sources(
         cls,
@@ -586,7 +596,8 @@ class Settings(
         file_secret_settings: PydanticBaseSettingsSource,
     ) -> tuple[PydanticBaseSettingsSource, ...]:
         # Explicit arguments first, then the variables, then the YAML file (if any).
-        return init_settings, env_settings, YamlConfigSettingsSource(settings_cls)
+        file_settings = InitSettingsSource(settings_cls, dict(cls.file_values))
+        return init_settings, env_settings, file_settings
 
     def with_flags(self, *, backend: str | None = None, host: str | None = None,
                    port: int | None = None) -> Settings:
@@ -697,18 +708,85 @@ def _describe(exc: ValidationError) -> str:
     return "; ".join(parts)
 
 
+_MERGE = "tag:yaml.org,2002:merge"
+
+
+def _key_twice(loader: yaml.SafeLoader, node: yaml.Node, path: str = "",
+               seen: set[int] | None = None) -> str | None:
+    """The first key some mapping under ``node`` names twice, as ``"'key' twice (lines a
+    and b)"`` with its path from the top; None when there is none. PyYAML keeps the last
+    of two without a word, so a second ``backend:`` further down would quietly win. Keys
+    are compared as YAML reads them (``1`` and ``01`` alike); a merge key (``<<``) may be
+    overridden, which is its use."""
+    seen = set() if seen is None else seen
+    if id(node) in seen:  # an alias of a node already walked
+        return None
+    seen.add(id(node))
+    if isinstance(node, yaml.SequenceNode):
+        children = [(f"{path}[{i}]", item) for i, item in enumerate(node.value)]
+    elif isinstance(node, yaml.MappingNode):
+        lines: dict[Any, int] = {}
+        children = []
+        for key_node, value_node in node.value:
+            if key_node.tag == _MERGE:
+                continue
+            key = loader.construct_object(key_node, deep=True)
+            name = f"{path}.{key}" if path else str(key)
+            line = key_node.start_mark.line + 1
+            try:
+                first = lines.get(key)
+            except TypeError:  # an unhashable key: YAML's own error says so later
+                return None
+            if first is not None:
+                where = f"lines {first} and {line}" if first != line else f"line {line}"
+                return f"{name!r} twice ({where})"
+            lines[key] = line
+            children.append((name, value_node))
+    else:
+        return None
+    for name, child in children:
+        found = _key_twice(loader, child, name, seen)
+        if found is not None:
+            return found
+    return None
+
+
+def _read_file(path: Path) -> dict[str, Any]:
+    """The YAML file's mapping, or ConfigError in one line: unreadable, not UTF-8, not
+    YAML, a key twice, or not a mapping."""
+    shown = str(path)
+    try:
+        text = path.read_bytes().decode("utf-8")
+    except OSError as exc:
+        raise ConfigError(f"cannot read config file {shown!r}: {exc.strerror}") from exc
+    except UnicodeDecodeError as exc:
+        byte, line = exc.object[exc.start], exc.object[: exc.start].count(b"\n") + 1
+        raise ConfigError(f"config file {shown!r} is not UTF-8 (byte {byte:#04x} on line "
+                          f"{line}); save it as UTF-8") from None
+    loader = yaml.SafeLoader(text)
+    loader.name = shown  # its errors' marks name the file, not "<unicode string>"
+    try:
+        node = loader.get_single_node()
+        twice = None if node is None else _key_twice(loader, node)
+        if twice is not None:
+            raise ConfigError(f"config file {shown!r} sets {twice}; keep one")
+        loaded = None if node is None else loader.construct_document(node)
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"config file {shown!r} is not valid YAML: "
+                          f"{' '.join(str(exc).split())}") from None
+    finally:
+        loader.dispose()
+    if loaded is None:
+        return {}
+    if not isinstance(loaded, dict):
+        raise ConfigError(f"config file {shown!r} must hold a mapping of setting: value")
+    return loaded
+
+
 def _with_file(path: Path) -> type[Settings]:
     """Settings that also read the YAML file at ``path`` (under the variables)."""
-    try:
-        loaded = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise ConfigError(f"cannot read config file {str(path)!r}: {exc.strerror}") from exc
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"config file {str(path)!r} is not valid YAML: {exc}") from exc
-    if loaded is not None and not isinstance(loaded, dict):
-        raise ConfigError(f"config file {str(path)!r} must hold a mapping of setting: value")
-    config = SettingsConfigDict(**{**Settings.model_config, "yaml_file": path})
-    return type("Settings", (Settings,), {"model_config": config, "__module__": __name__})
+    values = _read_file(path)
+    return type("Settings", (Settings,), {"file_values": values, "__module__": __name__})
 
 
 def load_settings(config_file: str | Path | None = None, **overrides: Any) -> Settings:

@@ -119,3 +119,69 @@ def test_unknown_yaml_key_names_the_closest_setting(tmp_path: Path) -> None:
         load_settings(cfg)
     assert "unknown setting 'max_batch_sise'; did you mean max_batch_size?" in exc.value.detail
     assert "Extra inputs" not in exc.value.detail
+
+
+# -- operator mistakes: one line naming the setting, never a traceback later ---------------
+
+
+@pytest.mark.parametrize(
+    ("env", "value", "words"),
+    [("THINKTRANS_CACHE_MB", "inf", "finite"),
+     ("THINKTRANS_CACHE_MB", "1e400", "finite"),  # too big for a float: inf again
+     ("THINKTRANS_CACHE_MB", "nan", "finite"),
+     ("THINKTRANS_CACHE_MB", "-1", "greater than or equal to 0"),
+     ("THINKTRANS_CACHE_MB", "1e30", "less than or equal to"),
+     ("THINKTRANS_CACHE_TTL_S", "inf", "finite")],
+)
+def test_cache_sizes_must_be_finite_and_bounded(
+    monkeypatch: pytest.MonkeyPatch, env: str, value: str, words: str
+) -> None:
+    monkeypatch.setenv(env, value)
+    with pytest.raises(ConfigError) as exc:
+        load_settings()
+    detail = exc.value.detail
+    assert f"({env})" in detail and words in detail and "\n" not in detail
+
+
+def test_the_largest_cache_is_usable(monkeypatch: pytest.MonkeyPatch) -> None:
+    from service.runtime import Runtime
+
+    monkeypatch.setenv("THINKTRANS_CACHE_MB", "1048576")
+    settings = load_settings(backend="passthrough")
+    assert Runtime(settings)._cache().max_bytes == 1024 * 1024 * 1024 * 1024
+
+
+def test_a_config_file_that_is_not_utf8_is_one_line(tmp_path: Path) -> None:
+    cfg = tmp_path / "c.yaml"
+    cfg.write_bytes("backend: passthrough\ndefault_locale: de # für\n".encode("latin-1"))
+    with pytest.raises(ConfigError) as exc:
+        load_settings(cfg)
+    detail = exc.value.detail
+    assert str(cfg) in detail and "UTF-8" in detail and "line 2" in detail
+    assert "\n" not in detail
+
+
+@pytest.mark.parametrize(
+    ("text", "key", "lines"),
+    [("backend: passthrough\nmax_batch_size: 4\nbackend: local\n", "backend", (1, 3)),
+     ("price_per_million_chars:\n  deepl: 25\n  deepl: 20\n", "price_per_million_chars.deepl",
+      (2, 3)),
+     ("backend: passthrough\nbackend: passthrough\n", "backend", (1, 2))],  # even alike
+)
+def test_a_key_twice_in_the_config_file_is_refused(
+    tmp_path: Path, text: str, key: str, lines: tuple[int, int]
+) -> None:
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(text)
+    with pytest.raises(ConfigError) as exc:
+        load_settings(cfg)
+    detail = exc.value.detail
+    assert str(cfg) in detail and repr(key) in detail and "twice" in detail
+    assert f"lines {lines[0]} and {lines[1]}" in detail and "\n" not in detail
+
+
+def test_nested_mappings_of_the_file_still_load(tmp_path: Path) -> None:
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("backend: passthrough\nprice_per_million_chars: {deepl: 20, llm: 2}\n")
+    s = load_settings(cfg)
+    assert s.backend == ["passthrough"] and s.price_per_million_chars == {"deepl": 20, "llm": 2}
