@@ -9,6 +9,7 @@ from __future__ import annotations
 import difflib
 import logging
 import os
+import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any, ClassVar, Literal
@@ -29,6 +30,7 @@ from pydantic_settings import (
     NoDecode,
     PydanticBaseSettingsSource,
     SettingsConfigDict,
+    SettingsError,
 )
 
 from models.deepl import DeepLConfig
@@ -488,7 +490,8 @@ class Settings(
     ``local_model:``)."""
 
     model_config = SettingsConfigDict(
-        env_prefix="THINKTRANS_", extra="forbid", validate_default=True, populate_by_name=True
+        env_prefix="THINKTRANS_", extra="forbid", validate_default=True, populate_by_name=True,
+        allow_inf_nan=False,
     )
 
     @field_validator("backend", "extra_backends", "allowed_locales", "local_marian_models",
@@ -708,6 +711,17 @@ def _describe(exc: ValidationError) -> str:
     return "; ".join(parts)
 
 
+def _unparsed(exc: SettingsError) -> str:
+    """``error parsing value for field "x" from source "EnvSettingsSource"``, in the words
+    of the other lines: the field, its variable, and what the value should be."""
+    found = re.search(r'field "([^"]+)"', str(exc))
+    if found is None:
+        return str(exc).splitlines()[0]
+    field = found.group(1)
+    return (f"{field} (THINKTRANS_{field.upper()}): is not valid JSON; give a JSON value, "
+            f"such as {{\"llm\": 20.0}} for a mapping or [\"a\", \"b\"] for a list")
+
+
 _MERGE = "tag:yaml.org,2002:merge"
 
 
@@ -799,3 +813,5 @@ def load_settings(config_file: str | Path | None = None, **overrides: Any) -> Se
         return cls(**overrides)
     except ValidationError as exc:
         raise ConfigError(f"invalid settings: {_describe(exc)}") from None
+    except SettingsError as exc:  # a complex value (a mapping, a list) that is not JSON
+        raise ConfigError(f"invalid settings: {_unparsed(exc)}") from None

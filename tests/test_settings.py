@@ -185,3 +185,35 @@ def test_nested_mappings_of_the_file_still_load(tmp_path: Path) -> None:
     cfg.write_text("backend: passthrough\nprice_per_million_chars: {deepl: 20, llm: 2}\n")
     s = load_settings(cfg)
     assert s.backend == ["passthrough"] and s.price_per_million_chars == {"deepl": 20, "llm": 2}
+
+
+_FLOAT_FIELDS = sorted(
+    name for name, info in __import__("service.settings", fromlist=["Settings"])
+    .Settings.model_fields.items() if "float" in str(info.annotation)
+)
+
+
+@pytest.mark.parametrize("name", _FLOAT_FIELDS)
+@pytest.mark.parametrize("value", ["inf", "-inf", "nan"])
+def test_no_setting_takes_an_infinite_or_nan_number(
+    monkeypatch: pytest.MonkeyPatch, name: str, value: str
+) -> None:
+    # inf passed every bound of the form ge=0 and then failed where the number was used
+    # (an OverflowError at int(), a timer that never fires): refused at start, one line.
+    monkeypatch.setenv(f"THINKTRANS_{name.upper()}", value)
+    with pytest.raises(ConfigError) as exc:
+        load_settings()
+    assert name in exc.value.detail
+    assert "\n" not in exc.value.detail
+
+
+def test_a_mapping_setting_that_is_not_json_gives_one_line(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # pydantic-settings decodes a mapping's variable as JSON and raised its SettingsError,
+    # which the CLI showed as a traceback.
+    monkeypatch.setenv("THINKTRANS_PRICE_PER_MILLION_CHARS", "llm=20")
+    with pytest.raises(ConfigError) as exc:
+        load_settings()
+    assert "THINKTRANS_PRICE_PER_MILLION_CHARS" in exc.value.detail
+    assert "\n" not in exc.value.detail
