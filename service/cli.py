@@ -177,6 +177,33 @@ class _DrainingServer:
             inner(sig, frame)
 
         self.server.handle_exit = handle_exit  # type: ignore[method-assign]
+        self._wrap_start_stop()
+
+    def _wrap_start_stop(self) -> None:
+        """Record the address really bound once listening (the HEALTHCHECK reads it)."""
+        from service.tools import health
+
+        startup, shutdown = self.server.startup, self.server.shutdown
+
+        async def on_startup(sockets: Any = None) -> None:
+            await startup(sockets=sockets)
+            bound = [s.getsockname() for srv in self.server.servers for s in srv.sockets]
+            if self.server.started and bound:
+                try:
+                    health.write_state(bound[0][0], bound[0][1])
+                except OSError as exc:  # a read-only home: the check falls back to the port
+                    import logging
+
+                    logging.getLogger("thinktrans").warning(
+                        "cannot record the listening address for `thinktrans health`: %s",
+                        exc.strerror or exc)
+
+        async def on_shutdown(sockets: Any = None) -> None:
+            health.clear_state()
+            await shutdown(sockets=sockets)
+
+        self.server.startup = on_startup  # type: ignore[method-assign]
+        self.server.shutdown = on_shutdown  # type: ignore[method-assign]
 
     def run(self) -> None:
         self.server.run()
@@ -458,6 +485,23 @@ def pool(
         from models.base import first_line
 
         raise _fail(f"the pool did not start: {first_line(exc)}", 4) from None
+
+
+@app.command()
+def health(
+    url: Annotated[str | None, typer.Option(
+        help="Base URL to check (default: where the last `thinktrans serve` of this user "
+        "listens, else THINKTRANS_PORT).")] = None,
+) -> None:
+    """Check a running server's /healthz: exit 0 when it answers 200, 1 when not.
+
+    The image's HEALTHCHECK runs the same check (python3 -m service.tools.health).
+    """
+    from service.tools import health as check
+
+    healthy, line = check.check(url)
+    typer.echo(line, err=not healthy)
+    raise typer.Exit(0 if healthy else 1)
 
 
 @app.command("make-test-model")
