@@ -27,6 +27,9 @@ if TYPE_CHECKING:
 app = typer.Typer(
     add_completion=False,
     no_args_is_help=True,
+    # Plain click help: rich markup would take "thinktrans[pool]" for a style tag and drop
+    # it, and its tables show flags such as --help as taking a <bool>.
+    rich_markup_mode=None,
     help="thinktrans: translate an agent's streamed thinking into the user's language.",
 )
 

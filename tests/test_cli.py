@@ -339,6 +339,39 @@ def test_help_shows_flags_as_flags() -> None:
     assert "Milliseconds between" in line, line
 
 
+def _commands() -> list[str]:
+    import typer.main
+
+    return sorted(typer.main.get_command(app).commands)  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("command", [None, *_commands()])
+def test_every_help_shows_the_extras_it_names_and_no_value_for_flags(command: str | None) -> None:
+    """Square brackets are text, not markup: 'thinktrans[pool]' stays whole; --help and
+    --force take no value and the help says none."""
+    import typer.main
+
+    args = [command, "--help"] if command else ["--help"]
+    result = runner.invoke(app, args, env={"COLUMNS": "200"})
+    assert result.exit_code == 0, result.output
+    text = result.stdout
+    root = typer.main.get_command(app)
+    cmd = root.commands[command] if command else root  # type: ignore[attr-defined]
+    for extra in re.findall(r"thinktrans\[[a-z0-9,]+\]", cmd.help or ""):
+        assert extra in text, (extra, text)
+    assert "<bool>" not in text, text
+    [line] = [line for line in text.splitlines() if line.strip().startswith("--help")]
+    assert line.split()[:2] == ["--help", "Show"], line
+
+
+def test_pool_and_convert_help_name_their_extras() -> None:
+    for command, extras in (("pool", ["'thinktrans[pool]'"]),
+                            ("convert", ["'thinktrans[ct2]'", "'thinktrans[local,ct2]'"])):
+        text = runner.invoke(app, [command, "--help"], env={"COLUMNS": "200"}).stdout
+        for extra in extras:
+            assert extra in text, (command, text)
+
+
 @pytest.mark.parametrize(
     ("family", "keys", "source", "target"),
     [("nllb", ("src_lang", "tgt_lang"), "fra_Latn", "jpn_Jpan"),
