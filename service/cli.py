@@ -378,7 +378,9 @@ def _measure(settings: Settings, cfg: CompareConfig) -> list[BackendRun]:
 @app.command()
 def bench(
     url: Annotated[str, typer.Option(help="Base URL of a running server.")],
-    streams: Annotated[int, typer.Option(help="Concurrent streams.")] = 20,
+    streams: Annotated[int, typer.Option(
+        help="Streams under way at once; each starts the next as it ends, so more run in all "
+        "(the summary's 'streams run').")] = 20,
     duration: Annotated[float, typer.Option(help="Seconds to start new streams for.")] = 5.0,
     rate: Annotated[float, typer.Option(help="Deltas per second per stream.")] = 50.0,
     post_interval_ms: Annotated[float, typer.Option(

@@ -241,7 +241,24 @@ def test_bench_with_the_token_runs(token_server: str) -> None:
                                  "--streams", "2", "--token", "s3cret", "--format", "json"])
     assert result.exit_code == 0, result.output
     summary = json.loads(result.stdout)
-    assert summary["streams"] >= 2 and summary["errors"] == 0 and summary["violations"] == 0
+    assert summary["concurrent_streams"] == 2 and summary["streams_run"] >= 2
+    assert summary["failed_requests"] == 0 and summary["violations"] == 0
+
+
+def test_bench_table_says_what_it_counts(token_server: str) -> None:
+    """--streams N is streams at once, not in all; failed requests are not segments whose
+    status is error: the labels say which is which."""
+    pytest.importorskip("aiohttp")
+    result = runner.invoke(app, ["bench", "--url", token_server, "--duration", "0.3",
+                                 "--streams", "2", "--token", "s3cret"])
+    assert result.exit_code == 0, result.output
+    rows = dict(re.split(r"\s{2,}", line.strip(), maxsplit=1)
+                for line in result.stdout.splitlines())
+    assert rows["concurrent streams"] == "2", result.stdout
+    assert int(rows["streams run"]) >= 2
+    assert rows["failed requests"] == "0"
+    assert "segment statuses" in rows
+    assert "streams" not in rows and "errors" not in rows and "statuses" not in rows
 
 
 @pytest.mark.parametrize(
