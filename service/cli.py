@@ -6,11 +6,13 @@ Errors become one line on stderr and a non-zero exit code, never a traceback.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import errno
 import json
 import re
 import socket
 import sys
+from collections.abc import Iterator
 from enum import StrEnum
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
@@ -218,12 +220,59 @@ async def _translate(settings: Settings, text: str, target: str, source: str | N
     async with Runtime(settings) as runtime:
         # The backends load or check in the background; a one-shot command waits for that,
         # and stops at once when it failed: a service would wait for a retry, a command not.
-        if not await runtime.wait_ready(timeout_s=600.0):
+        with _startup_progress():
+            ready = await runtime.wait_ready(timeout_s=600.0)
+        if not ready:
             reasons = [f"backend {name!r} is not ready: {_reason(runtime.backends[name])}"
                        for name in settings.backend]
             raise BackendUnavailable("; ".join(reasons))
         [result] = await runtime.translate([text], target=target, source=source)
         return result
+
+
+@contextlib.contextmanager
+def _startup_progress() -> Iterator[None]:
+    """On a terminal, a status line on stderr while the backends start: what they are doing
+    (a model's load, its one-time CTranslate2 conversion: the backends' info lines) and
+    for how long. Elsewhere (a pipe, a file, a log collector) nothing."""
+    if not sys.stderr.isatty():
+        yield
+        return
+    import logging
+    import time
+
+    from rich.console import Console
+    from rich.text import Text
+
+    started = time.monotonic()
+
+    class _Line:  # rendered at each refresh: the seconds count on
+        doing = "starting the backends"
+
+        def __rich__(self) -> Text:
+            return Text(f"thinktrans: {time.monotonic() - started:3.0f} s  {self.doing}",
+                        no_wrap=True, overflow="ellipsis")
+
+    line = _Line()
+    status = Console(stderr=True).status(line)
+
+    class _ToStatus(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            line.doing = record.getMessage().splitlines()[0] if record.getMessage() else ""
+
+    logger = logging.getLogger("models")
+    handler, level = _ToStatus(logging.INFO), logger.level
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    try:
+        with status:
+            yield
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)
+    elapsed = time.monotonic() - started
+    if elapsed >= 2:
+        typer.echo(f"thinktrans: backends ready after {elapsed:.0f} s", err=True)
 
 
 def _reason(translator: Any) -> str:
@@ -443,6 +492,9 @@ def convert(
     THINKTRANS_LOCAL_MODEL at it. Serving it needs only 'thinktrans[ct2]' (no torch);
     converting needs 'thinktrans[local,ct2]'.
     """
+    from service.logs import no_progress_bars
+
+    no_progress_bars()  # before transformers is imported: "Loading weights" is not output
     from models.local.convert import ConversionError
     from models.local.convert import convert as run_convert
 
@@ -528,6 +580,9 @@ def make_test_model(
     Tiny by default; --shape gives a real model's size. Its files are readable by all
     (0644/0755), so a container's user can load it.
     """
+    from service.logs import no_progress_bars
+
+    no_progress_bars()  # "Writing model shards" is not output
     try:
         from service.tools.testmodel import FAMILIES, SHAPES, language_code
         from service.tools.testmodel import make_test_model as build

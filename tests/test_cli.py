@@ -338,6 +338,75 @@ def test_serve_logs_are_json_lines_with_a_model(tiny_nllb: Path) -> None:
             "did you mean THINKTRANS_MAX_QUEUE_SIZE?") in messages
 
 
+def _translate_on_a_terminal(env: dict[str, str]) -> tuple[int, str]:
+    """`thinktrans translate` with its stderr on a pseudo-terminal: exit code, what it drew."""
+    import pty
+    import threading
+
+    master, slave = pty.openpty()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "service.cli", "translate", "--to", "de", "Hello there."],
+        cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=slave)
+    os.close(slave)
+    drawn = bytearray()
+
+    def read() -> None:  # the pty's buffer is small: read as it comes
+        while True:
+            try:
+                got = os.read(master, 65536)
+            except OSError:
+                return
+            if not got:
+                return
+            drawn.extend(got)
+
+    reader = threading.Thread(target=read)
+    reader.start()
+    try:
+        code = proc.wait(timeout=300)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        reader.join(10)
+        os.close(master)
+    return code, re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", drawn.decode("utf-8", "replace"))
+
+
+def test_first_local_translate_shows_its_wait_on_a_terminal_only(tiny_nllb: Path,
+                                                                 tmp_path: Path) -> None:
+    """The one-time conversion takes a while: on a terminal the command says what it waits
+    for; piped, it prints nothing but the failures it reports."""
+    pytest.importorskip("ctranslate2")
+    env = {**os.environ, "THINKTRANS_BACKEND": "local", "THINKTRANS_LOCAL_MODEL": str(tiny_nllb),
+           "THINKTRANS_LOCAL_CT2_CACHE": str(tmp_path / "ct2"), "HF_HUB_OFFLINE": "1"}
+    code, drawn = _translate_on_a_terminal(env)
+    assert code == 0, drawn
+    assert "local: converting" in drawn and "backends ready after" in drawn, drawn[-2000:]
+    assert "Loading weights" not in drawn
+    piped = subprocess.run(
+        [sys.executable, "-m", "service.cli", "translate", "--to", "de", "Hello there."],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert piped.returncode == 0, piped.stderr
+    assert piped.stderr == ""
+
+
+def test_convert_and_make_test_model_draw_no_progress_bars(tmp_path: Path) -> None:
+    """transformers' "Writing model shards" and "Loading weights" bars are off in commands."""
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    pytest.importorskip("sentencepiece")
+    pytest.importorskip("ctranslate2")
+    env = {key: value for key, value in os.environ.items()
+           if key != "HF_HUB_DISABLE_PROGRESS_BARS"}
+    commands = [["make-test-model", str(tmp_path / "m")],
+                ["convert", str(tmp_path / "m"), str(tmp_path / "c")]]
+    for command in commands:
+        done = subprocess.run([sys.executable, "-m", "service.cli", *command], cwd=ROOT,
+                              env=env, capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stderr
+        assert "it/s" not in done.stderr and "%|" not in done.stderr, (command, done.stderr)
+
+
 # -- help, version, make-test-model ------------------------------------------------------------
 
 
