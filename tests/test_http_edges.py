@@ -254,3 +254,18 @@ def test_every_urllib_client_reads_the_413_of_an_oversized_body(server: Server) 
         except OSError as exc:
             outcomes.append(f"{type(exc).__name__}: {exc}")
     assert outcomes == ["413 urn:thinktrans:problem:payload-too-large"] * 20, outcomes
+
+
+def test_a_refused_body_announced_with_expect_100_continue_is_not_waited_for(
+        server: Server) -> None:
+    """A client that waits for `100 Continue` before its body gets the 413 at once: the
+    drain does not ask it for a body the server will drop."""
+    with _connect(server) as sock:
+        sock.sendall(_head("/v1/translate", "Content-Type: application/json",
+                           f"Content-Length: {3 * 1024 * 1024}", "Expect: 100-continue"))
+        started = time.monotonic()
+        raw = _read_to_eof(sock)
+    assert b"100 Continue" not in raw, raw
+    status, headers, _ = _parse(raw)
+    assert status == 413 and headers["connection"] == "close"
+    assert time.monotonic() - started < BODY_TIMEOUT_S  # not waiting for the body
