@@ -96,8 +96,11 @@ USER 10001:10001
 EXPOSE 8088
 
 # Liveness only: /healthz answers while a model still loads; /readyz says when it has.
+# It asks where the server really listens: `thinktrans serve` records its bound address
+# (after --port, --config, THINKTRANS_PORT) in ~/.cache/thinktrans/serve.json; without that
+# file, THINKTRANS_PORT. Standard library only, so it starts fast.
 HEALTHCHECK --interval=15s --timeout=5s --start-period=30s --retries=3 \
-    CMD ["python3", "-c", "import os, urllib.request; urllib.request.urlopen('http://127.0.0.1:%s/healthz' % os.environ.get('THINKTRANS_PORT', '8088'), timeout=4)"]
+    CMD ["python3", "-m", "service.tools.health"]
 
 ENTRYPOINT ["thinktrans"]
 CMD ["serve"]

@@ -6,11 +6,13 @@ Errors become one line on stderr and a non-zero exit code, never a traceback.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import errno
 import json
 import re
 import socket
 import sys
+from collections.abc import Iterator
 from enum import StrEnum
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
@@ -27,6 +29,9 @@ if TYPE_CHECKING:
 app = typer.Typer(
     add_completion=False,
     no_args_is_help=True,
+    # Plain click help: rich markup would take "thinktrans[pool]" for a style tag and drop
+    # it, and its tables show flags such as --help as taking a <bool>.
+    rich_markup_mode=None,
     help="thinktrans: translate an agent's streamed thinking into the user's language.",
 )
 
@@ -180,6 +185,33 @@ class _DrainingServer:
             inner(sig, frame)
 
         self.server.handle_exit = handle_exit  # type: ignore[method-assign]
+        self._wrap_start_stop()
+
+    def _wrap_start_stop(self) -> None:
+        """Record the address really bound once listening (the HEALTHCHECK reads it)."""
+        from service.tools import health
+
+        startup, shutdown = self.server.startup, self.server.shutdown
+
+        async def on_startup(sockets: Any = None) -> None:
+            await startup(sockets=sockets)
+            bound = [s.getsockname() for srv in self.server.servers for s in srv.sockets]
+            if self.server.started and bound:
+                try:
+                    health.write_state(bound[0][0], bound[0][1])
+                except OSError as exc:  # a read-only home: the check falls back to the port
+                    import logging
+
+                    logging.getLogger("thinktrans").warning(
+                        "cannot record the listening address for `thinktrans health`: %s",
+                        exc.strerror or exc)
+
+        async def on_shutdown(sockets: Any = None) -> None:
+            health.clear_state()
+            await shutdown(sockets=sockets)
+
+        self.server.startup = on_startup  # type: ignore[method-assign]
+        self.server.shutdown = on_shutdown  # type: ignore[method-assign]
 
     def run(self) -> None:
         self.server.run()
@@ -191,12 +223,59 @@ async def _translate(settings: Settings, text: str, target: str, source: str | N
     async with Runtime(settings) as runtime:
         # The backends load or check in the background; a one-shot command waits for that,
         # and stops at once when it failed: a service would wait for a retry, a command not.
-        if not await runtime.wait_ready(timeout_s=600.0):
+        with _startup_progress():
+            ready = await runtime.wait_ready(timeout_s=600.0)
+        if not ready:
             reasons = [f"backend {name!r} is not ready: {_reason(runtime.backends[name])}"
                        for name in settings.backend]
             raise BackendUnavailable("; ".join(reasons))
         [result] = await runtime.translate([text], target=target, source=source)
         return result
+
+
+@contextlib.contextmanager
+def _startup_progress() -> Iterator[None]:
+    """On a terminal, a status line on stderr while the backends start: what they are doing
+    (a model's load, its one-time CTranslate2 conversion: the backends' info lines) and
+    for how long. Elsewhere (a pipe, a file, a log collector) nothing."""
+    if not sys.stderr.isatty():
+        yield
+        return
+    import logging
+    import time
+
+    from rich.console import Console
+    from rich.text import Text
+
+    started = time.monotonic()
+
+    class _Line:  # rendered at each refresh: the seconds count on
+        doing = "starting the backends"
+
+        def __rich__(self) -> Text:
+            return Text(f"thinktrans: {time.monotonic() - started:3.0f} s  {self.doing}",
+                        no_wrap=True, overflow="ellipsis")
+
+    line = _Line()
+    status = Console(stderr=True).status(line)
+
+    class _ToStatus(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            line.doing = record.getMessage().splitlines()[0] if record.getMessage() else ""
+
+    logger = logging.getLogger("models")
+    handler, level = _ToStatus(logging.INFO), logger.level
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    try:
+        with status:
+            yield
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)
+    elapsed = time.monotonic() - started
+    if elapsed >= 2:
+        typer.echo(f"thinktrans: backends ready after {elapsed:.0f} s", err=True)
 
 
 def _reason(translator: Any) -> str:
@@ -351,7 +430,9 @@ def _measure(settings: Settings, cfg: CompareConfig) -> list[BackendRun]:
 @app.command()
 def bench(
     url: Annotated[str, typer.Option(help="Base URL of a running server.")],
-    streams: Annotated[int, typer.Option(help="Concurrent streams.")] = 20,
+    streams: Annotated[int, typer.Option(
+        help="Streams under way at once; each starts the next as it ends, so more run in all "
+        "(the summary's 'streams run').")] = 20,
     duration: Annotated[float, typer.Option(help="Seconds to start new streams for.")] = 5.0,
     rate: Annotated[float, typer.Option(help="Deltas per second per stream.")] = 50.0,
     post_interval_ms: Annotated[float, typer.Option(
@@ -414,6 +495,9 @@ def convert(
     THINKTRANS_LOCAL_MODEL at it. Serving it needs only 'thinktrans[ct2]' (no torch);
     converting needs 'thinktrans[local,ct2]'.
     """
+    from service.logs import no_progress_bars
+
+    no_progress_bars()  # before transformers is imported: "Loading weights" is not output
     from models.local.convert import ConversionError
     from models.local.convert import convert as run_convert
 
@@ -463,6 +547,23 @@ def pool(
         raise _fail(f"the pool did not start: {first_line(exc)}", 4) from None
 
 
+@app.command()
+def health(
+    url: Annotated[str | None, typer.Option(
+        help="Base URL to check (default: where the last `thinktrans serve` of this user "
+        "listens, else THINKTRANS_PORT).")] = None,
+) -> None:
+    """Check a running server's /healthz: exit 0 when it answers 200, 1 when not.
+
+    The image's HEALTHCHECK runs the same check (python3 -m service.tools.health).
+    """
+    from service.tools import health as check
+
+    healthy, line = check.check(url)
+    typer.echo(line, err=not healthy)
+    raise typer.Exit(0 if healthy else 1)
+
+
 @app.command("make-test-model")
 def make_test_model(
     outdir: Annotated[Path, typer.Argument(help="Directory to write the checkpoint to.")],
@@ -482,6 +583,9 @@ def make_test_model(
     Tiny by default; --shape gives a real model's size. Its files are readable by all
     (0644/0755), so a container's user can load it.
     """
+    from service.logs import no_progress_bars
+
+    no_progress_bars()  # "Writing model shards" is not output
     try:
         from service.tools.testmodel import FAMILIES, SHAPES, language_code
         from service.tools.testmodel import make_test_model as build

@@ -4,8 +4,11 @@ and time limit, the access log and request metrics.
 Pure ASGI, so that the checks happen before the body is parsed: a client without the
 token gets 401 whatever it sent, a body that is not JSON 415, an oversized body 413, not a
 parse error, and a body not complete within ``body_timeout_s`` of its headers 408. A
-refusal sent before the body was read closes the connection: the server does not wait for
-(or read) the rest of a body it will not use.
+refusal closes the connection. Before it goes out, a body of at most
+``refused_body_drain_bytes`` is read and dropped (within ``body_timeout_s``): a socket
+closed with unread data resets the connection, and a client that sends its whole body
+before it reads (Python's urllib) then sees the reset, not the problem. A larger body, or
+one sent only after ``Expect: 100-continue``, is not read.
 """
 
 from __future__ import annotations
@@ -39,13 +42,15 @@ class Guard:
     the body size limit."""
 
     def __init__(self, app: ASGIApp, max_bytes: int, token: str | None, metrics: Metrics,
-                 body_timeout_s: float | None = None) -> None:
+                 body_timeout_s: float | None = None, drain_bytes: int | None = None) -> None:
         self.app = app
         self.max_bytes = max_bytes
         self.token = token.encode() if token else None
         self.metrics = metrics
         # None: the app's settings say (app.state.settings.body_timeout_s), else 30 s.
         self.body_timeout_s = body_timeout_s
+        # None: the app's settings say (refused_body_drain_bytes), else 8 MiB.
+        self.drain_bytes = drain_bytes
         self._observed: dict[tuple[str, str, int], tuple[Any, Any]] = {}
         self._clock = _BodyClock()
 
@@ -99,18 +104,18 @@ class Guard:
         if self.token is not None and on_v1:
             scheme, _, given = headers.get(b"authorization", b"").partition(b" ")
             if scheme.lower() != b"bearer" or not hmac.compare_digest(given.strip(), self.token):
-                await problem(
+                await self._refuse(problem(
                     401, "Unauthorized", "send 'Authorization: Bearer <THINKTRANS_API_TOKEN>'",
                     "unauthorized", headers={"WWW-Authenticate": "Bearer", **unread},
-                )(scope, receive, send)
+                ), scope, receive, send, unread)
                 return
         if declared is not None and (not declared.isdigit() or int(declared) > self.max_bytes):
-            await self._too_big(unread)(scope, receive, send)
+            await self._refuse(self._too_big(unread), scope, receive, send, unread)
             return
         check_type = on_v1 and scope.get("method") in BODY_METHODS
         content_type = headers.get(b"content-type")
         if check_type and declared not in (None, b"0") and not _is_json(content_type):
-            await _not_json(content_type, unread)(scope, receive, send)
+            await self._refuse(_not_json(content_type, unread), scope, receive, send, unread)
             return
         if declared is None and not chunked:
             await self.app(scope, receive, send)  # no body (RFC 9112 6.3)
@@ -131,7 +136,10 @@ class Guard:
                     break  # the whole body in one message: no copy
                 body += message.get("body", b"")
                 if len(body) > self.max_bytes:
-                    await self._too_big(CLOSE)(scope, receive, send)
+                    size, more_body = len(body), more
+                    del body[:]
+                    await self._refuse(self._too_big(CLOSE), scope, receive, send, CLOSE,
+                                       read=size, more=more_body)
                     return
                 if not more:
                     message = {"type": "http.request", "body": bytes(body)}
@@ -147,6 +155,41 @@ class Guard:
             await _not_json(content_type, {})(scope, receive, send)
             return
         await self.app(scope, _replay([message], receive), send)
+
+    async def _refuse(self, refusal: ASGIApp, scope: Scope, receive: Receive, send: Send,
+                      unread: dict[str, str], *, read: int = 0, more: bool = True) -> None:
+        """Send ``refusal``, having first read and dropped the rest of the request's body if
+        it is within ``drain_bytes`` (``read`` bytes of it already were): closing a socket
+        with unread data resets the connection, and a client still sending loses the
+        answer. Past the bound, or past the body's time limit, the refusal goes out as is."""
+        headers = dict(scope.get("headers", []))
+        limit = self._drain_bytes(scope)
+        declared = headers.get(b"content-length", b"")
+        if (unread and more and headers.get(b"expect", b"").lower() != b"100-continue"
+                and not (declared.isdigit() and int(declared) > limit)):
+            task = asyncio.current_task()
+            assert task is not None
+            self._clock.start(task, self._body_timeout(scope))
+            try:
+                while read <= limit:
+                    message = await receive()
+                    if message["type"] != "http.request":
+                        return  # the client is gone: nobody to answer
+                    read += len(message.get("body", b""))
+                    if not message.get("more_body", False):
+                        break
+            except asyncio.CancelledError:
+                if not self._clock.expired(task):
+                    raise
+            finally:
+                self._clock.stop(task)
+        await refusal(scope, receive, send)
+
+    def _drain_bytes(self, scope: Scope) -> int:
+        if self.drain_bytes is None:
+            settings = getattr(getattr(scope.get("app"), "state", None), "settings", None)
+            self.drain_bytes = int(getattr(settings, "refused_body_drain_bytes", 8_388_608))
+        return self.drain_bytes
 
     def _body_timeout(self, scope: Scope) -> float:
         if self.body_timeout_s is None:

@@ -15,6 +15,7 @@ import hashlib
 import importlib.util
 import json
 import logging
+import os
 import sys
 import time
 from typing import Any
@@ -61,17 +62,37 @@ def configure(level: str, *, log_text: bool = False, transformers: bool = True) 
     for name in ("uvicorn", "uvicorn.error", "uvicorn.access"):
         _propagate(name)
     logging.captureWarnings(True)
+    no_progress_bars()
     if _installed("huggingface_hub"):
         import huggingface_hub.utils.logging  # noqa: F401 - adds its handler, dropped below
-        from huggingface_hub.utils import disable_progress_bars
 
-        disable_progress_bars()  # transformers reads this when it is imported
         _propagate("huggingface_hub")
     if "transformers" in sys.modules or (transformers and _installed("transformers")):
         from transformers.utils import logging as transformers_logging
 
         transformers_logging.disable_progress_bar()
         _propagate("transformers")
+
+
+def no_progress_bars() -> None:
+    """Switch off the progress bars of huggingface_hub and transformers ("Loading weights",
+    "Writing model shards", downloads): a bar is not a log line, nor a command's output.
+
+    Through ``HF_HUB_DISABLE_PROGRESS_BARS`` too, so that what is imported later and child
+    processes (a CTranslate2 conversion) start with them off; an operator's own setting of
+    that variable wins.
+    """
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    if os.environ["HF_HUB_DISABLE_PROGRESS_BARS"].strip().lower() in ("0", "false", "no", "off"):
+        return
+    if "huggingface_hub" in sys.modules:
+        from huggingface_hub.utils import disable_progress_bars
+
+        disable_progress_bars()  # transformers reads this when it is imported
+    if "transformers" in sys.modules:
+        from transformers.utils import logging as transformers_logging
+
+        transformers_logging.disable_progress_bar()
 
 
 def quiet(*, transformers: bool = False) -> None:
@@ -81,8 +102,10 @@ def quiet(*, transformers: bool = False) -> None:
     traceback, to stderr, and huggingface_hub and transformers print theirs through their
     own handlers. A handler that drops the service's records stops the first, and leaves
     logging set up by an embedding program alone; the libraries keep only their errors.
-    ``transformers`` as in ``configure``. Progress bars (a model download) stay.
+    ``transformers`` as in ``configure``. Progress bars are off (``no_progress_bars``); a
+    command shows its own progress on a terminal.
     """
+    no_progress_bars()
     for name in ("thinktrans", "models"):  # the service's and the backends' loggers
         logger = logging.getLogger(name)
         if not logger.handlers:

@@ -213,6 +213,13 @@ class LimitsSection(BaseModel):
         30.0, gt=0, le=3600, description="A request body not complete this long after its "
         "headers gets 408 and the connection is closed."
     )
+    refused_body_drain_bytes: int = Field(
+        8_388_608, ge=0, le=1_073_741_824, description="A refused request (413, 401, 415) "
+        "whose body is at most this large is read and dropped before the refusal goes out, "
+        "within THINKTRANS_BODY_TIMEOUT_S, so that a client which sends its whole body "
+        "before reading (Python's urllib) reads the problem, not a connection reset; a "
+        "larger body is not read and the connection is closed at once. 0: never read."
+    )
 
 
 class StreamsSection(BaseModel):

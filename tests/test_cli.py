@@ -241,7 +241,24 @@ def test_bench_with_the_token_runs(token_server: str) -> None:
                                  "--streams", "2", "--token", "s3cret", "--format", "json"])
     assert result.exit_code == 0, result.output
     summary = json.loads(result.stdout)
-    assert summary["streams"] >= 2 and summary["errors"] == 0 and summary["violations"] == 0
+    assert summary["concurrent_streams"] == 2 and summary["streams_run"] >= 2
+    assert summary["failed_requests"] == 0 and summary["violations"] == 0
+
+
+def test_bench_table_says_what_it_counts(token_server: str) -> None:
+    """--streams N is streams at once, not in all; failed requests are not segments whose
+    status is error: the labels say which is which."""
+    pytest.importorskip("aiohttp")
+    result = runner.invoke(app, ["bench", "--url", token_server, "--duration", "0.3",
+                                 "--streams", "2", "--token", "s3cret"])
+    assert result.exit_code == 0, result.output
+    rows = dict(re.split(r"\s{2,}", line.strip(), maxsplit=1)
+                for line in result.stdout.splitlines())
+    assert rows["concurrent streams"] == "2", result.stdout
+    assert int(rows["streams run"]) >= 2
+    assert rows["failed requests"] == "0"
+    assert "segment statuses" in rows
+    assert "streams" not in rows and "errors" not in rows and "statuses" not in rows
 
 
 @pytest.mark.parametrize(
@@ -321,6 +338,75 @@ def test_serve_logs_are_json_lines_with_a_model(tiny_nllb: Path) -> None:
             "did you mean THINKTRANS_MAX_QUEUE_SIZE?") in messages
 
 
+def _translate_on_a_terminal(env: dict[str, str]) -> tuple[int, str]:
+    """`thinktrans translate` with its stderr on a pseudo-terminal: exit code, what it drew."""
+    import pty
+    import threading
+
+    master, slave = pty.openpty()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "service.cli", "translate", "--to", "de", "Hello there."],
+        cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=slave)
+    os.close(slave)
+    drawn = bytearray()
+
+    def read() -> None:  # the pty's buffer is small: read as it comes
+        while True:
+            try:
+                got = os.read(master, 65536)
+            except OSError:
+                return
+            if not got:
+                return
+            drawn.extend(got)
+
+    reader = threading.Thread(target=read)
+    reader.start()
+    try:
+        code = proc.wait(timeout=300)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        reader.join(10)
+        os.close(master)
+    return code, re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", drawn.decode("utf-8", "replace"))
+
+
+def test_first_local_translate_shows_its_wait_on_a_terminal_only(tiny_nllb: Path,
+                                                                 tmp_path: Path) -> None:
+    """The one-time conversion takes a while: on a terminal the command says what it waits
+    for; piped, it prints nothing but the failures it reports."""
+    pytest.importorskip("ctranslate2")
+    env = {**os.environ, "THINKTRANS_BACKEND": "local", "THINKTRANS_LOCAL_MODEL": str(tiny_nllb),
+           "THINKTRANS_LOCAL_CT2_CACHE": str(tmp_path / "ct2"), "HF_HUB_OFFLINE": "1"}
+    code, drawn = _translate_on_a_terminal(env)
+    assert code == 0, drawn
+    assert "local: converting" in drawn and "backends ready after" in drawn, drawn[-2000:]
+    assert "Loading weights" not in drawn
+    piped = subprocess.run(
+        [sys.executable, "-m", "service.cli", "translate", "--to", "de", "Hello there."],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert piped.returncode == 0, piped.stderr
+    assert piped.stderr == ""
+
+
+def test_convert_and_make_test_model_draw_no_progress_bars(tmp_path: Path) -> None:
+    """transformers' "Writing model shards" and "Loading weights" bars are off in commands."""
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    pytest.importorskip("sentencepiece")
+    pytest.importorskip("ctranslate2")
+    env = {key: value for key, value in os.environ.items()
+           if key != "HF_HUB_DISABLE_PROGRESS_BARS"}
+    commands = [["make-test-model", str(tmp_path / "m")],
+                ["convert", str(tmp_path / "m"), str(tmp_path / "c")]]
+    for command in commands:
+        done = subprocess.run([sys.executable, "-m", "service.cli", *command], cwd=ROOT,
+                              env=env, capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stderr
+        assert "it/s" not in done.stderr and "%|" not in done.stderr, (command, done.stderr)
+
+
 # -- help, version, make-test-model ------------------------------------------------------------
 
 
@@ -337,6 +423,39 @@ def test_help_shows_flags_as_flags() -> None:
     result = runner.invoke(app, ["bench", "--help"], env={"COLUMNS": "160"})
     [line] = [line for line in result.stdout.splitlines() if "--post-interval-ms" in line]
     assert "Milliseconds between" in line, line
+
+
+def _commands() -> list[str]:
+    import typer.main
+
+    return sorted(typer.main.get_command(app).commands)  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("command", [None, *_commands()])
+def test_every_help_shows_the_extras_it_names_and_no_value_for_flags(command: str | None) -> None:
+    """Square brackets are text, not markup: 'thinktrans[pool]' stays whole; --help and
+    --force take no value and the help says none."""
+    import typer.main
+
+    args = [command, "--help"] if command else ["--help"]
+    result = runner.invoke(app, args, env={"COLUMNS": "200"})
+    assert result.exit_code == 0, result.output
+    text = result.stdout
+    root = typer.main.get_command(app)
+    cmd = root.commands[command] if command else root  # type: ignore[attr-defined]
+    for extra in re.findall(r"thinktrans\[[a-z0-9,]+\]", cmd.help or ""):
+        assert extra in text, (extra, text)
+    assert "<bool>" not in text, text
+    [line] = [line for line in text.splitlines() if line.strip().startswith("--help")]
+    assert line.split()[:2] == ["--help", "Show"], line
+
+
+def test_pool_and_convert_help_name_their_extras() -> None:
+    for command, extras in (("pool", ["'thinktrans[pool]'"]),
+                            ("convert", ["'thinktrans[ct2]'", "'thinktrans[local,ct2]'"])):
+        text = runner.invoke(app, [command, "--help"], env={"COLUMNS": "200"}).stdout
+        for extra in extras:
+            assert extra in text, (command, text)
 
 
 @pytest.mark.parametrize(

@@ -128,6 +128,45 @@ def test_plot_writes_png(corpus: Path, tmp_path: Path) -> None:
     assert f"plot written to {png}" in result.stderr
 
 
+def test_plot_legend_leaves_the_title_whole(corpus: Path, tmp_path: Path,
+                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """The figure as saved: the legend overlaps neither the title nor the plots, and the
+    title stays inside the figure, also with a long corpus path in it."""
+    pytest.importorskip("matplotlib")
+    from matplotlib.figure import Figure
+
+    long_dir = tmp_path / ("a-rather-long-directory-name-for-the-corpus-" * 2)
+    long_dir.mkdir()
+    long_corpus = long_dir / f"thinking-sample-with-a-long-name{corpus.suffix}"
+    shutil.copy(corpus, long_corpus)
+    saved: list[Any] = []
+    original = Figure.savefig
+
+    def savefig(self: Any, *args: Any, **kwargs: Any) -> Any:
+        self.canvas.draw()  # lay it out as the file will have it
+        renderer = self.canvas.get_renderer()
+        saved.append({
+            "figure": self.bbox,
+            "title": self._suptitle.get_window_extent(renderer),
+            "legend": self.legends[0].get_window_extent(renderer),
+            "axes": [ax.get_tightbbox(renderer) for ax in self.axes],
+        })
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(Figure, "savefig", savefig)
+    png = tmp_path / "out.png"
+    for path in (corpus, long_corpus):
+        result = compare("--to", "de", "--backend", "passthrough", "--corpus", str(path),
+                         "--plot", str(png))
+        assert result.exit_code == 0, result.output
+    for box in saved:
+        assert not box["legend"].overlaps(box["title"]), box
+        assert not any(box["legend"].overlaps(ax) for ax in box["axes"]), box
+        fig, title = box["figure"], box["title"]
+        assert fig.x0 <= title.x0 and title.x1 <= fig.x1, box
+    assert len(saved) == 2
+
+
 # -- references -------------------------------------------------------------------------------
 
 

@@ -9,6 +9,8 @@ from __future__ import annotations
 import json
 import socket
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Iterator
 from typing import Any
 
@@ -231,3 +233,39 @@ def test_a_body_that_is_not_json_gets_415_and_the_connection_is_closed(server: S
     assert status == 415, body
     assert headers["content-type"] == PROBLEM
     assert "Content-Type: application/json" in json.loads(body)["detail"]
+
+
+def test_every_urllib_client_reads_the_413_of_an_oversized_body(server: Server) -> None:
+    """A 3 MiB POST, over THINKTRANS_MAX_REQUEST_BYTES (1 MiB) and within the drain bound:
+    the server reads and drops the body before answering, so closing the connection resets
+    nothing, and a client that sends its whole body before reading (urllib) reads the
+    problem document every time, not ``Connection reset by peer``."""
+    body = b'{"target": "de", "texts": ["' + b"a" * (3 * 1024 * 1024) + b'"]}'
+    outcomes = []
+    for _ in range(20):
+        request = urllib.request.Request(f"{server.url}/v1/translate", data=body,
+                                         headers={"Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(request, timeout=30) as response:
+                outcomes.append(f"{response.status}")
+        except urllib.error.HTTPError as exc:
+            problem = json.loads(exc.read())
+            outcomes.append(f"{exc.code} {problem['type']}")
+        except OSError as exc:
+            outcomes.append(f"{type(exc).__name__}: {exc}")
+    assert outcomes == ["413 urn:thinktrans:problem:payload-too-large"] * 20, outcomes
+
+
+def test_a_refused_body_announced_with_expect_100_continue_is_not_waited_for(
+        server: Server) -> None:
+    """A client that waits for `100 Continue` before its body gets the 413 at once: the
+    drain does not ask it for a body the server will drop."""
+    with _connect(server) as sock:
+        sock.sendall(_head("/v1/translate", "Content-Type: application/json",
+                           f"Content-Length: {3 * 1024 * 1024}", "Expect: 100-continue"))
+        started = time.monotonic()
+        raw = _read_to_eof(sock)
+    assert b"100 Continue" not in raw, raw
+    status, headers, _ = _parse(raw)
+    assert status == 413 and headers["connection"] == "close"
+    assert time.monotonic() - started < BODY_TIMEOUT_S  # not waiting for the body

@@ -3,14 +3,19 @@
 from __future__ import annotations
 
 import json
+import os
+import re
 import signal
+import subprocess
+import sys
 import threading
 import time
+from pathlib import Path
 
 import httpx
 
 from models.passthrough import PassthroughTranslator
-from tests.conftest import make_settings, served, start_app
+from tests.conftest import free_port, make_settings, served, start_app
 from tests.fakes import FakeTranslator
 
 SECRET = "The secret plan is to add seven and nine"
@@ -120,3 +125,40 @@ async def test_a_chain_with_one_backend_down_is_degraded_but_ready() -> None:
         assert ready.json()["backends"]["fake"]["reason"] == "quota exceeded"
         metrics = (await running.client.get("/metrics")).text
         assert 'thinktrans_backend_ready{backend="fake"} 0.0' in metrics
+
+
+def _healthcheck_command() -> list[str]:
+    """The Dockerfile's HEALTHCHECK command, as the container runtime would run it."""
+    dockerfile = (Path(__file__).resolve().parent.parent / "Dockerfile").read_text()
+    match = re.search(r"^HEALTHCHECK [^\n]*\\\n\s*CMD (\[.*\])$", dockerfile, re.M)
+    assert match, "no HEALTHCHECK ... CMD [...] in the Dockerfile"
+    command = json.loads(match.group(1))
+    return [sys.executable if part == "python3" else part for part in command]
+
+
+def test_the_image_healthcheck_follows_serve_port(tmp_path: Path) -> None:
+    # `serve --port P` (as served() starts it) with THINKTRANS_PORT naming another port: the
+    # check asks where the server really listens, not THINKTRANS_PORT.
+    other = str(free_port())
+    env = {**os.environ, "XDG_RUNTIME_DIR": str(tmp_path), "THINKTRANS_PORT": other,
+           "PYTHONPATH": os.pathsep.join(sys.path)}
+    root = Path(__file__).resolve().parent.parent
+
+    def run_check() -> subprocess.CompletedProcess[str]:
+        return subprocess.run(_healthcheck_command(), env=env, cwd=root, capture_output=True,
+                              text=True, timeout=60)
+
+    with served(XDG_RUNTIME_DIR=str(tmp_path), THINKTRANS_PORT=other) as srv:
+        state = json.loads((tmp_path / "thinktrans" / "serve.json").read_text())
+        assert state["url"] == srv.url
+        done = run_check()
+        assert done.returncode == 0, done.stderr
+        assert f"{srv.url}/healthz: 200" in done.stdout
+        cli = subprocess.run([sys.executable, "-m", "service.cli", "health"], env=env,
+                             cwd=root, capture_output=True, text=True, timeout=60)
+        assert cli.returncode == 0, cli.stderr
+        srv.terminate(20)
+    assert not (tmp_path / "thinktrans" / "serve.json").exists()  # removed at the stop
+    done = run_check()  # nothing listens on THINKTRANS_PORT: unhealthy, in one line
+    assert done.returncode == 1
+    assert f"127.0.0.1:{other}/healthz" in done.stderr

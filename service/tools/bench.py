@@ -61,7 +61,8 @@ class BenchConfig:
 
 @dataclass
 class BenchReport:
-    streams: int = 0
+    concurrency: int = 0  # streams under way at once (--streams): one per worker
+    streams: int = 0  # streams run in all: each worker starts a new one as the last ends
     deltas: int = 0
     posts: int = 0
     post_ms: list[float] = field(default_factory=list)
@@ -79,8 +80,12 @@ class BenchReport:
         cpu_per_delta_us = (
             self.server_cpu_s / self.deltas * 1e6 if self.server_cpu_s and self.deltas else None
         )
+        # Labels say what they count: --streams N keeps N streams under way, each worker
+        # starting its next as the last ends, so far more than N run in all; segments whose
+        # status is "error" (the backend failed them) are not failed requests.
         return {
-            "streams": self.streams,
+            "concurrent_streams": self.concurrency,
+            "streams_run": self.streams,
             "deltas": self.deltas,
             "chunk_posts": self.posts,
             "chunk_post_ms": {"p50": percentile(self.post_ms, 50),
@@ -89,13 +94,13 @@ class BenchReport:
                                  "p99": percentile(self.ready_to_emit_ms, 99)},
             "segments": self.segments,
             "segments_per_s": round(self.segments / self.wall_s, 1) if self.wall_s else 0.0,
-            "statuses": dict(sorted(self.statuses.items())),
+            "segment_statuses": dict(sorted(self.statuses.items())),
             "deadline_misses": self.statuses.get("deadline", 0),
             "updates": self.updates,
             # The corpus is sent over and over: past its first round, a server with its
             # translation cache on serves it from memory (THINKTRANS_CACHE_MB=0 turns it off).
             "cached": self.cached,
-            "errors": len(self.errors),
+            "failed_requests": len(self.errors),
             "violations": len(self.violations),
             "server_cpu_s": None if self.server_cpu_s is None else round(self.server_cpu_s, 2),
             "server_cpu_us_per_delta": (None if cpu_per_delta_us is None
@@ -127,7 +132,7 @@ async def _server_cpu(session: aiohttp.ClientSession, url: str) -> float | None:
 class _Run:
     def __init__(self, cfg: BenchConfig) -> None:
         self.cfg = cfg
-        self.report = BenchReport()
+        self.report = BenchReport(concurrency=cfg.streams)
         self.run_id = uuid.uuid4().hex[:8]
         self.stop_at = 0.0
         self.denied: str | None = None  # set by the first 401/403: the run stops

@@ -10,6 +10,7 @@ import importlib.util
 import io
 import math
 import random
+import textwrap
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -152,6 +153,19 @@ def check_plot(path: Path) -> None:
 
 def write_plot(report: dict[str, Any], runs: Sequence[BackendRun], path: str | Path) -> None:
     """A PNG: per-text latency distributions (box per backend) beside throughput bars."""
+    fig = plot_figure(report, runs)  # ConfigError, in one line, without matplotlib
+    import matplotlib.pyplot as plt
+
+    try:
+        fig.savefig(path, dpi=110)
+    except OSError as exc:
+        raise InputError(f"cannot write plot {str(path)!r}: {exc.strerror}") from None
+    finally:
+        plt.close(fig)
+
+
+def plot_figure(report: dict[str, Any], runs: Sequence[BackendRun]) -> Any:
+    """The compare figure (matplotlib's Figure; the caller closes it)."""
     try:
         import matplotlib
 
@@ -206,17 +220,15 @@ def write_plot(report: dict[str, Any], runs: Sequence[BackendRun], path: str | P
     thr_ax.grid(axis="y", alpha=0.3)
     thr_ax.margins(y=0.2)
 
+    # The legend has the right-hand column to itself, below the title's band; the title is
+    # centred over the plots and wrapped to their width (a corpus path can be long).
     fig.legend(handles=[Patch(facecolor=c, alpha=0.7, label=lab)
                         for c, lab in zip(colors, labels, strict=True)],
-               loc="upper right", title="backend")
-    fig.suptitle(f"thinktrans compare: {caption(report)}", fontsize=10)
-    fig.tight_layout(rect=(0, 0, 0.88, 0.95))
-    try:
-        fig.savefig(path, dpi=110)
-    except OSError as exc:
-        raise InputError(f"cannot write plot {str(path)!r}: {exc.strerror}") from None
-    finally:
-        plt.close(fig)
+               loc="center right", bbox_to_anchor=(1.0, 0.5), title="backend")
+    title = textwrap.fill(f"thinktrans compare: {caption(report)}", width=110)
+    fig.suptitle(title, fontsize=10, x=0.44)
+    fig.tight_layout(rect=(0, 0, 0.85, 1))  # room for the title: tight_layout makes it
+    return fig
 
 
 # -- bench -----------------------------------------------------------------------------------
