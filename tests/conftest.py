@@ -25,6 +25,10 @@ from service.runtime import Runtime
 from service.settings import Settings, load_settings
 from tests.fakes_remote import FakeChat, FakeDeepL
 
+# Tests load tiny checkpoints in-process: no "Loading weights" bars in the test output (the
+# service's own commands switch them off through service.logs.no_progress_bars).
+os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+
 
 @pytest.fixture
 def hub_offline(monkeypatch: pytest.MonkeyPatch) -> None:
