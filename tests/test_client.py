@@ -63,11 +63,11 @@ def chat(chat_server: FakeChat) -> FakeChat:
 
 def llm_server(chat: FakeChat, **env: str) -> AbstractContextManager[Server]:
     """The llm backend on FakeChat, which answers "<language name>: <text>": visible."""
-    return served(
-        THINKTRANS_BACKEND="llm", THINKTRANS_LLM_BASE_URL=f"{chat.origin}/v1",
-        THINKTRANS_LLM_MODEL="fake-model", THINKTRANS_CHECK_OUTPUT_LANGUAGE="false",
-        THINKTRANS_DEADLINE_MS="700", **env,
-    )
+    return served(**{
+        "THINKTRANS_BACKEND": "llm", "THINKTRANS_LLM_BASE_URL": f"{chat.origin}/v1",
+        "THINKTRANS_LLM_MODEL": "fake-model", "THINKTRANS_CHECK_OUTPUT_LANGUAGE": "false",
+        "THINKTRANS_DEADLINE_MS": "700", **env,
+    })
 
 
 @pytest.fixture(scope="module")
@@ -809,3 +809,54 @@ def test_originals_join_back_whatever_fails(sidecar: Server, text: str, sizes: l
         assert fallback == list(range(fallback[0], len(segs)))  # the tail, and only the tail
     if fault == "none":
         assert failure is None and not fallback
+
+
+# -- streams given up are deleted ----------------------------------------------------------
+
+
+def open_streams(metrics: str) -> float:
+    """The sidecar's ``thinktrans_open_streams`` gauge, from its /metrics text."""
+    for line in metrics.splitlines():
+        if line.startswith("thinktrans_open_streams "):
+            return float(line.split()[1])
+    raise AssertionError("no thinktrans_open_streams in /metrics")
+
+
+def test_streams_given_up_are_deleted(chat: FakeChat) -> None:
+    """A burst of sessions on a backend too slow for them: the first streams' segments wait
+    past the stall budget, the others' chunk POSTs find the queue full and give up within
+    ``timeout_s``. Every stream falls back to the originals, and every one the sidecar had
+    opened is deleted once its reader is done, so the sidecar's count goes back down (and
+    later clients do not get 429 past ``max_streams``) rather than waiting for the expiry."""
+    chat.reset()
+    chat.mode, chat.slow_s = "timeout", 30.0
+    try:
+        with llm_server(chat, THINKTRANS_DEADLINE_MS="20000", THINKTRANS_MAX_QUEUE_SIZE="2",
+                        THINKTRANS_FLUSH_IDLE_MS="50",
+                        THINKTRANS_STREAM_IDLE_EXPIRE_S="600") as server:
+
+            async def burst() -> None:
+                async with ThinktransClient(server.url, timeout_s=0.8, stall_s=1.5,
+                                            cooloff_s=0) as client:
+                    streams = [client.stream(f"t:burst.{n}", target="de") for n in range(8)]
+
+                    async def one(stream: ThinkingStream) -> None:
+                        items = await run_stream(stream, ["First step done. ", "Then more."])
+                        assert_complete(items, "First step done. Then more.")
+                        await stream.aclose()
+
+                    async with asyncio.timeout(60):
+                        await asyncio.gather(*(one(s) for s in streams))
+                    assert all(s.failure is not None for s in streams)
+                    async with httpx.AsyncClient(base_url=server.url) as other:
+                        # The deletes run in the background: the count goes down soon.
+                        give_up = time.monotonic() + 20
+                        while (left := open_streams((await other.get("/metrics")).text)) and (
+                                time.monotonic() < give_up):
+                            await asyncio.sleep(0.05)
+                    assert left == 0, f"{left:g} streams given up are still open"
+
+            asyncio.run(burst())
+            assert not open_streams(httpx.get(f"{server.url}/metrics", timeout=10).text)
+    finally:
+        chat.reset()

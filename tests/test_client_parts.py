@@ -618,7 +618,7 @@ async def test_unless_failed_answers_or_gives_up_at_the_fallback() -> None:
 
 async def test_a_reader_failure_stops_the_poster() -> None:
     """The reader finds the events malformed: the stream falls back, and what is pushed
-    after goes out as it is, without another post."""
+    after goes out as it is, without another post; the stream given up is deleted."""
     sidecar = FakeSidecar()
     sidecar.script["events"].append(httpx.Response(200, json={"nope": []}))
     async with sidecar.client() as client:
@@ -637,4 +637,5 @@ async def test_a_reader_failure_stops_the_poster() -> None:
             if isinstance(s, TranslatedSegment)] == [
         ("First. ", "error", "sidecar: malformed events answer"),
         ("Second.", "error", "sidecar: malformed events answer")]
-    assert len(sidecar.seen) == posted  # nothing posted, polled or deleted after the failure
+    # Nothing posted or polled after the failure; the stream given up is deleted, once.
+    assert [seen.method for seen in sidecar.seen[posted:]] == ["DELETE"]

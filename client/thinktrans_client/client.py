@@ -244,9 +244,10 @@ class ThinktransClient:
     def release_stream(self, stream_id: str) -> None:
         """Delete the sidecar's stream in the background (``aclose`` waits for it).
 
-        Ended streams hold their events on the sidecar until they expire; this frees them
-        sooner. Best effort: a failure is only logged, and nothing is sent once the client
-        is closing.
+        Ended streams hold their events on the sidecar until they expire, and streams given
+        up (the fallback) stay open, counted against ``max_streams``; this frees them at
+        once. Best effort, within ``timeout_s``: a failure is only logged, and nothing is
+        sent once the client is closing.
         """
         if self._closing:
             return
@@ -511,10 +512,15 @@ class ThinkingStream:
         self._wake_reader.set()
 
     async def aclose(self) -> None:
-        """Close, give the last posts ``timeout_s`` to land, then release the server's stream."""
+        """Close, give the last posts ``timeout_s`` to land, then release the server's stream.
+
+        Released whether it ended or was given up (the fallback): a stream the client
+        stopped posting to would otherwise stay open on the sidecar, counted against its
+        ``max_streams``, until the idle expiry.
+        """
         await self.close()
         await self._poster.settle()
-        if self._poster.started and self.failure is None:
+        if self._poster.may_exist:
             self.client.release_stream(self.stream_id)
 
     # -- what the parts are given --------------------------------------------------------------

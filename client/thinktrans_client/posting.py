@@ -75,6 +75,7 @@ class ChunkPoster:
         self._next_seq = 0
         self._closing = False
         self._stopped = False
+        self._refused = False  # the sidecar answered the open with an error: no stream
         self._task: asyncio.Task[None] | None = None
         self._wake = asyncio.Event()
 
@@ -82,6 +83,12 @@ class ChunkPoster:
     def started(self) -> bool:
         """Whether anything was added, so the sidecar has (or will have) this stream."""
         return self._task is not None
+
+    @property
+    def may_exist(self) -> bool:
+        """Whether the sidecar may hold this stream: opened, or the open went out and got
+        no answer (it may have arrived). False once the sidecar refused the open."""
+        return self.started and not self._refused
 
     def add(self, delta: str) -> None:
         """Queue a delta to post; the first one starts the posting task. Ignored once stopped."""
@@ -145,8 +152,13 @@ class ChunkPoster:
 
     async def _open(self) -> None:
         body = self._open_body()
-        data = await self._retrying(
-            lambda: self._client.request("POST", "/v1/streams", json=body), time.monotonic())
+        try:
+            data = await self._retrying(
+                lambda: self._client.request("POST", "/v1/streams", json=body),
+                time.monotonic())
+        except SidecarError as exc:
+            self._refused = exc.status is not None
+            raise
         try:
             self._on_open(data)
         except (KeyError, TypeError):
