@@ -727,3 +727,29 @@ async def test_room_is_made_when_open_parts_hold_the_rest() -> None:
                         update.get("_meta", {}))
     assert originals == "Main thinking starts. " + "".join(f"sub thought {i}. "
                                                             for i in range(20))
+
+
+async def test_a_thought_sent_as_a_request_keeps_its_id_to_itself(sidecar: Server) -> None:
+    """ACP sends thoughts as notifications; one that comes as a request (with an ``id``)
+    expects one answer, to that message. It goes out once, as it came, in its place (it
+    ends the session's open part, as any other message does); no translated chunk carries
+    its ``id``, and the parts around it are translated as usual."""
+
+    def asked(id_: Any, text: str) -> dict[str, Any]:
+        return {**thought(text), "id": id_}
+
+    messages = [asked(3, "First I read the test. "), thought("Then the code. "),
+                thought("Then I run it."), asked("r9", "Now the logs. "),
+                thought("They say it timed out."), other("tool_call", toolCallId="c1")]
+    out = await translate_all(sidecar.url, messages, target="de")
+    with_ids = [m for m in out if "id" in m]
+    assert with_ids == [messages[0], messages[3]]  # each once, unchanged
+    at = [out.index(m) for m in with_ids]
+    translated = [m for m in out if "id" not in m and is_thought(m)]
+    assert all("thinktrans" in update_of(m)["_meta"] for m in translated)  # type: ignore[index]
+    originals = "".join(update_of(m)["_meta"]["thinktrans"]["original"]  # type: ignore[index]
+                        for m in out[at[0] + 1: at[1]])
+    assert originals == "Then the code. Then I run it."
+    assert out[at[1] + 1:][-1] == messages[-1]
+    assert "".join(update_of(m)["_meta"]["thinktrans"]["original"]  # type: ignore[index]
+                   for m in out[at[1] + 1: -1]) == "They say it timed out."
