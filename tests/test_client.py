@@ -24,8 +24,10 @@ from thinktrans_client.client import (
     safe_stream_id,
 )
 from thinktrans_client.locale import InvalidLocale, canonicalize
+from thinktrans_client.reasons import CLOSED_EARLY
 
-from tests.conftest import Server, served
+from tests.conftest import Server, app_with, served
+from tests.fakes import FakeTranslator
 from tests.fakes_remote import FakeChat, closed_port_url
 
 THINKING = (
@@ -543,7 +545,7 @@ async def test_hung_sidecar_passes_through_within_budget() -> None:
         more = client.stream("t:hung2", target="zh-CN")
         rest = await run_stream(more, pieces[10:])
     assert_complete(items, "".join(pieces[:10]))
-    assert stream.failure is not None and "no answer within" in stream.failure
+    assert stream.failure is not None and "did not answer within 1 s" in stream.failure
     assert_complete(rest, "".join(pieces[10:]))
     assert more.failure is not None and "skipped" in more.failure
 
@@ -555,7 +557,7 @@ async def test_500_sidecar_passes_originals_through() -> None:
         items = await run_stream(stream, deltas(THINKING))
     segs = assert_complete(items, THINKING)
     assert {s.status for s in segs} == {"error"}
-    assert stream.failure == "HTTP 500 internal"
+    assert stream.failure == "the sidecar failed (HTTP 500 internal)"
     assert raw.connections >= 1
 
 
@@ -621,7 +623,7 @@ async def test_stream_ended_by_the_sidecar(sidecar: Server) -> None:
         await asyncio.wait_for(reader, 10)
     assert len(transport.requests) == asked  # nothing asked of the sidecar since
     assert_complete(got, "First sentence. Second sentence. Third one.")
-    assert stream.failure == "the sidecar ended the stream early"
+    assert stream.failure == CLOSED_EARLY
     assert [s.status for s in segments(got)] == ["translated", "translated", "error"]
 
 
@@ -680,7 +682,7 @@ async def test_shutting_down_503_falls_back_at_once(sidecar: Server) -> None:
             items = await run_stream(stream, ["Let me see."])
         assert not client.available  # and the next streams skip it for a while
     assert [s.status for s in segments(items)] == ["error"]
-    assert stream.failure is not None and "503" in stream.failure
+    assert stream.failure is not None and "(HTTP 503 overloaded)" in stream.failure
 
 
 async def test_stall_budget(sidecar: Server) -> None:
@@ -698,7 +700,7 @@ async def test_stall_budget(sidecar: Server) -> None:
         items = await run_stream(stream, ["All done here. ", "Next step"])
         elapsed = time.monotonic() - started
     assert_complete(items, "All done here. Next step")
-    assert stream.failure is not None and "no result within" in stream.failure
+    assert stream.failure is not None and "no translation came back within 0.6 s" in stream.failure
     assert 0.5 < elapsed < 20  # not before the stall budget; the bound only stops a hang
 
 
@@ -860,3 +862,44 @@ def test_streams_given_up_are_deleted(chat: FakeChat) -> None:
             assert not open_streams(httpx.get(f"{server.url}/metrics", timeout=10).text)
     finally:
         chat.reset()
+
+
+# -- reasons in words ----------------------------------------------------------------------
+
+
+async def test_a_sidecar_shutting_down_mid_stream_is_said_in_words() -> None:
+    """The sidecar drains (a SIGTERM): it closes the open streams and refuses new ones. The
+    next chunk POST of a stream is answered 409 and the next open 503; each stream falls
+    back with a reason that says the sidecar is shutting down, not "HTTP 409 conflict"."""
+    fake = FakeTranslator(gate=asyncio.Event())  # the first sentence waits: drain waits
+    async with app_with(fake) as running, ThinktransClient(
+            "http://test", transport=httpx.ASGITransport(app=running.app),
+            timeout_s=2.0) as client:
+        stream = client.stream("t:drain", target="de")
+        got: list[StreamItem] = []
+
+        async def read() -> None:
+            async for item in stream.results():
+                got.append(item)
+
+        reader = asyncio.create_task(read())
+        await stream.push("First sentence. ")
+        await asyncio.wait_for(fake.started.wait(), 10)
+        drain = asyncio.create_task(running.runtime.streams.drain(30.0))
+        await until(lambda: running.runtime.streams.draining)
+        await asyncio.sleep(0.05)  # the drain closes the open streams first
+        await stream.push("Then more.")
+        await until(lambda: stream.failure is not None)
+        later = client.stream("t:after", target="de")
+        after = await run_stream(later, ["Hello."])
+        fake.gate.set()  # type: ignore[union-attr]
+        await stream.close()
+        await asyncio.wait_for(reader, 10)
+        await drain
+    assert stream.failure is not None and stream.failure.startswith(
+        "the sidecar closed the stream before all its text was sent: it is shutting down")
+    assert "HTTP 409 conflict" in stream.failure  # for whoever looks further
+    assert got and segments(got)[-1].error == f"sidecar: {stream.failure}"
+    assert later.failure is not None and later.failure.startswith(
+        "the sidecar is shutting down (HTTP 503 overloaded), and it asks to retry after 5 s")
+    assert segments(after)[0].error == f"sidecar: {later.failure}"

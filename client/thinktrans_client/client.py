@@ -86,6 +86,7 @@ from thinktrans_client.fallback import Fallback, StallClock
 from thinktrans_client.pending import PendingText
 from thinktrans_client.posting import ChunkPoster
 from thinktrans_client.reading import EventReader
+from thinktrans_client.reasons import CLOSED_EARLY, client_bug, http_reason, transport_reason
 from thinktrans_client.results import (
     SegmentUpdate,
     StreamItem,
@@ -161,13 +162,21 @@ def _retry_after(response: httpx.Response) -> float | None:
         return None
 
 
-def _problem_slug(response: httpx.Response) -> str:
-    """The problem type's slug, e.g. ``invalid-locale``; never the detail, which may echo input."""
+def _problem(response: httpx.Response) -> tuple[str, str]:
+    """The problem type's slug (e.g. ``invalid-locale``) and its detail, "" where absent.
+
+    The detail only tells cases apart (``reasons.http_reason``); it is never logged or
+    recorded, as it may echo what the request carried.
+    """
     try:
-        kind = response.json().get("type", "")
-    except (ValueError, AttributeError):
-        return ""
-    return str(kind).rsplit(":", 1)[-1][:64] if isinstance(kind, str) else ""
+        body = response.json()
+    except ValueError:
+        return "", ""
+    if not isinstance(body, dict):
+        return "", ""
+    kind, detail = body.get("type"), body.get("detail")
+    slug = kind.rsplit(":", 1)[-1][:64] if isinstance(kind, str) else ""
+    return slug, detail[:1000] if isinstance(detail, str) else ""
 
 
 # -- the client ----------------------------------------------------------------------------
@@ -269,7 +278,7 @@ class ThinktransClient:
         and the cool-off is neither checked nor started (see ``available``, ``note_failure``).
         """
         if self._closed:
-            raise SidecarError("client is closed")
+            raise SidecarError("the client was closed")
         budget = self.timeout_s + wait_s
         try:
             async with asyncio.timeout(budget):
@@ -279,20 +288,21 @@ class ThinktransClient:
                     # Often a kept-alive connection the server had closed: once more, fresh.
                     response = await self._http.request(method, path, json=json, params=params)
         except (TimeoutError, httpx.TimeoutException):
-            raise SidecarError(f"no answer within {budget:.1f}s") from None
+            raise SidecarError(f"the sidecar did not answer within {budget:g} s") from None
         except httpx.HTTPError as exc:
-            raise SidecarError(f"unreachable ({type(exc).__name__})") from None
+            raise SidecarError(transport_reason(exc)) from None
         status = response.status_code
         if status >= 400:
-            slug = _problem_slug(response)
-            raise SidecarError(f"HTTP {status}{' ' + slug if slug else ''}", status=status,
+            slug, detail = _problem(response)
+            raise SidecarError(http_reason(status, slug or None, detail), status=status,
                                retry_after_s=_retry_after(response), slug=slug or None)
         if status == 204:
             return None
         try:
             return response.json()
         except ValueError:
-            raise SidecarError(f"HTTP {status} answer is not JSON", status=status) from None
+            raise SidecarError(f"the sidecar's answer (HTTP {status}) is not JSON",
+                               status=status) from None
 
     # -- one-shot ----------------------------------------------------------------------------
 
@@ -334,9 +344,10 @@ class ThinktransClient:
                     for r in body["results"]
                 ]
             except (KeyError, TypeError, ValueError):
-                raise SidecarError("malformed answer") from None
+                raise SidecarError("the sidecar's answer to translate is malformed") from None
             if len(results) != len(texts):
-                raise SidecarError(f"{len(results)} results for {len(texts)} texts")
+                raise SidecarError(f"the sidecar answered {len(results)} results for "
+                                   f"{len(texts)} texts")
             return results
         except SidecarError as exc:
             self.note_failure(exc)
@@ -359,7 +370,7 @@ class ThinktransClient:
         """
         data = await self._info("/v1/languages")
         if not isinstance(data, dict):
-            raise SidecarError("malformed answer to languages")
+            raise SidecarError("the sidecar's answer to GET /v1/languages is malformed")
         return data
 
     async def supported_targets(self) -> list[str] | None:
@@ -370,12 +381,14 @@ class ThinktransClient:
         """
         data = await self.languages()
         if "targets" not in data:
-            raise SidecarError("the answer to languages has no targets (an older sidecar)")
+            raise SidecarError("the sidecar's answer to GET /v1/languages has no targets "
+                               "(an older sidecar)")
         targets = data["targets"]
         if targets is None:
             return None
         if not isinstance(targets, list) or not all(isinstance(t, str) for t in targets):
-            raise SidecarError("malformed targets in the answer to languages")
+            raise SidecarError("the targets in the sidecar's answer to GET /v1/languages "
+                               "are malformed")
         return list(targets)
 
     async def models(self) -> list[dict[str, Any]]:
@@ -387,7 +400,7 @@ class ThinktransClient:
         data = await self._info("/v1/models")
         models = data.get("models") if isinstance(data, dict) else None
         if not isinstance(models, list) or not all(isinstance(m, dict) for m in models):
-            raise SidecarError("malformed answer to models")
+            raise SidecarError("the sidecar's answer to GET /v1/models is malformed")
         return models
 
     async def _info(self, path: str) -> Any:
@@ -580,7 +593,7 @@ class ThinkingStream:
                 continue
             except Exception as exc:  # a bug here must not cost the agent its thoughts
                 log.exception("stream %s reader failed", self.stream_id)
-                self._fail(SidecarError(f"client error ({type(exc).__name__})"))
+                self._fail(SidecarError(client_bug(exc)))
                 continue
             for event in events:
                 try:
@@ -594,4 +607,4 @@ class ThinkingStream:
                     len(self._pending) or not self._closing):
                 # The sidecar ended the stream on its own (it is shutting down): what is
                 # left, and whatever comes later, can only go out as it is.
-                self._fail(SidecarError("the sidecar ended the stream early"))
+                self._fail(SidecarError(CLOSED_EARLY))

@@ -112,5 +112,6 @@ class StallClock:
         since = max(self._last_push, self._last_result)
         left = since + self._client.stall_s - self._clock()
         if left <= 0:
-            raise SidecarError(f"no result within {self._client.stall_s:.1f}s")
+            raise SidecarError(f"no translation came back within {self._client.stall_s:g} s "
+                               "(the client's stall_s)")
         return min(self._client.poll_wait_s, left)

@@ -39,7 +39,8 @@ class Skipped(SidecarError):
     """The sidecar is being skipped; not itself a failure (noting it would never end the skip)."""
 
     def __init__(self) -> None:
-        super().__init__("skipped after a recent failure")
+        super().__init__("the sidecar is skipped for a few seconds (the client's cooloff_s) "
+                         "after it failed")
 
 
 class Sidecar(Protocol):
