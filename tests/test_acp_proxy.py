@@ -478,3 +478,13 @@ async def test_usage_errors() -> None:
         assert proc.returncode == 2 and out == b""
         assert (b"after --" in err or b"use '-', not '_'" in err
                 or b"positive number of seconds" in err)
+
+
+def test_version() -> None:
+    """``thinktrans-acp --version`` prints the client's version, and starts nothing."""
+    from importlib import metadata
+
+    out = subprocess.run([PROXY, "--version"], stdin=subprocess.DEVNULL, capture_output=True,
+                         text=True, timeout=30)
+    assert (out.returncode, out.stdout, out.stderr) == (
+        0, f"thinktrans-acp {metadata.version('thinktrans-client')}\n", "")

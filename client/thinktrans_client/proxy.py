@@ -1,6 +1,7 @@
 """``thinktrans-acp``: any ACP agent's thinking translated in the editor, the agent unchanged.
 
     thinktrans-acp [--url URL] [--target LOCALE] [--model M] [--policy P] -- AGENT [ARGS...]
+    thinktrans-acp --version
 
 The editor launches this command instead of the agent. It starts the agent as a child
 process and relays JSON-RPC over stdio both ways, line by line and in order:
@@ -56,6 +57,7 @@ import sys
 import threading
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
+from importlib import metadata
 from typing import Any
 
 from thinktrans_client.acp import ThoughtTranslator
@@ -455,7 +457,17 @@ def _parser() -> argparse.ArgumentParser:
                              "passes through untranslated; a session's later messages wait "
                              "no longer (default: 10; above the sidecar's deadline_ms)")
     parser.add_argument("-v", "--verbose", action="store_true", help="log more to stderr")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}",
+                        help="print the version of thinktrans-client and exit")
     return parser
+
+
+def _version() -> str:
+    """The installed thinktrans-client's version (none when run from a checkout only)."""
+    try:
+        return metadata.version("thinktrans-client")
+    except metadata.PackageNotFoundError:
+        return "(thinktrans-client is not installed: run from a checkout)"
 
 
 def _seconds(value: str) -> float:
