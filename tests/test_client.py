@@ -903,3 +903,37 @@ async def test_a_sidecar_shutting_down_mid_stream_is_said_in_words() -> None:
     assert later.failure is not None and later.failure.startswith(
         "the sidecar is shutting down (HTTP 503 overloaded), and it asks to retry after 5 s")
     assert segments(after)[0].error == f"sidecar: {later.failure}"
+
+
+# -- close_wait_s: how long a closed stream waits for the rest -----------------------------
+
+
+async def test_close_wait_gives_out_the_rest_as_it_is(chat: FakeChat) -> None:
+    """A translator slower than the reader can wait (5 s; the sidecar's deadline is 10 s):
+    once the stream is closed, ``close_wait_s`` bounds the wait, and the text comes out
+    as it was pushed, status ``deadline``; that is no outage (the sidecar is not skipped)."""
+    chat.reset()
+    chat.mode, chat.slow_s = "timeout", 5.0
+    try:
+        with llm_server(chat, THINKTRANS_DEADLINE_MS="10000") as server:
+            async with ThinktransClient(server.url) as client:
+                stream = client.stream("t:closewait", target="de", close_wait_s=0.3)
+                started = time.monotonic()
+                items = await run_stream(stream, ["Let me look at ", "the failing test."],
+                                         updates=False)
+                elapsed = time.monotonic() - started
+                assert client.available
+                await stream.aclose()
+    finally:
+        chat.reset()
+    segs = assert_complete(items, "Let me look at the failing test.")
+    assert [s.status for s in segs] == ["deadline"]
+    assert segs[0].error is not None and "close_wait_s" in segs[0].error
+    assert 0.25 < elapsed < 4.5  # not the translator's 5 s, nor the sidecar's 10 s
+
+
+def test_close_wait_must_be_a_duration() -> None:
+    client = ThinktransClient("http://127.0.0.1:9")
+    for bad in (-1.0, float("inf"), float("nan")):
+        with pytest.raises(ValueError, match="close_wait_s"):
+            client.stream("t:x", close_wait_s=bad)

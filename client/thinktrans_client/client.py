@@ -94,7 +94,7 @@ from thinktrans_client.results import (
     TranslatedText,
     optional_str,
 )
-from thinktrans_client.sidecar import SidecarError, Skipped
+from thinktrans_client.sidecar import PastCloseWait, SidecarError, Skipped
 
 __all__ = [
     "Policy",
@@ -426,21 +426,30 @@ class ThinktransClient:
         policy: Policy | None = None,
         flush_interval_s: float = 0.05,
         flush_chars: int = 256,
+        close_wait_s: float | None = None,
     ) -> ThinkingStream:
         """A stream for one thinking part; nothing goes over the network before its first push.
 
         ``model`` and ``policy`` as in ``translate``, sent when the stream opens, only when
         set; the fallback under ``policy="hide"`` shows the originals too (status ``error``).
+        ``close_wait_s``: once the stream is closed, how long ``results`` waits for the rest;
+        then what no result covered comes out as it was pushed, status ``deadline`` (None:
+        as long as the sidecar's own deadline and the client's budgets allow). For readers
+        that cannot replace a segment later, such as ACP's, so that what follows the part
+        does not wait for translations that would come too late to show.
         """
         if not STREAM_ID.match(stream_id):
             raise ValueError(f"stream_id must be 1-128 of A-Za-z0-9._:- (see safe_stream_id), "
                              f"got {len(stream_id)} characters that are not")
         if flush_interval_s < 0 or flush_chars < 1:
             raise ValueError("flush_interval_s must be >= 0 and flush_chars >= 1")
+        if close_wait_s is not None and not 0 <= close_wait_s < float("inf"):
+            raise ValueError(f"close_wait_s must be >= 0 or None, got {close_wait_s}")
         _choices(model, policy)  # a bad value is the caller's bug: say so now, not in a log
         return ThinkingStream(self, stream_id, target=target, user_text=user_text,
                               backend=backend, model=model, policy=policy,
-                              flush_interval_s=flush_interval_s, flush_chars=flush_chars)
+                              flush_interval_s=flush_interval_s, flush_chars=flush_chars,
+                              close_wait_s=close_wait_s)
 
 
 
@@ -458,7 +467,7 @@ class ThinkingStream:
     def __init__(self, client: ThinktransClient, stream_id: str, *, target: str | None,
                  user_text: str | None, backend: str | None, flush_interval_s: float,
                  flush_chars: int, model: str | None = None,
-                 policy: Policy | None = None) -> None:
+                 policy: Policy | None = None, close_wait_s: float | None = None) -> None:
         self.client = client
         self.stream_id = stream_id
         self.target = target  # as asked; the resolved one once the stream is open
@@ -477,6 +486,8 @@ class ThinkingStream:
         self._reader = EventReader(client, stream_id, pending=self._pending, stall=self._stall,
                                    fallback=self._fallback, opened=self._poster.opened)
         self._closing = False
+        self._close_wait_s = close_wait_s
+        self._close_timer: asyncio.TimerHandle | None = None
         self._reading = False
         self._wake_reader = asyncio.Event()
         if not client.available:
@@ -520,6 +531,9 @@ class ThinkingStream:
 
     async def close(self) -> None:
         """No more deltas: the rest is posted and the stream closed in the background."""
+        if not self._closing and self._close_wait_s is not None:
+            self._close_timer = asyncio.get_running_loop().call_later(
+                self._close_wait_s, self._close_wait_over)
         self._closing = True
         self._poster.close()
         self._wake_reader.set()
@@ -533,6 +547,8 @@ class ThinkingStream:
         """
         await self.close()
         await self._poster.settle()
+        if self._close_timer is not None:
+            self._close_timer.cancel()
         if self._poster.may_exist:
             self.client.release_stream(self.stream_id)
 
@@ -551,6 +567,13 @@ class ThinkingStream:
             self.model = optional_str(data["model"])
         if isinstance(data.get("policy"), str):
             self.policy = data["policy"]
+
+    def _close_wait_over(self) -> None:
+        """``close_wait_s`` after close: what no segment has covered goes out as it is (a
+        poll in flight is cut short). With every segment out, late updates are waited for
+        as usual."""
+        if len(self._pending) and self._close_wait_s is not None:
+            self._fail(PastCloseWait(self._close_wait_s))
 
     def _fail(self, exc: SidecarError) -> None:
         if self._fallback.fail(exc):

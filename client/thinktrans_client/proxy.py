@@ -74,6 +74,11 @@ READ_BUFFER_BYTES = MAX_PARSED_LINE_BYTES  # per direction; a longer line comes 
 CHILD_EXIT_GRACE_S = 5.0  # after its stdin closes, before the agent is sent SIGTERM
 EXIT_POLL_S = 0.05  # the agent's exit is seen from its return code, not its pipes
 DEFAULT_URL = "http://127.0.0.1:8088"
+# After a thinking part ends (the session's next message is waiting), how long that message
+# waits for the part's last translations: ACP cannot replace a chunk later, so a translation
+# that misses this goes out as the original (status deadline) and the message goes on.
+# 1500 ms: see docs/integration.md (bench/acp_proxy.py --turns).
+DEFAULT_DEADLINE_MS = 1500.0
 FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 INSTALL_HINT = "pip install 'thinktrans-client[acp]'"
 
@@ -456,6 +461,15 @@ def _parser() -> argparse.ArgumentParser:
                         help="seconds a thinking part may go without a result before it "
                              "passes through untranslated; a session's later messages wait "
                              "no longer (default: 10; above the sidecar's deadline_ms)")
+    parser.add_argument("--deadline-ms", type=_milliseconds, metavar="MS",
+                        default=os.environ.get("THINKTRANS_ACP_DEADLINE_MS",
+                                               str(DEFAULT_DEADLINE_MS)),
+                        help="once a thinking part ends, how long the session's next message "
+                             "(a tool call, the answer) waits for the part's last "
+                             "translations; those still missing go out as the originals "
+                             "(status deadline), as ACP cannot replace them later (default: "
+                             f"$THINKTRANS_ACP_DEADLINE_MS, else {DEFAULT_DEADLINE_MS:g}; "
+                             "0: no wait)")
     parser.add_argument("-v", "--verbose", action="store_true", help="log more to stderr")
     parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}",
                         help="print the version of thinktrans-client and exit")
@@ -468,6 +482,18 @@ def _version() -> str:
         return metadata.version("thinktrans-client")
     except metadata.PackageNotFoundError:
         return "(thinktrans-client is not installed: run from a checkout)"
+
+
+def _milliseconds(value: str) -> float:
+    try:
+        ms = float(value)
+    except ValueError:
+        ms = float("nan")
+    if not 0 <= ms < float("inf"):
+        raise argparse.ArgumentTypeError(
+            f"must be a number of milliseconds >= 0, not {value!r} (the default comes from "
+            "$THINKTRANS_ACP_DEADLINE_MS where set)")
+    return ms
 
 
 def _seconds(value: str) -> float:
@@ -496,8 +522,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         except InvalidLocale as exc:
             print(f"thinktrans-acp: --target: {exc}", file=sys.stderr)
             return 2
-    options = {key: value for key in ("model", "policy")
-               if (value := getattr(args, key)) is not None}
+    options: dict[str, Any] = {key: value for key in ("model", "policy")
+                               if (value := getattr(args, key)) is not None}
+    options["close_wait_s"] = args.deadline_ms / 1000
     token = args.token or os.environ.get("THINKTRANS_API_TOKEN") or None
     try:
         return asyncio.run(run(command, url=args.url, token=token, target=target,
