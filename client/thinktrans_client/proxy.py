@@ -1,6 +1,7 @@
 """``thinktrans-acp``: any ACP agent's thinking translated in the editor, the agent unchanged.
 
-    thinktrans-acp [--url URL] [--target LOCALE] [--model M] [--policy P] -- AGENT [ARGS...]
+    thinktrans-acp [--url URL] [--target LOCALE] [--model M] [--policy P]
+                   [--deadline-ms MS] -- AGENT [ARGS...]
     thinktrans-acp --version
 
 The editor launches this command instead of the agent. It starts the agent as a child
@@ -16,6 +17,11 @@ process and relays JSON-RPC over stdio both ways, line by line and in order:
   translated (``ThoughtTranslator``: one sidecar stream per thinking part, the original in
   ``_meta.thinktrans.original``), and the ``initialize`` answer, which gains the sidecar's
   locales in ``_meta.thinktrans.locales``.
+
+Once a thinking part ends (the session's next message is waiting), that message waits at
+most ``--deadline-ms`` for the part's last translations; what is missing then goes out as
+the original (status ``deadline``): ACP cannot replace a chunk, so a later translation
+would never be shown.
 
 It is never in the way: with the sidecar down, slow or failing, thoughts pass through
 unchanged and in order (the client's fallback: a request gives up after ``--timeout``, a
