@@ -25,8 +25,12 @@ from pathlib import Path
 # Run from a checkout without installing: client/ holds `thinktrans_client`.
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "client"))
 
-from thinktrans_client.locale import InvalidLocale, canonicalize
-from thinktrans_client.proxy import ProxyError, translate_stdio
+try:
+    from thinktrans_client.locale import InvalidLocale, canonicalize
+    from thinktrans_client.proxy import ProxyError, translate_stdio
+except ModuleNotFoundError as exc:  # this Python lacks the client or its httpx
+    sys.exit(f"acp_bridge.py: needs thinktrans-client (no module {exc.name!r} here): "
+             "pip install './client[acp]' from a checkout, or 'thinktrans-client[acp]'")
 
 
 def main(argv: list[str] | None = None) -> int:

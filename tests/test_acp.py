@@ -499,6 +499,36 @@ async def test_bridge_refuses_a_bad_target() -> None:
     assert stderr.decode().count("\n") == 1 and "use '-', not '_'" in stderr.decode()
 
 
+def _imports_the_client(path: Path) -> bool:
+    import ast
+
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        names = ([alias.name for alias in node.names] if isinstance(node, ast.Import)
+                 else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+        if any(name.split(".")[0] == "thinktrans_client" for name in names):
+            return True
+    return False
+
+
+EXAMPLES = sorted(p for p in (ROOT / "examples").glob("*.py") if _imports_the_client(p))
+
+
+@pytest.mark.parametrize("example", EXAMPLES, ids=[p.name for p in EXAMPLES])
+def test_an_example_run_without_the_client_says_what_to_install(example: Path,
+                                                                tmp_path: Path) -> None:
+    """A Python without the client's dependencies (``-S``: no site-packages, so no httpx):
+    one line that says what to install, and a non-zero exit; no traceback."""
+    import subprocess
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTHON")}
+    out = subprocess.run([sys.executable, "-S", str(example), "--url", "http://127.0.0.1:9"],
+                         cwd=tmp_path, env=env, stdin=subprocess.DEVNULL,
+                         capture_output=True, text=True, timeout=30)
+    assert out.returncode != 0 and out.stdout == ""
+    assert out.stderr.count("\n") == 1 and "Traceback" not in out.stderr, out.stderr
+    assert "pip install" in out.stderr and "thinktrans-client" in out.stderr
+
+
 def test_stream_ids_are_valid() -> None:
     sessions = ("sess_7f3c2a", "a b/c", "a_b/c", "会话", "x" * 500, "x" * 501, "")
     ids = [safe_stream_id(session, "ab12cd.3") for session in sessions]
@@ -727,3 +757,29 @@ async def test_room_is_made_when_open_parts_hold_the_rest() -> None:
                         update.get("_meta", {}))
     assert originals == "Main thinking starts. " + "".join(f"sub thought {i}. "
                                                             for i in range(20))
+
+
+async def test_a_thought_sent_as_a_request_keeps_its_id_to_itself(sidecar: Server) -> None:
+    """ACP sends thoughts as notifications; one that comes as a request (with an ``id``)
+    expects one answer, to that message. It goes out once, as it came, in its place (it
+    ends the session's open part, as any other message does); no translated chunk carries
+    its ``id``, and the parts around it are translated as usual."""
+
+    def asked(id_: Any, text: str) -> dict[str, Any]:
+        return {**thought(text), "id": id_}
+
+    messages = [asked(3, "First I read the test. "), thought("Then the code. "),
+                thought("Then I run it."), asked("r9", "Now the logs. "),
+                thought("They say it timed out."), other("tool_call", toolCallId="c1")]
+    out = await translate_all(sidecar.url, messages, target="de")
+    with_ids = [m for m in out if "id" in m]
+    assert with_ids == [messages[0], messages[3]]  # each once, unchanged
+    at = [out.index(m) for m in with_ids]
+    translated = [m for m in out if "id" not in m and is_thought(m)]
+    assert all("thinktrans" in update_of(m)["_meta"] for m in translated)  # type: ignore[index]
+    originals = "".join(update_of(m)["_meta"]["thinktrans"]["original"]  # type: ignore[index]
+                        for m in out[at[0] + 1: at[1]])
+    assert originals == "Then the code. Then I run it."
+    assert out[at[1] + 1:][-1] == messages[-1]
+    assert "".join(update_of(m)["_meta"]["thinktrans"]["original"]  # type: ignore[index]
+                   for m in out[at[1] + 1: -1]) == "They say it timed out."

@@ -478,3 +478,63 @@ async def test_usage_errors() -> None:
         assert proc.returncode == 2 and out == b""
         assert (b"after --" in err or b"use '-', not '_'" in err
                 or b"positive number of seconds" in err)
+
+
+def test_version() -> None:
+    """``thinktrans-acp --version`` prints the client's version, and starts nothing."""
+    from importlib import metadata
+
+    out = subprocess.run([PROXY, "--version"], stdin=subprocess.DEVNULL, capture_output=True,
+                         text=True, timeout=30)
+    assert (out.returncode, out.stdout, out.stderr) == (
+        0, f"thinktrans-acp {metadata.version('thinktrans-client')}\n", "")
+
+
+async def test_deadline_ms_bounds_what_a_tool_call_waits(chat: FakeChat) -> None:
+    """ACP cannot replace a chunk: a translation later than ``--deadline-ms`` after the part
+    ended is of no use, so the tool call behind the part waits no longer than that (not
+    the translator's 5 s, nor the sidecar's 10 s deadline), and the thought goes out as it
+    was (status deadline)."""
+    chat.reset()
+    chat.mode, chat.slow_s = "timeout", 5.0
+    thought = {"jsonrpc": "2.0", "method": "session/update", "params": {
+        "sessionId": "s1", "update": {"sessionUpdate": "agent_thought_chunk",
+                                      "content": {"type": "text", "text": "Let me look."}}}}
+    tool = {"jsonrpc": "2.0", "method": "session/update", "params": {
+        "sessionId": "s1", "update": {"sessionUpdate": "tool_call", "toolCallId": "c1",
+                                      "title": "Read"}}}
+    try:
+        with llm_server(chat, THINKTRANS_DEADLINE_MS="10000") as server:
+            proc = await asyncio.create_subprocess_exec(
+                PROXY, "--url", server.url, "--target", "de", "--deadline-ms", "300", "--",
+                sys.executable, "-c", ECHO, cwd=ROOT, stdin=asyncio.subprocess.PIPE,
+                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+            assert proc.stdin is not None and proc.stdout is not None
+            warm = {**tool, "params": {**tool["params"], "sessionId": "s0"}}
+            proc.stdin.write(json.dumps(warm).encode() + b"\n")  # the proxy is up, and the
+            await proc.stdin.drain()  # agent: what follows is not timed with their start
+            assert json.loads(await asyncio.wait_for(proc.stdout.readline(), 60)) == warm
+            proc.stdin.write(json.dumps(thought).encode() + b"\n")
+            await proc.stdin.drain()
+            await asyncio.sleep(0.3)  # the thought is on the sidecar, being translated
+            asked = time.monotonic()
+            proc.stdin.write(json.dumps(tool).encode() + b"\n")
+            await proc.stdin.drain()
+            out = [json.loads(await asyncio.wait_for(proc.stdout.readline(), 30))
+                   for _ in range(2)]
+            waited = time.monotonic() - asked
+            proc.stdin.close()
+            await asyncio.wait_for(proc.wait(), 30)
+    finally:
+        chat.reset()
+    meta = out[0]["params"]["update"]["_meta"]["thinktrans"]
+    assert (meta["status"], meta["original"]) == ("deadline", "Let me look.")
+    assert out[1] == tool
+    assert waited < 4.0  # 0.3 s asked; the translator takes 5 s
+
+
+def test_a_bad_deadline_names_the_variable() -> None:
+    env = {**os.environ, "THINKTRANS_ACP_DEADLINE_MS": "soon"}
+    out = subprocess.run([PROXY, "--", "true"], stdin=subprocess.DEVNULL, env=env,
+                         capture_output=True, text=True, timeout=30)
+    assert out.returncode == 2 and "THINKTRANS_ACP_DEADLINE_MS" in out.stderr

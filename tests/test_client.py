@@ -24,8 +24,10 @@ from thinktrans_client.client import (
     safe_stream_id,
 )
 from thinktrans_client.locale import InvalidLocale, canonicalize
+from thinktrans_client.reasons import CLOSED_EARLY
 
-from tests.conftest import Server, served
+from tests.conftest import Server, app_with, served
+from tests.fakes import FakeTranslator
 from tests.fakes_remote import FakeChat, closed_port_url
 
 THINKING = (
@@ -63,11 +65,11 @@ def chat(chat_server: FakeChat) -> FakeChat:
 
 def llm_server(chat: FakeChat, **env: str) -> AbstractContextManager[Server]:
     """The llm backend on FakeChat, which answers "<language name>: <text>": visible."""
-    return served(
-        THINKTRANS_BACKEND="llm", THINKTRANS_LLM_BASE_URL=f"{chat.origin}/v1",
-        THINKTRANS_LLM_MODEL="fake-model", THINKTRANS_CHECK_OUTPUT_LANGUAGE="false",
-        THINKTRANS_DEADLINE_MS="700", **env,
-    )
+    return served(**{
+        "THINKTRANS_BACKEND": "llm", "THINKTRANS_LLM_BASE_URL": f"{chat.origin}/v1",
+        "THINKTRANS_LLM_MODEL": "fake-model", "THINKTRANS_CHECK_OUTPUT_LANGUAGE": "false",
+        "THINKTRANS_DEADLINE_MS": "700", **env,
+    })
 
 
 @pytest.fixture(scope="module")
@@ -543,7 +545,7 @@ async def test_hung_sidecar_passes_through_within_budget() -> None:
         more = client.stream("t:hung2", target="zh-CN")
         rest = await run_stream(more, pieces[10:])
     assert_complete(items, "".join(pieces[:10]))
-    assert stream.failure is not None and "no answer within" in stream.failure
+    assert stream.failure is not None and "did not answer within 1 s" in stream.failure
     assert_complete(rest, "".join(pieces[10:]))
     assert more.failure is not None and "skipped" in more.failure
 
@@ -555,7 +557,7 @@ async def test_500_sidecar_passes_originals_through() -> None:
         items = await run_stream(stream, deltas(THINKING))
     segs = assert_complete(items, THINKING)
     assert {s.status for s in segs} == {"error"}
-    assert stream.failure == "HTTP 500 internal"
+    assert stream.failure == "the sidecar failed (HTTP 500 internal)"
     assert raw.connections >= 1
 
 
@@ -621,7 +623,7 @@ async def test_stream_ended_by_the_sidecar(sidecar: Server) -> None:
         await asyncio.wait_for(reader, 10)
     assert len(transport.requests) == asked  # nothing asked of the sidecar since
     assert_complete(got, "First sentence. Second sentence. Third one.")
-    assert stream.failure == "the sidecar ended the stream early"
+    assert stream.failure == CLOSED_EARLY
     assert [s.status for s in segments(got)] == ["translated", "translated", "error"]
 
 
@@ -680,7 +682,7 @@ async def test_shutting_down_503_falls_back_at_once(sidecar: Server) -> None:
             items = await run_stream(stream, ["Let me see."])
         assert not client.available  # and the next streams skip it for a while
     assert [s.status for s in segments(items)] == ["error"]
-    assert stream.failure is not None and "503" in stream.failure
+    assert stream.failure is not None and "(HTTP 503 overloaded)" in stream.failure
 
 
 async def test_stall_budget(sidecar: Server) -> None:
@@ -698,7 +700,7 @@ async def test_stall_budget(sidecar: Server) -> None:
         items = await run_stream(stream, ["All done here. ", "Next step"])
         elapsed = time.monotonic() - started
     assert_complete(items, "All done here. Next step")
-    assert stream.failure is not None and "no result within" in stream.failure
+    assert stream.failure is not None and "no translation came back within 0.6 s" in stream.failure
     assert 0.5 < elapsed < 20  # not before the stall budget; the bound only stops a hang
 
 
@@ -809,3 +811,129 @@ def test_originals_join_back_whatever_fails(sidecar: Server, text: str, sizes: l
         assert fallback == list(range(fallback[0], len(segs)))  # the tail, and only the tail
     if fault == "none":
         assert failure is None and not fallback
+
+
+# -- streams given up are deleted ----------------------------------------------------------
+
+
+def open_streams(metrics: str) -> float:
+    """The sidecar's ``thinktrans_open_streams`` gauge, from its /metrics text."""
+    for line in metrics.splitlines():
+        if line.startswith("thinktrans_open_streams "):
+            return float(line.split()[1])
+    raise AssertionError("no thinktrans_open_streams in /metrics")
+
+
+def test_streams_given_up_are_deleted(chat: FakeChat) -> None:
+    """A burst of sessions on a backend too slow for them: the first streams' segments wait
+    past the stall budget, the others' chunk POSTs find the queue full and give up within
+    ``timeout_s``. Every stream falls back to the originals, and every one the sidecar had
+    opened is deleted once its reader is done, so the sidecar's count goes back down (and
+    later clients do not get 429 past ``max_streams``) rather than waiting for the expiry."""
+    chat.reset()
+    chat.mode, chat.slow_s = "timeout", 30.0
+    try:
+        with llm_server(chat, THINKTRANS_DEADLINE_MS="20000", THINKTRANS_MAX_QUEUE_SIZE="2",
+                        THINKTRANS_FLUSH_IDLE_MS="50",
+                        THINKTRANS_STREAM_IDLE_EXPIRE_S="600") as server:
+
+            async def burst() -> None:
+                async with ThinktransClient(server.url, timeout_s=0.8, stall_s=1.5,
+                                            cooloff_s=0) as client:
+                    streams = [client.stream(f"t:burst.{n}", target="de") for n in range(8)]
+
+                    async def one(stream: ThinkingStream) -> None:
+                        items = await run_stream(stream, ["First step done. ", "Then more."])
+                        assert_complete(items, "First step done. Then more.")
+                        await stream.aclose()
+
+                    async with asyncio.timeout(60):
+                        await asyncio.gather(*(one(s) for s in streams))
+                    assert all(s.failure is not None for s in streams)
+                    async with httpx.AsyncClient(base_url=server.url) as other:
+                        # The deletes run in the background: the count goes down soon.
+                        give_up = time.monotonic() + 20
+                        while (left := open_streams((await other.get("/metrics")).text)) and (
+                                time.monotonic() < give_up):
+                            await asyncio.sleep(0.05)
+                    assert left == 0, f"{left:g} streams given up are still open"
+
+            asyncio.run(burst())
+            assert not open_streams(httpx.get(f"{server.url}/metrics", timeout=10).text)
+    finally:
+        chat.reset()
+
+
+# -- reasons in words ----------------------------------------------------------------------
+
+
+async def test_a_sidecar_shutting_down_mid_stream_is_said_in_words() -> None:
+    """The sidecar drains (a SIGTERM): it closes the open streams and refuses new ones. The
+    next chunk POST of a stream is answered 409 and the next open 503; each stream falls
+    back with a reason that says the sidecar is shutting down, not "HTTP 409 conflict"."""
+    fake = FakeTranslator(gate=asyncio.Event())  # the first sentence waits: drain waits
+    async with app_with(fake) as running, ThinktransClient(
+            "http://test", transport=httpx.ASGITransport(app=running.app),
+            timeout_s=2.0) as client:
+        stream = client.stream("t:drain", target="de")
+        got: list[StreamItem] = []
+
+        async def read() -> None:
+            async for item in stream.results():
+                got.append(item)
+
+        reader = asyncio.create_task(read())
+        await stream.push("First sentence. ")
+        await asyncio.wait_for(fake.started.wait(), 10)
+        drain = asyncio.create_task(running.runtime.streams.drain(30.0))
+        await until(lambda: running.runtime.streams.draining)
+        await asyncio.sleep(0.05)  # the drain closes the open streams first
+        await stream.push("Then more.")
+        await until(lambda: stream.failure is not None)
+        later = client.stream("t:after", target="de")
+        after = await run_stream(later, ["Hello."])
+        fake.gate.set()  # type: ignore[union-attr]
+        await stream.close()
+        await asyncio.wait_for(reader, 10)
+        await drain
+    assert stream.failure is not None and stream.failure.startswith(
+        "the sidecar closed the stream before all its text was sent: it is shutting down")
+    assert "HTTP 409 conflict" in stream.failure  # for whoever looks further
+    assert got and segments(got)[-1].error == f"sidecar: {stream.failure}"
+    assert later.failure is not None and later.failure.startswith(
+        "the sidecar is shutting down (HTTP 503 overloaded), and it asks to retry after 5 s")
+    assert segments(after)[0].error == f"sidecar: {later.failure}"
+
+
+# -- close_wait_s: how long a closed stream waits for the rest -----------------------------
+
+
+async def test_close_wait_gives_out_the_rest_as_it_is(chat: FakeChat) -> None:
+    """A translator slower than the reader can wait (5 s; the sidecar's deadline is 10 s):
+    once the stream is closed, ``close_wait_s`` bounds the wait, and the text comes out
+    as it was pushed, status ``deadline``; that is no outage (the sidecar is not skipped)."""
+    chat.reset()
+    chat.mode, chat.slow_s = "timeout", 5.0
+    try:
+        with llm_server(chat, THINKTRANS_DEADLINE_MS="10000") as server:
+            async with ThinktransClient(server.url) as client:
+                stream = client.stream("t:closewait", target="de", close_wait_s=0.3)
+                started = time.monotonic()
+                items = await run_stream(stream, ["Let me look at ", "the failing test."],
+                                         updates=False)
+                elapsed = time.monotonic() - started
+                assert client.available
+                await stream.aclose()
+    finally:
+        chat.reset()
+    segs = assert_complete(items, "Let me look at the failing test.")
+    assert [s.status for s in segs] == ["deadline"]
+    assert segs[0].error is not None and "close_wait_s" in segs[0].error
+    assert 0.25 < elapsed < 4.5  # not the translator's 5 s, nor the sidecar's 10 s
+
+
+def test_close_wait_must_be_a_duration() -> None:
+    client = ThinktransClient("http://127.0.0.1:9")
+    for bad in (-1.0, float("inf"), float("nan")):
+        with pytest.raises(ValueError, match="close_wait_s"):
+            client.stream("t:x", close_wait_s=bad)

@@ -27,6 +27,7 @@ from thinktrans_client.posting import (
     ChunkPoster,
 )
 from thinktrans_client.reading import EventReader
+from thinktrans_client.reasons import http_reason, transport_reason
 from thinktrans_client.results import SegmentUpdate, TranslatedSegment
 from thinktrans_client.sidecar import SidecarError, Skipped
 
@@ -287,7 +288,7 @@ async def test_a_retry_after_past_the_budget_fails_at_once() -> None:
         posting = Posting(sidecar, client)
         posting.poster.add("Hi.")
         exc = await posting.failure()  # within the generous 10 s, not 600 s
-    assert exc.status == 503 and "past the budget" in exc.reason
+    assert exc.status == 503 and "past the client's budget" in exc.reason
     assert [s.route for s in sidecar.seen] == ["open"]
 
 
@@ -300,14 +301,17 @@ async def test_an_error_answer_is_not_retried() -> None:
         posting.poster.add("Hi.")
         posting.poster.close()
         exc = await posting.failure()
-    assert (exc.reason, exc.status, exc.slug) == ("HTTP 409 gap", 409, "gap")
+    assert (exc.reason, exc.status, exc.slug) == (
+        "the sidecar refused the request as contradicting the stream's state (HTTP 409 gap)",
+        409, "gap")
     assert [s.route for s in sidecar.seen] == ["open", "chunks"]
 
 
 @pytest.mark.parametrize(("route", "answer", "reason"), [
-    ("open", {"target": "de"}, "malformed answer to open"),
-    ("chunks", {"accepted": 0}, "malformed answer to chunks"),
-    ("chunks", {"accepted_through": -1}, "chunks not accepted (through seq -1)"),
+    ("open", {"target": "de"}, "the sidecar's answer to opening the stream is malformed"),
+    ("chunks", {"accepted": 0}, "the sidecar's answer to the chunks is malformed"),
+    ("chunks", {"accepted_through": -1},
+     "the sidecar did not accept the chunks (accepted through seq -1, below seq 0)"),
 ])
 async def test_a_malformed_answer_fails_posting(route: str, answer: Any, reason: str) -> None:
     sidecar = FakeSidecar()
@@ -355,7 +359,7 @@ async def test_a_lone_surrogate_fails_posting() -> None:
         posting.poster.add("a \udc00 b")
         posting.poster.close()
         exc = await posting.failure()
-    assert exc.reason == "thinking text holds a lone surrogate, which cannot be sent"
+    assert exc.reason == "the thinking text holds a lone surrogate, which cannot be sent as UTF-8"
     assert posting.chunks() == []
 
 
@@ -500,7 +504,7 @@ async def test_a_malformed_events_answer_is_an_error() -> None:
     sidecar = FakeSidecar()
     sidecar.script["events"].append(httpx.Response(200, json={"segments": []}))
     async with sidecar.client() as client:
-        with pytest.raises(SidecarError, match="malformed events answer"):
+        with pytest.raises(SidecarError, match="answer to the events poll is malformed"):
             await Reading(client).reader.poll()
 
 
@@ -510,7 +514,7 @@ async def test_poll_raises_once_pushed_text_has_stalled() -> None:
         reading = Reading(client, "Waiting.")
         reading.stall.pushed()
         reading.clock.now += 5.0
-        with pytest.raises(SidecarError, match=r"no result within 5\.0s"):
+        with pytest.raises(SidecarError, match=r"no translation came back within 5 s"):
             await reading.reader.poll()
     assert sidecar.seen == []
 
@@ -523,7 +527,7 @@ def test_stall_clock_counts_from_the_later_of_push_and_result() -> None:
     stall = StallClock(Budgets(stall_s=10.0, poll_wait_s=1.0), clock=clock)
     clock.now += 50
     assert stall.wait_s(waiting=False) == 1.0  # nothing waits: no stall, a full poll
-    with pytest.raises(SidecarError, match=r"no result within 10\.0s"):
+    with pytest.raises(SidecarError, match=r"no translation came back within 10 s"):
         stall.wait_s(waiting=True)  # created 50 s ago, pushed never since
     stall.pushed()
     clock.now += 9.5
@@ -535,7 +539,7 @@ def test_stall_clock_counts_from_the_later_of_push_and_result() -> None:
     clock.now += 9.9
     assert stall.wait_s(waiting=True) == pytest.approx(0.1)
     clock.now += 0.1
-    with pytest.raises(SidecarError, match="no result within"):
+    with pytest.raises(SidecarError, match="no translation came back within"):
         stall.wait_s(waiting=True)
 
 
@@ -565,7 +569,7 @@ def test_a_skip_is_logged_as_info(caplog: pytest.LogCaptureFixture) -> None:
     fallback = Fallback(Budgets(), "s1", PendingText())
     fallback.fail(Skipped())
     assert [r.levelno for r in caplog.records] == [logging.INFO]
-    assert fallback.reason == "skipped after a recent failure"
+    assert fallback.reason == Skipped().reason
 
 
 def test_the_originals_go_out_as_one_error_segment_in_order() -> None:
@@ -618,7 +622,7 @@ async def test_unless_failed_answers_or_gives_up_at_the_fallback() -> None:
 
 async def test_a_reader_failure_stops_the_poster() -> None:
     """The reader finds the events malformed: the stream falls back, and what is pushed
-    after goes out as it is, without another post."""
+    after goes out as it is, without another post; the stream given up is deleted."""
     sidecar = FakeSidecar()
     sidecar.script["events"].append(httpx.Response(200, json={"nope": []}))
     async with sidecar.client() as client:
@@ -632,9 +636,48 @@ async def test_a_reader_failure_stops_the_poster() -> None:
         await stream.close()
         assert [item async for item in items] == []
         await stream.aclose()
-    assert stream.failure == "malformed events answer"
+    assert stream.failure == "the sidecar's answer to the events poll is malformed"
     assert [(s.original, s.status, s.error) for s in (first, second)
             if isinstance(s, TranslatedSegment)] == [
-        ("First. ", "error", "sidecar: malformed events answer"),
-        ("Second.", "error", "sidecar: malformed events answer")]
-    assert len(sidecar.seen) == posted  # nothing posted, polled or deleted after the failure
+        ("First. ", "error", "sidecar: the sidecar's answer to the events poll is malformed"),
+        ("Second.", "error", "sidecar: the sidecar's answer to the events poll is malformed")]
+    # Nothing posted or polled after the failure; the stream given up is deleted, once.
+    assert [seen.method for seen in sidecar.seen[posted:]] == ["DELETE"]
+
+
+# -- reasons in words ----------------------------------------------------------------------
+
+
+def test_every_problem_the_sidecar_answers_has_words() -> None:
+    """Each slug the service's table (and the guard's 401) can answer reads as what
+    happened, with the status and slug after it for whoever looks further."""
+    from service.problems import PROBLEMS
+
+    generic = {http_reason(499, None), http_reason(599, None)}
+    for kind in [*PROBLEMS.values()]:
+        reason = http_reason(kind.status, kind.slug)
+        assert reason.endswith(f"(HTTP {kind.status} {kind.slug})"), reason
+        assert reason.startswith("the ") and reason not in generic, reason
+    assert "THINKTRANS_API_TOKEN" in http_reason(401, "unauthorized")
+
+
+@pytest.mark.parametrize(("status", "slug", "detail", "reason"), [
+    (503, "overloaded", "the service is shutting down; open the stream on another instance",
+     "the sidecar is shutting down (HTTP 503 overloaded)"),
+    (503, "overloaded", "the 'local' queue is full (4096 segments); retry",
+     "the sidecar's queues are full (HTTP 503 overloaded)"),
+    (409, "conflict", "stream 's1' is closed; open a new stream",
+     "the sidecar closed the stream before all its text was sent: it is shutting down, or "
+     "another client closed the stream (HTTP 409 conflict)"),
+    (418, None, "", "the sidecar refused the request (HTTP 418)"),
+    (507, "", "", "the sidecar failed (HTTP 507)"),
+])
+def test_the_detail_tells_cases_apart_and_is_not_copied(status: int, slug: str | None,
+                                                        detail: str, reason: str) -> None:
+    assert http_reason(status, slug, detail) == reason
+
+
+def test_transport_failures_in_words() -> None:
+    assert transport_reason(httpx.ConnectError("boom")) == (
+        "the sidecar is unreachable: cannot connect to it (ConnectError)")
+    assert "(RuntimeError)" in transport_reason(RuntimeError())

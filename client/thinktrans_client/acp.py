@@ -11,8 +11,10 @@ with ``_meta.thinktrans`` = ``{"original", "status", "source_lang", "target", "b
 (and ``error``, ``model``, ``"cached": true`` when the segment has them). Every other
 message passes through unchanged, in order, but for the ``initialize`` answer (below):
 
-- any other ``session/update`` of a session (a tool call, a message chunk, a plan...)
-  first closes that session's open thought streams, and goes out after all they emit;
+- any other ``session/update`` of a session (a tool call, a message chunk, a plan, a
+  thought sent as a request, with an ``id``, which awaits one answer to itself and so goes
+  out once, as it came) first closes that session's open thought streams, and goes out
+  after all they emit;
 - an answer to a request of a session (the end of a prompt turn) counts as that
   session's; any other message of no session (``initialize``, its answer, a line that is
   not JSON...) does the same for every session;
@@ -217,8 +219,16 @@ def default_lane(update: Mapping[str, Any]) -> str:
 
 
 def _thought_text(message: Any) -> tuple[str, Mapping[str, Any], str] | None:
-    """(session id, update, text) when ``message`` is a text ``agent_thought_chunk``."""
-    if not isinstance(message, Mapping) or message.get("method") != "session/update":
+    """(session id, update, text) when ``message`` is a text ``agent_thought_chunk``
+    notification.
+
+    One sent as a request (with an ``id``) is not: it awaits one answer, to that message,
+    so it goes out once, as it came, like any other message of its session. Translated,
+    it would be cut into sentences that cannot all carry its ``id``, nor any of them
+    without making a notification of the same part a request.
+    """
+    if (not isinstance(message, Mapping) or message.get("method") != "session/update"
+            or "id" in message):
         return None
     params = message.get("params")
     if not isinstance(params, Mapping):

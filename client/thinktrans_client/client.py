@@ -86,6 +86,7 @@ from thinktrans_client.fallback import Fallback, StallClock
 from thinktrans_client.pending import PendingText
 from thinktrans_client.posting import ChunkPoster
 from thinktrans_client.reading import EventReader
+from thinktrans_client.reasons import CLOSED_EARLY, client_bug, http_reason, transport_reason
 from thinktrans_client.results import (
     SegmentUpdate,
     StreamItem,
@@ -93,7 +94,7 @@ from thinktrans_client.results import (
     TranslatedText,
     optional_str,
 )
-from thinktrans_client.sidecar import SidecarError, Skipped
+from thinktrans_client.sidecar import PastCloseWait, SidecarError, Skipped
 
 __all__ = [
     "Policy",
@@ -161,13 +162,21 @@ def _retry_after(response: httpx.Response) -> float | None:
         return None
 
 
-def _problem_slug(response: httpx.Response) -> str:
-    """The problem type's slug, e.g. ``invalid-locale``; never the detail, which may echo input."""
+def _problem(response: httpx.Response) -> tuple[str, str]:
+    """The problem type's slug (e.g. ``invalid-locale``) and its detail, "" where absent.
+
+    The detail only tells cases apart (``reasons.http_reason``); it is never logged or
+    recorded, as it may echo what the request carried.
+    """
     try:
-        kind = response.json().get("type", "")
-    except (ValueError, AttributeError):
-        return ""
-    return str(kind).rsplit(":", 1)[-1][:64] if isinstance(kind, str) else ""
+        body = response.json()
+    except ValueError:
+        return "", ""
+    if not isinstance(body, dict):
+        return "", ""
+    kind, detail = body.get("type"), body.get("detail")
+    slug = kind.rsplit(":", 1)[-1][:64] if isinstance(kind, str) else ""
+    return slug, detail[:1000] if isinstance(detail, str) else ""
 
 
 # -- the client ----------------------------------------------------------------------------
@@ -244,9 +253,10 @@ class ThinktransClient:
     def release_stream(self, stream_id: str) -> None:
         """Delete the sidecar's stream in the background (``aclose`` waits for it).
 
-        Ended streams hold their events on the sidecar until they expire; this frees them
-        sooner. Best effort: a failure is only logged, and nothing is sent once the client
-        is closing.
+        Ended streams hold their events on the sidecar until they expire, and streams given
+        up (the fallback) stay open, counted against ``max_streams``; this frees them at
+        once. Best effort, within ``timeout_s``: a failure is only logged, and nothing is
+        sent once the client is closing.
         """
         if self._closing:
             return
@@ -268,7 +278,7 @@ class ThinktransClient:
         and the cool-off is neither checked nor started (see ``available``, ``note_failure``).
         """
         if self._closed:
-            raise SidecarError("client is closed")
+            raise SidecarError("the client was closed")
         budget = self.timeout_s + wait_s
         try:
             async with asyncio.timeout(budget):
@@ -278,20 +288,21 @@ class ThinktransClient:
                     # Often a kept-alive connection the server had closed: once more, fresh.
                     response = await self._http.request(method, path, json=json, params=params)
         except (TimeoutError, httpx.TimeoutException):
-            raise SidecarError(f"no answer within {budget:.1f}s") from None
+            raise SidecarError(f"the sidecar did not answer within {budget:g} s") from None
         except httpx.HTTPError as exc:
-            raise SidecarError(f"unreachable ({type(exc).__name__})") from None
+            raise SidecarError(transport_reason(exc)) from None
         status = response.status_code
         if status >= 400:
-            slug = _problem_slug(response)
-            raise SidecarError(f"HTTP {status}{' ' + slug if slug else ''}", status=status,
+            slug, detail = _problem(response)
+            raise SidecarError(http_reason(status, slug or None, detail), status=status,
                                retry_after_s=_retry_after(response), slug=slug or None)
         if status == 204:
             return None
         try:
             return response.json()
         except ValueError:
-            raise SidecarError(f"HTTP {status} answer is not JSON", status=status) from None
+            raise SidecarError(f"the sidecar's answer (HTTP {status}) is not JSON",
+                               status=status) from None
 
     # -- one-shot ----------------------------------------------------------------------------
 
@@ -333,9 +344,10 @@ class ThinktransClient:
                     for r in body["results"]
                 ]
             except (KeyError, TypeError, ValueError):
-                raise SidecarError("malformed answer") from None
+                raise SidecarError("the sidecar's answer to translate is malformed") from None
             if len(results) != len(texts):
-                raise SidecarError(f"{len(results)} results for {len(texts)} texts")
+                raise SidecarError(f"the sidecar answered {len(results)} results for "
+                                   f"{len(texts)} texts")
             return results
         except SidecarError as exc:
             self.note_failure(exc)
@@ -358,7 +370,7 @@ class ThinktransClient:
         """
         data = await self._info("/v1/languages")
         if not isinstance(data, dict):
-            raise SidecarError("malformed answer to languages")
+            raise SidecarError("the sidecar's answer to GET /v1/languages is malformed")
         return data
 
     async def supported_targets(self) -> list[str] | None:
@@ -369,12 +381,14 @@ class ThinktransClient:
         """
         data = await self.languages()
         if "targets" not in data:
-            raise SidecarError("the answer to languages has no targets (an older sidecar)")
+            raise SidecarError("the sidecar's answer to GET /v1/languages has no targets "
+                               "(an older sidecar)")
         targets = data["targets"]
         if targets is None:
             return None
         if not isinstance(targets, list) or not all(isinstance(t, str) for t in targets):
-            raise SidecarError("malformed targets in the answer to languages")
+            raise SidecarError("the targets in the sidecar's answer to GET /v1/languages "
+                               "are malformed")
         return list(targets)
 
     async def models(self) -> list[dict[str, Any]]:
@@ -386,7 +400,7 @@ class ThinktransClient:
         data = await self._info("/v1/models")
         models = data.get("models") if isinstance(data, dict) else None
         if not isinstance(models, list) or not all(isinstance(m, dict) for m in models):
-            raise SidecarError("malformed answer to models")
+            raise SidecarError("the sidecar's answer to GET /v1/models is malformed")
         return models
 
     async def _info(self, path: str) -> Any:
@@ -412,21 +426,30 @@ class ThinktransClient:
         policy: Policy | None = None,
         flush_interval_s: float = 0.05,
         flush_chars: int = 256,
+        close_wait_s: float | None = None,
     ) -> ThinkingStream:
         """A stream for one thinking part; nothing goes over the network before its first push.
 
         ``model`` and ``policy`` as in ``translate``, sent when the stream opens, only when
         set; the fallback under ``policy="hide"`` shows the originals too (status ``error``).
+        ``close_wait_s``: once the stream is closed, how long ``results`` waits for the rest;
+        then what no result covered comes out as it was pushed, status ``deadline`` (None:
+        as long as the sidecar's own deadline and the client's budgets allow). For readers
+        that cannot replace a segment later, such as ACP's, so that what follows the part
+        does not wait for translations that would come too late to show.
         """
         if not STREAM_ID.match(stream_id):
             raise ValueError(f"stream_id must be 1-128 of A-Za-z0-9._:- (see safe_stream_id), "
                              f"got {len(stream_id)} characters that are not")
         if flush_interval_s < 0 or flush_chars < 1:
             raise ValueError("flush_interval_s must be >= 0 and flush_chars >= 1")
+        if close_wait_s is not None and not 0 <= close_wait_s < float("inf"):
+            raise ValueError(f"close_wait_s must be >= 0 or None, got {close_wait_s}")
         _choices(model, policy)  # a bad value is the caller's bug: say so now, not in a log
         return ThinkingStream(self, stream_id, target=target, user_text=user_text,
                               backend=backend, model=model, policy=policy,
-                              flush_interval_s=flush_interval_s, flush_chars=flush_chars)
+                              flush_interval_s=flush_interval_s, flush_chars=flush_chars,
+                              close_wait_s=close_wait_s)
 
 
 
@@ -444,7 +467,7 @@ class ThinkingStream:
     def __init__(self, client: ThinktransClient, stream_id: str, *, target: str | None,
                  user_text: str | None, backend: str | None, flush_interval_s: float,
                  flush_chars: int, model: str | None = None,
-                 policy: Policy | None = None) -> None:
+                 policy: Policy | None = None, close_wait_s: float | None = None) -> None:
         self.client = client
         self.stream_id = stream_id
         self.target = target  # as asked; the resolved one once the stream is open
@@ -463,6 +486,8 @@ class ThinkingStream:
         self._reader = EventReader(client, stream_id, pending=self._pending, stall=self._stall,
                                    fallback=self._fallback, opened=self._poster.opened)
         self._closing = False
+        self._close_wait_s = close_wait_s
+        self._close_timer: asyncio.TimerHandle | None = None
         self._reading = False
         self._wake_reader = asyncio.Event()
         if not client.available:
@@ -506,15 +531,25 @@ class ThinkingStream:
 
     async def close(self) -> None:
         """No more deltas: the rest is posted and the stream closed in the background."""
+        if not self._closing and self._close_wait_s is not None:
+            self._close_timer = asyncio.get_running_loop().call_later(
+                self._close_wait_s, self._close_wait_over)
         self._closing = True
         self._poster.close()
         self._wake_reader.set()
 
     async def aclose(self) -> None:
-        """Close, give the last posts ``timeout_s`` to land, then release the server's stream."""
+        """Close, give the last posts ``timeout_s`` to land, then release the server's stream.
+
+        Released whether it ended or was given up (the fallback): a stream the client
+        stopped posting to would otherwise stay open on the sidecar, counted against its
+        ``max_streams``, until the idle expiry.
+        """
         await self.close()
         await self._poster.settle()
-        if self._poster.started and self.failure is None:
+        if self._close_timer is not None:
+            self._close_timer.cancel()
+        if self._poster.may_exist:
             self.client.release_stream(self.stream_id)
 
     # -- what the parts are given --------------------------------------------------------------
@@ -532,6 +567,13 @@ class ThinkingStream:
             self.model = optional_str(data["model"])
         if isinstance(data.get("policy"), str):
             self.policy = data["policy"]
+
+    def _close_wait_over(self) -> None:
+        """``close_wait_s`` after close: what no segment has covered goes out as it is (a
+        poll in flight is cut short). With every segment out, late updates are waited for
+        as usual."""
+        if len(self._pending) and self._close_wait_s is not None:
+            self._fail(PastCloseWait(self._close_wait_s))
 
     def _fail(self, exc: SidecarError) -> None:
         if self._fallback.fail(exc):
@@ -574,7 +616,7 @@ class ThinkingStream:
                 continue
             except Exception as exc:  # a bug here must not cost the agent its thoughts
                 log.exception("stream %s reader failed", self.stream_id)
-                self._fail(SidecarError(f"client error ({type(exc).__name__})"))
+                self._fail(SidecarError(client_bug(exc)))
                 continue
             for event in events:
                 try:
@@ -588,4 +630,4 @@ class ThinkingStream:
                     len(self._pending) or not self._closing):
                 # The sidecar ended the stream on its own (it is shutting down): what is
                 # left, and whatever comes later, can only go out as it is.
-                self._fail(SidecarError("the sidecar ended the stream early"))
+                self._fail(SidecarError(CLOSED_EARLY))

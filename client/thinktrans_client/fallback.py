@@ -16,7 +16,7 @@ from typing import TypeVar
 
 from thinktrans_client.pending import PendingText
 from thinktrans_client.results import TranslatedSegment
-from thinktrans_client.sidecar import Sidecar, SidecarError, Skipped
+from thinktrans_client.sidecar import PastCloseWait, Sidecar, SidecarError, Skipped
 
 __all__ = ["Fallback", "StallClock"]
 
@@ -34,6 +34,7 @@ class Fallback:
         self._pending = pending
         self.reason: str | None = None  # why the stream fell back to the originals
         self.slug: str | None = None  # the sidecar's problem slug, when it refused
+        self.status = "error"  # of the originals given out: "deadline" past close_wait_s
         self._failed = asyncio.Event()
 
     @property
@@ -46,9 +47,12 @@ class Fallback:
             return False
         self.reason = exc.reason
         self.slug = exc.slug
+        if isinstance(exc, PastCloseWait):
+            self.status = "deadline"
         self._client.note_failure(exc)
-        # A skip follows a failure already logged: one warning per outage, not per stream.
-        log.log(logging.INFO if isinstance(exc, Skipped) else logging.WARNING,
+        # A skip follows a failure already logged: one warning per outage, not per stream;
+        # the end of close_wait_s is no failure at all.
+        log.log(logging.INFO if isinstance(exc, Skipped | PastCloseWait) else logging.WARNING,
                 "stream %s falls back to the originals: %s pending_chars=%d",
                 self._stream_id, exc.reason, len(self._pending))
         self._failed.set()
@@ -79,11 +83,12 @@ class Fallback:
         return None
 
     def originals(self, target: str | None) -> TranslatedSegment | None:
-        """All pending text as the next segment, status ``error``; None when none is pending."""
+        """All pending text as the next segment, status ``error`` (``deadline`` once the
+        stream's ``close_wait_s`` ran out); None when none is pending."""
         if not len(self._pending):
             return None
         index, text = self._pending.give_out(len(self._pending))
-        return TranslatedSegment(index, text, text, "error", target=target,
+        return TranslatedSegment(index, text, text, self.status, target=target,
                                  error=f"sidecar: {self.reason}")
 
 
@@ -112,5 +117,6 @@ class StallClock:
         since = max(self._last_push, self._last_result)
         left = since + self._client.stall_s - self._clock()
         if left <= 0:
-            raise SidecarError(f"no result within {self._client.stall_s:.1f}s")
+            raise SidecarError(f"no translation came back within {self._client.stall_s:g} s "
+                               "(the client's stall_s)")
         return min(self._client.poll_wait_s, left)

@@ -15,6 +15,7 @@ import time
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
+from thinktrans_client.reasons import client_bug
 from thinktrans_client.sidecar import Sidecar, SidecarError
 
 __all__ = ["MAX_CHARS_PER_POST", "MAX_CHUNKS_PER_POST", "MAX_CHUNK_CHARS", "ChunkPoster",
@@ -34,8 +35,9 @@ async def backoff(exc: SidecarError, since: float, timeout_s: float) -> None:
     delay = exc.retry_after_s if exc.retry_after_s is not None else 0.1
     # A sidecar that is shutting down asks for 5 s: the originals should not wait that.
     if time.monotonic() + delay - since > timeout_s:
-        raise SidecarError(f"{exc.reason} (retry after {delay:g}s is past the budget)",
-                           status=exc.status)
+        raise SidecarError(f"{exc.reason}, and it asks to retry after {delay:g} s, past the "
+                           f"client's budget of {timeout_s:g} s", status=exc.status,
+                           slug=exc.slug)
     await asyncio.sleep(delay)
 
 
@@ -75,6 +77,7 @@ class ChunkPoster:
         self._next_seq = 0
         self._closing = False
         self._stopped = False
+        self._refused = False  # the sidecar answered the open with an error: no stream
         self._task: asyncio.Task[None] | None = None
         self._wake = asyncio.Event()
 
@@ -82,6 +85,12 @@ class ChunkPoster:
     def started(self) -> bool:
         """Whether anything was added, so the sidecar has (or will have) this stream."""
         return self._task is not None
+
+    @property
+    def may_exist(self) -> bool:
+        """Whether the sidecar may hold this stream: opened, or the open went out and got
+        no answer (it may have arrived). False once the sidecar refused the open."""
+        return self.started and not self._refused
 
     def add(self, delta: str) -> None:
         """Queue a delta to post; the first one starts the posting task. Ignored once stopped."""
@@ -132,7 +141,7 @@ class ChunkPoster:
             self._on_failure(exc)
         except Exception as exc:  # a bug here must not cost the agent its thoughts
             log.exception("stream %s sender failed", self._stream_id)
-            self._on_failure(SidecarError(f"client error ({type(exc).__name__})"))
+            self._on_failure(SidecarError(client_bug(exc)))
 
     async def _retrying(self, call: Callable[[], Awaitable[Any]], since: float) -> Any:
         while True:
@@ -145,12 +154,17 @@ class ChunkPoster:
 
     async def _open(self) -> None:
         body = self._open_body()
-        data = await self._retrying(
-            lambda: self._client.request("POST", "/v1/streams", json=body), time.monotonic())
+        try:
+            data = await self._retrying(
+                lambda: self._client.request("POST", "/v1/streams", json=body),
+                time.monotonic())
+        except SidecarError as exc:
+            self._refused = exc.status is not None
+            raise
         try:
             self._on_open(data)
         except (KeyError, TypeError):
-            raise SidecarError("malformed answer to open") from None
+            raise SidecarError("the sidecar's answer to opening the stream is malformed") from None
         self.opened.set()
 
     async def _batch_due(self) -> bool:
@@ -188,7 +202,8 @@ class ChunkPoster:
         if not text:
             return
         if _lone_surrogate(text):
-            raise SidecarError("thinking text holds a lone surrogate, which cannot be sent")
+            raise SidecarError("the thinking text holds a lone surrogate, which cannot be "
+                               "sent as UTF-8")
         if not self._unacked:
             self._unacked_since = time.monotonic()
         for start in range(0, len(text), MAX_CHUNK_CHARS):
@@ -215,8 +230,9 @@ class ChunkPoster:
                 await backoff(exc, self._unacked_since, self._client.timeout_s)
                 continue
             except (KeyError, TypeError, ValueError):
-                raise SidecarError("malformed answer to chunks") from None
+                raise SidecarError("the sidecar's answer to the chunks is malformed") from None
             if through < batch[0][0]:
-                raise SidecarError(f"chunks not accepted (through seq {through})")
+                raise SidecarError(f"the sidecar did not accept the chunks (accepted through "
+                                   f"seq {through}, below seq {batch[0][0]})")
             self._unacked = [chunk for chunk in self._unacked if chunk[0] > through]
             self._unacked_since = time.monotonic()

@@ -1,6 +1,8 @@
 """``thinktrans-acp``: any ACP agent's thinking translated in the editor, the agent unchanged.
 
-    thinktrans-acp [--url URL] [--target LOCALE] [--model M] [--policy P] -- AGENT [ARGS...]
+    thinktrans-acp [--url URL] [--target LOCALE] [--model M] [--policy P]
+                   [--deadline-ms MS] -- AGENT [ARGS...]
+    thinktrans-acp --version
 
 The editor launches this command instead of the agent. It starts the agent as a child
 process and relays JSON-RPC over stdio both ways, line by line and in order:
@@ -15,6 +17,11 @@ process and relays JSON-RPC over stdio both ways, line by line and in order:
   translated (``ThoughtTranslator``: one sidecar stream per thinking part, the original in
   ``_meta.thinktrans.original``), and the ``initialize`` answer, which gains the sidecar's
   locales in ``_meta.thinktrans.locales``.
+
+Once a thinking part ends (the session's next message is waiting), that message waits at
+most ``--deadline-ms`` for the part's last translations; what is missing then goes out as
+the original (status ``deadline``): ACP cannot replace a chunk, so a later translation
+would never be shown.
 
 It is never in the way: with the sidecar down, slow or failing, thoughts pass through
 unchanged and in order (the client's fallback: a request gives up after ``--timeout``, a
@@ -56,6 +63,7 @@ import sys
 import threading
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
+from importlib import metadata
 from typing import Any
 
 from thinktrans_client.acp import ThoughtTranslator
@@ -72,6 +80,11 @@ READ_BUFFER_BYTES = MAX_PARSED_LINE_BYTES  # per direction; a longer line comes 
 CHILD_EXIT_GRACE_S = 5.0  # after its stdin closes, before the agent is sent SIGTERM
 EXIT_POLL_S = 0.05  # the agent's exit is seen from its return code, not its pipes
 DEFAULT_URL = "http://127.0.0.1:8088"
+# After a thinking part ends (the session's next message is waiting), how long that message
+# waits for the part's last translations: ACP cannot replace a chunk later, so a translation
+# that misses this goes out as the original (status deadline) and the message goes on.
+# 1500 ms: see docs/integration.md (bench/acp_proxy.py --turns).
+DEFAULT_DEADLINE_MS = 1500.0
 FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 INSTALL_HINT = "pip install 'thinktrans-client[acp]'"
 
@@ -454,8 +467,39 @@ def _parser() -> argparse.ArgumentParser:
                         help="seconds a thinking part may go without a result before it "
                              "passes through untranslated; a session's later messages wait "
                              "no longer (default: 10; above the sidecar's deadline_ms)")
+    parser.add_argument("--deadline-ms", type=_milliseconds, metavar="MS",
+                        default=os.environ.get("THINKTRANS_ACP_DEADLINE_MS",
+                                               str(DEFAULT_DEADLINE_MS)),
+                        help="once a thinking part ends, how long the session's next message "
+                             "(a tool call, the answer) waits for the part's last "
+                             "translations; those still missing go out as the originals "
+                             "(status deadline), as ACP cannot replace them later (default: "
+                             f"$THINKTRANS_ACP_DEADLINE_MS, else {DEFAULT_DEADLINE_MS:g}; "
+                             "0: no wait)")
     parser.add_argument("-v", "--verbose", action="store_true", help="log more to stderr")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}",
+                        help="print the version of thinktrans-client and exit")
     return parser
+
+
+def _version() -> str:
+    """The installed thinktrans-client's version (none when run from a checkout only)."""
+    try:
+        return metadata.version("thinktrans-client")
+    except metadata.PackageNotFoundError:
+        return "(thinktrans-client is not installed: run from a checkout)"
+
+
+def _milliseconds(value: str) -> float:
+    try:
+        ms = float(value)
+    except ValueError:
+        ms = float("nan")
+    if not 0 <= ms < float("inf"):
+        raise argparse.ArgumentTypeError(
+            f"must be a number of milliseconds >= 0, not {value!r} (the default comes from "
+            "$THINKTRANS_ACP_DEADLINE_MS where set)")
+    return ms
 
 
 def _seconds(value: str) -> float:
@@ -484,8 +528,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         except InvalidLocale as exc:
             print(f"thinktrans-acp: --target: {exc}", file=sys.stderr)
             return 2
-    options = {key: value for key in ("model", "policy")
-               if (value := getattr(args, key)) is not None}
+    options: dict[str, Any] = {key: value for key in ("model", "policy")
+                               if (value := getattr(args, key)) is not None}
+    options["close_wait_s"] = args.deadline_ms / 1000
     token = args.token or os.environ.get("THINKTRANS_API_TOKEN") or None
     try:
         return asyncio.run(run(command, url=args.url, token=token, target=target,

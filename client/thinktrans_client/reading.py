@@ -57,7 +57,7 @@ class EventReader:
         try:
             events = list(data["events"])
         except (KeyError, TypeError):
-            raise SidecarError("malformed events answer") from None
+            raise SidecarError("the sidecar's answer to the events poll is malformed") from None
         return events
 
     def take(self, event: Any) -> StreamItem | None:
@@ -72,14 +72,15 @@ class EventReader:
             else:
                 item = None
         except (KeyError, TypeError, ValueError):
-            raise SidecarError("malformed event") from None
+            raise SidecarError("the sidecar sent a malformed event") from None
         if event_id <= self._after:
             return None  # seen already
         if isinstance(item, TranslatedSegment):
             # The server's invariant, checked: a segment continues exactly where the last
             # ended. Should it not, the originals from here on are the only safe output.
             if not self._pending.continues(item.index, item.original):
-                raise SidecarError(f"segment {item.index} does not continue the pushed text")
+                raise SidecarError(f"the sidecar's segment {item.index} does not continue the "
+                                   "pushed text")
             self._pending.give_out(len(item.original))
             self._stall.resulted()
         self._after = event_id

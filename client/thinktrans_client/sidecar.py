@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Protocol
 
-__all__ = ["Sidecar", "SidecarError", "Skipped"]
+__all__ = ["PastCloseWait", "Sidecar", "SidecarError", "Skipped"]
 
 
 class SidecarError(Exception):
@@ -39,7 +39,21 @@ class Skipped(SidecarError):
     """The sidecar is being skipped; not itself a failure (noting it would never end the skip)."""
 
     def __init__(self) -> None:
-        super().__init__("skipped after a recent failure")
+        super().__init__("the sidecar is skipped for a few seconds (the client's cooloff_s) "
+                         "after it failed")
+
+
+class PastCloseWait(SidecarError):
+    """A closed stream's results did not all come within its ``close_wait_s``: not a failure
+    of the sidecar (no cool-off), only the end of the wait for it."""
+
+    def __init__(self, close_wait_s: float) -> None:
+        super().__init__(f"the translation did not come within {close_wait_s * 1000:g} ms of "
+                         "the end of the thinking part (the stream's close_wait_s)")
+
+    @property
+    def sidecar_failed(self) -> bool:
+        return False
 
 
 class Sidecar(Protocol):
