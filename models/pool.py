@@ -156,6 +156,10 @@ class PoolTranslator(RemoteTranslator):
             if body.get("identity") != self._info.get("identity"):
                 self._served.clear()  # another deployment: its models may route otherwise
             self._info = body
+            # A random-weight test checkpoint in the pool: its output is noise in no
+            # language, and the output check is off for it, as `local` turns it off.
+            self.capabilities = replace(type(self).capabilities,
+                                        checked_output=body.get("checked_output") is not False)
             self._mark_up()
             return
         error = self._refused(resp, body)

@@ -273,7 +273,10 @@ class Pool:
         body = {"ready": t.ready, "reason": t.reason, "max_batch_size": self.max_batch_size,
                 **asdict(self.limits), "engine": facts.get("engine"),
                 "default_model": facts.get("model"), "models": t.catalog(),
-                "languages": t.languages(), "identity": self.identity}
+                "languages": t.languages(), "identity": self.identity,
+                # False for a random-weight test checkpoint: its output is in no language,
+                # and the sidecars' language check is off for it, as for `local`.
+                "checked_output": t.capabilities.checked_output}
         return JSONResponse(body, status_code=200 if t.ready else 503)
 
     @api.get("/v1/stats")

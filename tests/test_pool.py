@@ -84,8 +84,10 @@ def pool() -> Iterator[Pool]:
     _ray()
     with tempfile.TemporaryDirectory() as tmp:
         model = make_test_model("marian", Path(tmp) / "marian-en-de")
+        chinese = make_test_model("marian", Path(tmp) / "marian-en-zh", target_lang="zh")
         ct2 = Path(tmp) / "ct2"
         with served("pool", ready_s=240, THINKTRANS_LOCAL_MODEL=str(model),
+                    THINKTRANS_LOCAL_MARIAN_MODELS=f"en-zh={chinese}",
                     THINKTRANS_LOCAL_CT2_CACHE=str(ct2),
                     THINKTRANS_POOL_BATCH_WAIT_MS=str(BATCH_WAIT_MS),
                     THINKTRANS_POOL_TOKEN=TOKEN, HF_HUB_OFFLINE="1",
@@ -173,7 +175,7 @@ async def test_the_pool_refuses_bad_calls_with_problems(pool: Pool) -> None:
     assert pair.json()["type"].endswith(":unsupported-language")
     assert health.status_code == 200  # probes of orchestrators need no token
     body = info.json()
-    assert body["ready"] is True and body["languages"] == ["de"] and body["identity"]
+    assert body["ready"] is True and body["languages"] == ["de", "zh-Hans"] and body["identity"]
     # The cache key the sidecars use does not move with the work done.
     assert again.json()["identity"] == good.json()["identity"] == body["identity"]
 
@@ -240,6 +242,28 @@ def test_a_chunked_body_is_read_no_further_than_the_limit(pool: Pool) -> None:
     assert answer.startswith(b"HTTP/1.1 413 "), answer[:300]
     assert b"THINKTRANS_POOL_MAX_CALL_BYTES" in answer, answer[:600]
     assert sent < 32 << 20, sent  # 1 MiB, and what came while the answer went out
+
+
+async def test_a_test_checkpoint_in_the_pool_is_served_as_local_serves_it(pool: Pool) -> None:
+    """Random weights write noise in no language: `local` turns the sidecars' output check
+    off for a test checkpoint, and the pool's /v1/info tells its sidecars to do the same.
+    English to Chinese and to German through a sidecar with the check on is translated, not
+    refused (the noise of this vocabulary reads as Chinese: German is what it refused)."""
+    env = _sidecar_env(pool)
+    del env["THINKTRANS_CHECK_OUTPUT_LANGUAGE"]  # the default: on
+    info = httpx.get(f"{pool.url}/v1/info", headers=AUTH, timeout=10).json()
+    text = "The parser reads the file and then writes one more line."
+    with served(**env) as sidecar:
+        async with httpx.AsyncClient(base_url=sidecar.url, timeout=60) as client:
+            answers = [await client.post("/v1/translate", json={"texts": [text],
+                                                                "target": target})
+                       for target in ("zh", "de")]
+    for resp in answers:
+        assert resp.status_code == 200, resp.text
+        [seg] = [seg for result in resp.json()["results"] for seg in result["segments"]]
+        assert seg["status"] == "translated" and seg["backend"] == "pool", seg
+        assert seg["text"] != seg["original"]
+    assert info["checked_output"] is False
 
 
 async def test_a_pool_stopped_mid_run_leaves_every_stream_whole(pool: Pool) -> None:
@@ -580,4 +604,25 @@ async def test_the_backend_cuts_long_texts_and_calls_to_the_pools_limits() -> No
         assert await backend.run(Job([f"{half} {half}"], "en", "zh")) == [f"<{half}><{half}>"]
     finally:
         await backend.aclose()
+
+
+async def test_the_backend_takes_the_pools_word_on_checking_its_output() -> None:
+    """A pool serving a random-weight test checkpoint says so (checked_output false); the
+    sidecar's output-language check is then off for it, as for `local` on that checkpoint."""
+    for said, checked in ((False, False), (True, True), (None, True)):
+        info = {k: v for k, v in INFO.items()}
+        if said is not None:
+            info["checked_output"] = said
+
+        async def pool(request: httpx.Request, info: dict[str, Any] = info) -> httpx.Response:
+            return httpx.Response(200, json=info)
+
+        backend = PoolTranslator(PoolConfig(url="http://pool",
+                                            transport=httpx.MockTransport(pool)))
+        await backend.start()
+        try:
+            assert await backend.wait_ready(5)
+            assert backend.capabilities.checked_output is checked, said
+        finally:
+            await backend.aclose()
 
