@@ -40,6 +40,7 @@ import json
 import logging
 import os
 import signal
+import sys
 import threading
 import time
 from collections import deque
@@ -56,12 +57,14 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 from pydantic import ValidationError
 
+from models.base import first_line
 from models.errors import BackendConfigError, BackendError, BackendTimeout, Expired
 from models.local import LocalConfig, LocalTranslator
 from models.pool import PoolCall
 from models.registry import build_backend
 from service.batching import Cutoff, GroupedQueue, Pair, by_pair, check_outputs
 from service.errors import ConfigError, InputError, PayloadTooLarge, ThinktransError
+from service.logs import configure as configure_logs
 from service.problems import error_problem, install_handlers, kind_of, problem
 from service.settings import Settings, load_settings
 
@@ -185,6 +188,17 @@ def _identity(translator: LocalTranslator) -> str | None:
     return hashlib.sha256(json.dumps(facts, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
+def _replica_logs(level: str) -> None:
+    """A replica's own logs as the service's JSON lines, on the process's stderr, which Ray
+    brings to the pool's terminal: Serve, keeping its own logs off stderr, puts a writer to
+    its log file in ``sys.stderr``."""
+    configure_logs(level)
+    _propagate("ray")
+    for handler in logging.getLogger().handlers:
+        if isinstance(handler, logging.StreamHandler) and sys.__stderr__ is not None:
+            handler.setStream(sys.__stderr__)
+
+
 def _problem(exc: ThinktransError | BackendError) -> JSONResponse:
     # Defined above the deployment: Serve captures the class with what exists by then.
     return error_problem(exc)
@@ -218,7 +232,9 @@ class Pool:
     """One replica: a local engine and the batch queue in front of it."""
 
     async def __init__(self, local: LocalConfig, token_sha256: str | None = None,  # type: ignore[misc]
-                       timeout_s: float = 60.0, limits: Limits | None = None) -> None:
+                       timeout_s: float = 60.0, limits: Limits | None = None,
+                       log_level: str = "info") -> None:
+        _replica_logs(log_level)
         self.translator = LocalTranslator(local)
         self.token_sha256 = token_sha256
         self.timeout_s = timeout_s
@@ -492,7 +508,7 @@ def application(settings: Settings) -> Any:
         user_config={"max_batch_size": size, "batch_wait_ms": settings.pool_batch_wait_ms},
     )
     return deployment.bind(settings.local_config(), _digest(token) if token else None,
-                           settings.backend_timeout_s, limits)
+                           settings.backend_timeout_s, limits, settings.log_level)
 
 
 def build(args: dict[str, Any] | None = None) -> Any:
@@ -511,30 +527,68 @@ def run(settings: Settings, *, address: str | None, host: str, port: int) -> Non
     import ray
 
     app = application(settings)
-    if address is None:  # a new instance of this machine's own, never one found running
-        local_only = host in ("127.0.0.1", "localhost")
-        ray.init(address="local", include_dashboard=False,
-                 _node_ip_address="127.0.0.1" if local_only else None)
-    else:
-        ray.init(address=address)
+    level = settings.log_level.upper()
+    _start_ray(address, host, level)
     stop = threading.Event()
+    # Ours from here, over Ray's, which exit at once: a signal while Serve starts stops
+    # the pool once it has started.
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
     try:
-        serve.start(http_options={"host": host, "port": port})
+        _propagate("ray.serve")  # Serve's logger in this process writes text of its own
+        serve.start(http_options={"host": host, "port": port},
+                    logging_config=serve.schema.LoggingConfig(encoding="JSON", log_level=level))
         serve.run(app, name=APP_NAME, route_prefix="/", blocking=False)
-        # After Ray's own handlers, which would exit at once.
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(sig, lambda *_: stop.set())
+        _propagate("ray.serve")
         log.info("pool serving on http://%s:%d (%s)", host, port, settings.local_model)
         print(f"thinktrans pool: http://{host}:{port}", flush=True)
         stop.wait()
     finally:
         # Bounded: a Ctrl-C in a terminal reaches Ray's own processes too, and Serve then
-        # waits on a raylet that is gone.
-        stopped = _within(serve.shutdown if address is None else lambda: serve.delete(APP_NAME),
-                          settings.shutdown_grace_s + 5)
+        # waits on a raylet that is gone. The application is deleted (its replicas finish
+        # their calls); Serve's controller and proxy go with a Ray instance of our own:
+        # serve.shutdown's call to the controller, which kills itself, is retried by Ray
+        # ("graceful_shutdown failed ... will be retried") at every stop.
+        stopped = _within(_delete_app, settings.shutdown_grace_s + 5)
         if not stopped or not _within(ray.shutdown, 10):
             log.warning("the pool's Ray processes did not stop in time; exiting without them")
             os._exit(1)
+
+
+def _start_ray(address: str | None, host: str, level: str) -> None:
+    """A Ray instance of this machine's own (never one found running), or the cluster at
+    ``address``; its logs as JSON lines, as the service's: Ray's own loggers in every process
+    of this job (their lines then reach this terminal without Ray's coloured prefix), and
+    Serve's in its log files (the session's ``logs/serve``), kept off stderr, where Serve
+    writes only text."""
+    import ray
+
+    os.environ.setdefault("RAY_SERVE_LOG_TO_STDERR", "0")
+    logs = ray.LoggingConfig(encoding="JSON", log_level=level)
+    ours = logging.getLogger().handlers[:]  # Ray adds a root handler of its own here
+    if address is None:
+        local_only = host in ("127.0.0.1", "localhost")
+        ray.init(address="local", include_dashboard=False, logging_config=logs,
+                 _node_ip_address="127.0.0.1" if local_only else None)
+    else:
+        ray.init(address=address, logging_config=logs,
+                 runtime_env={"env_vars": {"RAY_SERVE_LOG_TO_STDERR": "0"}})
+    logging.getLogger().handlers[:] = ours
+    _propagate("ray")  # Ray's records here in the service's format
+
+
+def _delete_app() -> None:
+    try:
+        serve.delete(APP_NAME)
+    except Exception as exc:  # Serve never started: nothing to delete
+        log.warning("the pool's application was not deleted: %s", first_line(exc))
+
+
+def _propagate(name: str) -> None:
+    """Records of ``name`` go to the root's JSON handler only, not to a handler of its own."""
+    logger = logging.getLogger(name)
+    logger.handlers[:] = []
+    logger.propagate = True
 
 
 def _within(step: Callable[[], None], timeout_s: float) -> bool:

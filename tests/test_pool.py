@@ -305,6 +305,23 @@ async def test_a_pool_stopped_mid_run_leaves_every_stream_whole(pool: Pool) -> N
     assert all(s["status"] == "translated" for s in chained_segs)
     statuses = {s["status"] for s in alone_segs}
     assert "error" in statuses and statuses <= {"translated", "error"}, statuses
+    # The pool stopped cleanly, and said all it said as JSON lines: its own, its replica's,
+    # Ray's and Serve's (Ray's coloured text before; a retried graceful_shutdown at stop).
+    log = pool.server.log()
+    assert pool.server.proc.returncode == 0, log[-3000:]
+    assert "graceful_shutdown" not in log, log[-3000:]
+    text = [line for line in log.splitlines()
+            if line.strip() and not line.startswith("thinktrans pool: ") and not _json(line)]
+    assert not text, text[:10]
+    assert any(json.loads(line).get("logger") == "models.local.translator"
+               for line in log.splitlines() if _json(line))  # the replica's own, as ours
+
+
+def _json(line: str) -> bool:
+    try:
+        return isinstance(json.loads(line), dict)
+    except ValueError:
+        return False
 
 
 def test_thinktrans_pool_refuses_a_gpu_model_with_no_gpu_before_ray_starts(tmp_path: Path) -> None:
@@ -626,3 +643,27 @@ async def test_the_backend_takes_the_pools_word_on_checking_its_output() -> None
         finally:
             await backend.aclose()
 
+
+async def test_a_sidecar_logs_no_line_per_pool_call(capfd: pytest.CaptureFixture[str]) -> None:
+    """httpx logs each request at info: under the service's logging, a sidecar's pool
+    backend would write one line per batch. Quiet below warning, as JSON lines all the same."""
+    import logging
+
+    from service.logs import configure
+
+    root = logging.getLogger()
+    saved = root.handlers[:], root.level
+    try:
+        configure("info", transformers=False)
+        backend = await scripted(ScriptedPool())
+        try:
+            assert await backend.run(due_in(["Hi."], 5.0)) == ["de:Hi."]
+        finally:
+            await backend.aclose()
+        logging.getLogger("httpx").warning("a warning still shows")
+    finally:
+        root.handlers[:], level = saved
+        root.setLevel(level)
+    lines = [json.loads(line) for line in capfd.readouterr().err.splitlines() if line]
+    assert [line["msg"] for line in lines if line["logger"] == "httpx"] == [
+        "a warning still shows"], lines
