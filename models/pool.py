@@ -12,9 +12,12 @@ failing. Its connection closes, and the pool drops the call if it has not run it
 
 Readiness follows the pool's ``GET /v1/info``: not ready until it answers ready, probed
 every ``outage_recheck_s`` while it is down (``models.remote``), read again every
-``refresh_s`` while it is up. The catalog, languages, batch limit and cache identity come
-from that answer. Only the pool's ``pool-not-ready`` problem, a refused token, or no pool
-at the address mark the backend down: a call's own trouble fails that call.
+``refresh_s`` while it is up. The catalog, languages, cache identity, whether its output
+is checked (not for a test checkpoint's noise, as for ``local``) and its limits come from
+that answer: a batch over the texts or characters of one call goes as several calls, a text
+over the characters of one text is cut as ``local`` cuts it (sentence ends, then words) and
+its translated parts joined again. Only the pool's ``pool-not-ready`` problem, a refused
+token, or no pool at the address mark the backend down: a call's own trouble fails that call.
 """
 
 from __future__ import annotations
