@@ -25,6 +25,12 @@ A call is bounded (``Limits``, each a 413 that names its setting): its body in b
 further than that, chunked or not), its texts' characters each and in all. The sidecars
 read the limits from ``/v1/info`` and cut their batches to them.
 
+``thinktrans pool`` writes JSON lines on stderr, as the service does: its own, its
+replicas', Ray's (a JSON ``LoggingConfig``, so worker lines come without Ray's coloured
+prefix); Serve's own logs go, as JSON, to its files in Ray's session directory
+(``logs/serve``), not to stderr, where Serve writes text only. It stops by deleting the
+application (its replicas finish their calls) and then the Ray instance it started.
+
 Routes: ``GET /healthz`` (alive), ``GET /readyz`` (model loaded: 200, else 503), and, with
 the bearer token when ``pool_token`` is set, ``GET /v1/info`` (what sidecars probe),
 ``POST /v1/batch`` and ``GET /v1/stats`` (this replica's batch fill).
