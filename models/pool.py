@@ -12,9 +12,12 @@ failing. Its connection closes, and the pool drops the call if it has not run it
 
 Readiness follows the pool's ``GET /v1/info``: not ready until it answers ready, probed
 every ``outage_recheck_s`` while it is down (``models.remote``), read again every
-``refresh_s`` while it is up. The catalog, languages, batch limit and cache identity come
-from that answer. Only the pool's ``pool-not-ready`` problem, a refused token, or no pool
-at the address mark the backend down: a call's own trouble fails that call.
+``refresh_s`` while it is up. The catalog, languages, cache identity, whether its output
+is checked (not for a test checkpoint's noise, as for ``local``) and its limits come from
+that answer: a batch over the texts or characters of one call goes as several calls, a text
+over the characters of one text is cut as ``local`` cuts it (sentence ends, then words) and
+its translated parts joined again. Only the pool's ``pool-not-ready`` problem, a refused
+token, or no pool at the address mark the backend down: a call's own trouble fails that call.
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ import os
 import socket
 import time
 from collections.abc import Coroutine
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import httpx
@@ -42,13 +45,18 @@ from models.errors import (
     UnsupportedLanguage,
 )
 from models.languages import canonical, table_key
+from models.local.catalog import NO_SPACE_TARGETS
+from models.local.text import cut_texts, rejoin
 from models.remote import RemoteTranslator
 
 NO_URL_REASON = "set THINKTRANS_POOL_URL to the pool's address, e.g. http://pool:8000"
 # Texts in one call when the pool has not said its own limit yet.
 DEFAULT_CALL_TEXTS = 32
-# Characters of a call's text in all; a larger batch is sent as several calls.
-MAX_CALL_CHARS = 64_000
+# Characters of a call's text in all, and of one text, when the pool has not said its own
+# limits (``max_call_chars``, ``max_text_chars``) yet: a larger batch is sent as several calls,
+# a longer text cut at sentence ends and its translated parts joined again.
+MAX_CALL_CHARS = 32_000
+MAX_TEXT_CHARS = 2_000
 # How long past a batch's deadline the backend still waits for the pool.
 GRACE_S = 0.1
 # Pairs whose serving model is remembered (resolve_model); past it the memory starts over.
@@ -151,6 +159,10 @@ class PoolTranslator(RemoteTranslator):
             if body.get("identity") != self._info.get("identity"):
                 self._served.clear()  # another deployment: its models may route otherwise
             self._info = body
+            # A random-weight test checkpoint in the pool: its output is noise in no
+            # language, and the output check is off for it, as `local` turns it off.
+            self.capabilities = replace(type(self).capabilities,
+                                        checked_output=body.get("checked_output") is not False)
             self._mark_up()
             return
         error = self._refused(resp, body)
@@ -259,8 +271,12 @@ class PoolTranslator(RemoteTranslator):
                 "identity": self._info.get("identity")}
 
     def _call_texts(self) -> int:
-        limit = self._info.get("max_batch_size")
-        return limit if isinstance(limit, int) and limit > 0 else DEFAULT_CALL_TEXTS
+        return self._limit("max_batch_size", DEFAULT_CALL_TEXTS)
+
+    def _limit(self, name: str, default: int) -> int:
+        """One of the pool's limits from ``/v1/info``; ``default`` until it has said."""
+        limit = self._info.get(name)
+        return limit if isinstance(limit, int) and limit > 0 else default
 
     # -- translating ---------------------------------------------------------------------------
 
@@ -273,7 +289,19 @@ class PoolTranslator(RemoteTranslator):
         self._refuse_if_unusable()
         if deadline_s is not None and deadline_s <= 0:
             raise Expired("every segment of the batch was past its deadline; not sent")
-        parts = _parts(list(texts), self._call_texts(), MAX_CALL_CHARS)
+        max_text = self._limit("max_text_chars", MAX_TEXT_CHARS)
+        if any(len(text) > max_text for text in texts):  # cut to the pool's bound, rejoined
+            pieces = cut_texts(texts, len, max_text)
+            sent = [part.text for part in pieces.parts]
+            outputs = await self.run(replace(job, texts=sent, contexts=None))
+            if len(outputs) != len(sent):
+                raise BadOutput(f"pool returned {len(outputs)} translations for {len(sent)}")
+            for part, out in zip(pieces.parts, outputs, strict=True):
+                part.out = out
+            tag = canonical(target)
+            return rejoin(pieces, tag is not None and table_key(tag) in NO_SPACE_TARGETS)
+        parts = _parts(list(texts), self._call_texts(),
+                       self._limit("max_call_chars", MAX_CALL_CHARS))
         try:
             # A hair past it: the stream's own timer sends the originals out first.
             async with asyncio.timeout(None if deadline_s is None else deadline_s + GRACE_S):

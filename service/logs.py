@@ -6,7 +6,8 @@ message. Text appears only as its length and a short hash (``text_fields``), unl
 
 Other writers to stderr are brought into line: Python ``warnings``, and the loggers of
 huggingface_hub and transformers, which install their own plain-text handlers; their
-progress bars are switched off, as a bar is not a log line.
+progress bars are switched off, as a bar is not a log line. httpx and httpcore, which log
+every request a backend sends at info, speak from warning up (everything at debug).
 """
 
 from __future__ import annotations
@@ -61,6 +62,9 @@ def configure(level: str, *, log_text: bool = False, transformers: bool = True) 
     root.setLevel(level.upper())
     for name in ("uvicorn", "uvicorn.error", "uvicorn.access"):
         _propagate(name)
+    for name in ("httpx", "httpcore"):  # a line per request to a backend: only at debug
+        logging.getLogger(name).setLevel(logging.DEBUG if root.level <= logging.DEBUG
+                                         else logging.WARNING)
     logging.captureWarnings(True)
     no_progress_bars()
     if _installed("huggingface_hub"):

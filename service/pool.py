@@ -5,9 +5,11 @@ one call each, to ``POST /v1/batch``. A replica merges the calls of every sideca
 arrive within ``batch_wait_ms`` (``@serve.batch``, its size counted in segments) and puts
 them in its queue for the engine. Serve cuts a batch every ``batch_wait_ms`` whether or not
 the engine is busy, so the engine does not run Serve's batches one by one: each engine turn
-takes the oldest waiting calls, up to ``max_batch_size`` segments, whichever batch brought
-them, and the calls that arrive while it runs make the next turn full. In a turn, calls
-whose deadline has passed, or whose sidecar gave up on them, are answered unrun; the rest
+takes the oldest waiting calls, up to ``max_batch_size`` segments and ``max_call_chars``
+characters, whichever batch brought them, and the calls that arrive while it runs make the
+next turn full. A call is answered ``expired`` at its deadline, whatever turn holds the
+engine then, and is never run after it; in a turn, calls whose deadline has passed, or
+whose sidecar gave up on them, are answered unrun; the rest
 are grouped by (source, target, model), each group one call to the local engine, the same
 ``LocalTranslator`` as the ``local`` backend (its splitting, output bounds and loop guard).
 Every call gets its own answer: its translations, or a problem. The queue, the cut-off and
@@ -18,6 +20,16 @@ deploy ``service.pool:build`` from a Serve config (``serve run``, ``serve deploy
 its ``args`` are settings (``local_model``, ..., or ``config``: a settings YAML file), the
 deployment ``Pool`` takes Serve's own options (replicas, ``ray_actor_options.num_gpus``,
 autoscaling) and ``user_config`` its batch limits (``max_batch_size``, ``batch_wait_ms``).
+
+A call is bounded (``Limits``, each a 413 that names its setting): its body in bytes (read no
+further than that, chunked or not), its texts' characters each and in all. The sidecars
+read the limits from ``/v1/info`` and cut their batches to them.
+
+``thinktrans pool`` writes JSON lines on stderr, as the service does: its own, its
+replicas', Ray's (a JSON ``LoggingConfig``, so worker lines come without Ray's coloured
+prefix); Serve's own logs go, as JSON, to its files in Ray's session directory
+(``logs/serve``), not to stderr, where Serve writes text only. It stops by deleting the
+application (its replicas finish their calls) and then the Ray instance it started.
 
 Routes: ``GET /healthz`` (alive), ``GET /readyz`` (model loaded: 200, else 503), and, with
 the bearer token when ``pool_token`` is set, ``GET /v1/info`` (what sidecars probe),
@@ -34,12 +46,13 @@ import json
 import logging
 import os
 import signal
+import sys
 import threading
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any, ClassVar
+from typing import Any
 
 try:
     from ray import serve
@@ -50,13 +63,15 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 from pydantic import ValidationError
 
+from models.base import first_line
 from models.errors import BackendConfigError, BackendError, BackendTimeout, Expired
 from models.local import LocalConfig, LocalTranslator
 from models.pool import PoolCall
 from models.registry import build_backend
 from service.batching import Cutoff, GroupedQueue, Pair, by_pair, check_outputs
 from service.errors import ConfigError, InputError, PayloadTooLarge, ThinktransError
-from service.problems import error_problem, install_handlers, problem
+from service.logs import configure as configure_logs
+from service.problems import error_problem, install_handlers, kind_of, problem
 from service.settings import Settings, load_settings
 
 log = logging.getLogger("thinktrans.pool")
@@ -64,7 +79,6 @@ log = logging.getLogger("thinktrans.pool")
 Failure = ThinktransError | BackendError
 
 APP_NAME = "thinktrans-pool"
-MAX_CALL_BYTES = 1 << 20  # one call's body; a sidecar sends far less (models/pool.py)
 RECENT_BATCHES = 256  # model batches kept for /v1/stats
 NOT_READY = "pool-not-ready"  # the problem slug that tells sidecars the pool is not serving
 # Serve batches that may wait for the engine at once; the calls a replica takes
@@ -75,6 +89,16 @@ api = FastAPI(title="thinktrans pool", docs_url=None, redoc_url=None)
 install_handlers(api)
 
 
+@dataclass(frozen=True)
+class Limits:
+    """What one call may carry, each refused past it with a 413 that names its setting; the
+    call characters bound an engine turn too. Sidecars read them from ``/v1/info``."""
+
+    max_text_chars: int = 2_000  # pool_max_text_chars
+    max_call_chars: int = 32_000  # pool_max_call_chars
+    max_call_bytes: int = 1 << 20  # pool_max_call_bytes
+
+
 @dataclass(slots=True)
 class _Queued:
     """A call as the route hands it to Serve's batch."""
@@ -82,6 +106,7 @@ class _Queued:
     call: PoolCall
     due: float | None  # monotonic; None: no deadline
     cancelled: bool = False  # its sender gave up (closed the connection): never run
+    late: bool = False  # answered expired by its route at its deadline, counted there
 
 
 @dataclass(slots=True, eq=False)
@@ -94,11 +119,12 @@ class _Waiting:
     pair: Pair = field(init=False)
     enqueued: float = field(default_factory=time.monotonic)
     queued: bool = False  # counted in the queue (set by it)
-    chars: ClassVar[int] = 0  # no character budget: the engine splits what is too long
+    chars: int = field(init=False)  # an engine turn takes at most max_call_chars
 
     def __post_init__(self) -> None:
         call = self.sent.call
         self.pair = (call.source, call.target, call.model)
+        self.chars = sum(len(text) for text in call.texts)
 
     @property
     def due(self) -> float | None:
@@ -168,9 +194,40 @@ def _identity(translator: LocalTranslator) -> str | None:
     return hashlib.sha256(json.dumps(facts, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
+def _replica_logs(level: str) -> None:
+    """A replica's own logs as the service's JSON lines, on the process's stderr, which Ray
+    brings to the pool's terminal: Serve, keeping its own logs off stderr, puts a writer to
+    its log file in ``sys.stderr``."""
+    configure_logs(level)
+    _propagate("ray")
+    for handler in logging.getLogger().handlers:
+        if isinstance(handler, logging.StreamHandler) and sys.__stderr__ is not None:
+            handler.setStream(sys.__stderr__)
+
+
 def _problem(exc: ThinktransError | BackendError) -> JSONResponse:
     # Defined above the deployment: Serve captures the class with what exists by then.
     return error_problem(exc)
+
+
+def _too_large(detail: str) -> JSONResponse:
+    """A 413 for a body not read to its end: the connection closes after it."""
+    kind = kind_of(PayloadTooLarge)
+    return problem(kind.status, kind.title, detail, kind.slug, headers={"Connection": "close"})
+
+
+async def _read_within(request: Request, max_bytes: int) -> bytes | None:
+    """The body, or None as soon as it is over ``max_bytes`` (declared or read so far):
+    a body sent in chunks, with no ``Content-Length``, is read no further than that."""
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > max_bytes:
+        return None
+    body = bytearray()
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > max_bytes:
+            return None
+    return bytes(body)
 
 
 # Its options (replicas, CPUs, GPUs, max_ongoing_requests, user_config) are set in one
@@ -181,10 +238,13 @@ class Pool:
     """One replica: a local engine and the batch queue in front of it."""
 
     async def __init__(self, local: LocalConfig, token_sha256: str | None = None,  # type: ignore[misc]
-                       timeout_s: float = 60.0) -> None:
+                       timeout_s: float = 60.0, limits: Limits | None = None,
+                       log_level: str = "info") -> None:
+        _replica_logs(log_level)
         self.translator = LocalTranslator(local)
         self.token_sha256 = token_sha256
         self.timeout_s = timeout_s
+        self.limits = limits or Limits()
         self.max_batch_size = 64
         self.batch_wait_ms = 10.0
         self.tally = _Stats()
@@ -233,8 +293,12 @@ class Pool:
         t = self.translator
         facts = t.info()
         body = {"ready": t.ready, "reason": t.reason, "max_batch_size": self.max_batch_size,
-                "engine": facts.get("engine"), "default_model": facts.get("model"),
-                "models": t.catalog(), "languages": t.languages(), "identity": self.identity}
+                **asdict(self.limits), "engine": facts.get("engine"),
+                "default_model": facts.get("model"), "models": t.catalog(),
+                "languages": t.languages(), "identity": self.identity,
+                # False for a random-weight test checkpoint: its output is in no language,
+                # and the sidecars' language check is off for it, as for `local`.
+                "checked_output": t.capabilities.checked_output}
         return JSONResponse(body, status_code=200 if t.ready else 503)
 
     @api.get("/v1/stats")
@@ -253,11 +317,12 @@ class Pool:
         refused = self._refuse(request)
         if refused is not None:
             return refused
-        declared = request.headers.get("content-length", "")
-        if declared.isdigit() and int(declared) > MAX_CALL_BYTES:  # not read at all
-            return _problem(PayloadTooLarge(f"a call is at most {MAX_CALL_BYTES} bytes"))
+        body = await _read_within(request, self.limits.max_call_bytes)
+        if body is None:  # the rest is not read: the connection closes after the answer
+            return _too_large(f"a call's body is at most {self.limits.max_call_bytes} bytes "
+                              "(pool_max_call_bytes, THINKTRANS_POOL_MAX_CALL_BYTES)")
         try:
-            call = self._parse(await request.body())
+            call = self._parse(body)
         except ThinktransError as exc:
             return _problem(exc)
         if not self.translator.ready:  # loaded at start; a model can only fail later
@@ -270,7 +335,7 @@ class Pool:
         due = None if call.deadline_ms is None else time.monotonic() + call.deadline_ms / 1000
         queued = _Queued(call, due)
         try:
-            outcome = await self.run(queued)
+            outcome = await self._by_deadline(queued)
         except asyncio.CancelledError:
             # The sidecar gave up on it (its deadline, its timeout). Serve drops a call it
             # still holds; one already waiting for an engine turn is dropped there.
@@ -285,6 +350,20 @@ class Pool:
                              "model": self.translator.resolve_model(call.model, call.source,
                                                                     call.target)})
 
+    async def _by_deadline(self, queued: _Queued) -> list[str] | Failure:
+        """The call's outcome, or ``Expired`` at its deadline: a call does not wait past it
+        for an engine turn of others' work. Once late it is never run (dropped by the turn
+        that would take it); an engine turn already running it goes on."""
+        if queued.due is None:
+            return await self.run(queued)
+        try:
+            async with asyncio.timeout(queued.due - time.monotonic()):
+                return await self.run(queued)
+        except TimeoutError:
+            queued.cancelled = queued.late = True
+            self.tally.expired(queued.call)
+            return Expired("the call's deadline passed while it waited in the pool")
+
     def _refuse(self, request: Request) -> JSONResponse | None:
         """A 401 problem unless the request carries the pool's token (when it has one)."""
         if self.token_sha256 is None:
@@ -298,8 +377,6 @@ class Pool:
                        "unauthorized", headers={"WWW-Authenticate": "Bearer"})
 
     def _parse(self, body: bytes) -> PoolCall:
-        if len(body) > MAX_CALL_BYTES:
-            raise PayloadTooLarge(f"a call is at most {MAX_CALL_BYTES} bytes")
         try:
             call = PoolCall.model_validate_json(body)
         except ValidationError as exc:
@@ -309,6 +386,19 @@ class Pool:
         if len(call.texts) > self.max_batch_size:
             raise PayloadTooLarge(f"{len(call.texts)} texts in one call; this pool takes at "
                                   f"most {self.max_batch_size} (its max_batch_size)")
+        limits = self.limits
+        longest = max(len(text) for text in call.texts)
+        if longest > limits.max_text_chars:
+            raise PayloadTooLarge(
+                f"a text of {longest} characters; this pool takes at most "
+                f"{limits.max_text_chars} per text (pool_max_text_chars, "
+                "THINKTRANS_POOL_MAX_TEXT_CHARS): cut it at sentence ends")
+        chars = sum(len(text) for text in call.texts)
+        if chars > limits.max_call_chars:
+            raise PayloadTooLarge(
+                f"{chars} characters in one call; this pool takes at most "
+                f"{limits.max_call_chars} (pool_max_call_chars, THINKTRANS_POOL_MAX_CALL_CHARS): "
+                "send them as several calls")
         return call
 
     # -- the batch ---------------------------------------------------------------------------
@@ -340,7 +430,8 @@ class Pool:
         up, or whose deadline has passed when it is taken or when its group's turn comes,
         is answered unrun and takes no room. Whether any call was taken."""
         popped = len(self.waiting) > 0  # the first call is taken (or dropped) whatever its size
-        taken = self.waiting.take(self.max_batch_size, cutoff=self._cutoff())
+        taken = self.waiting.take(self.max_batch_size, self.limits.max_call_chars,
+                                  cutoff=self._cutoff())
         try:
             for (source, target, model), members in by_pair(taken).items():
                 # A group's calls may expire, or be given up, while an earlier group runs.
@@ -361,7 +452,8 @@ class Pool:
         return Cutoff(time.monotonic(), expired=self._expired, gone=self._given_up)
 
     def _given_up(self, w: _Waiting) -> None:
-        self.tally.cancelled(w.sent.call)
+        if not w.sent.late:  # a late one is counted, and answered, by its route
+            self.tally.cancelled(w.sent.call)
         _answer(w, Expired("the sender gave up on it"))
 
     def _expired(self, w: _Waiting) -> None:
@@ -405,8 +497,14 @@ def application(settings: Settings) -> Any:
     if settings.local_device.startswith("cuda") and gpus == 0:
         raise ConfigError("local_device is cuda but pool_num_gpus (THINKTRANS_POOL_NUM_GPUS) "
                           "is 0: Ray gives a replica a GPU only when it asks for one")
+    if settings.pool_max_text_chars > settings.pool_max_call_chars:
+        raise ConfigError(f"pool_max_text_chars ({settings.pool_max_text_chars}) is over "
+                          f"pool_max_call_chars ({settings.pool_max_call_chars}): a call of "
+                          "one text that long would be refused")
     token = settings.pool_token.get_secret_value() if settings.pool_token else None
     size = settings.pool_max_batch_size
+    limits = Limits(settings.pool_max_text_chars, settings.pool_max_call_chars,
+                    settings.pool_max_call_bytes)
     deployment = Pool.options(  # type: ignore[attr-defined]
         num_replicas=settings.pool_replicas,
         # Ray sets a replica's OMP_NUM_THREADS to its CPUs: reserve the engine's threads.
@@ -416,7 +514,7 @@ def application(settings: Settings) -> Any:
         user_config={"max_batch_size": size, "batch_wait_ms": settings.pool_batch_wait_ms},
     )
     return deployment.bind(settings.local_config(), _digest(token) if token else None,
-                           settings.backend_timeout_s)
+                           settings.backend_timeout_s, limits, settings.log_level)
 
 
 def build(args: dict[str, Any] | None = None) -> Any:
@@ -435,30 +533,68 @@ def run(settings: Settings, *, address: str | None, host: str, port: int) -> Non
     import ray
 
     app = application(settings)
-    if address is None:  # a new instance of this machine's own, never one found running
-        local_only = host in ("127.0.0.1", "localhost")
-        ray.init(address="local", include_dashboard=False,
-                 _node_ip_address="127.0.0.1" if local_only else None)
-    else:
-        ray.init(address=address)
+    level = settings.log_level.upper()
+    _start_ray(address, host, level)
     stop = threading.Event()
+    # Ours from here, over Ray's, which exit at once: a signal while Serve starts stops
+    # the pool once it has started.
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
     try:
-        serve.start(http_options={"host": host, "port": port})
+        _propagate("ray.serve")  # Serve's logger in this process writes text of its own
+        serve.start(http_options={"host": host, "port": port},
+                    logging_config=serve.schema.LoggingConfig(encoding="JSON", log_level=level))
         serve.run(app, name=APP_NAME, route_prefix="/", blocking=False)
-        # After Ray's own handlers, which would exit at once.
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(sig, lambda *_: stop.set())
+        _propagate("ray.serve")
         log.info("pool serving on http://%s:%d (%s)", host, port, settings.local_model)
         print(f"thinktrans pool: http://{host}:{port}", flush=True)
         stop.wait()
     finally:
         # Bounded: a Ctrl-C in a terminal reaches Ray's own processes too, and Serve then
-        # waits on a raylet that is gone.
-        stopped = _within(serve.shutdown if address is None else lambda: serve.delete(APP_NAME),
-                          settings.shutdown_grace_s + 5)
+        # waits on a raylet that is gone. The application is deleted (its replicas finish
+        # their calls); Serve's controller and proxy go with a Ray instance of our own:
+        # serve.shutdown's call to the controller, which kills itself, is retried by Ray
+        # ("graceful_shutdown failed ... will be retried") at every stop.
+        stopped = _within(_delete_app, settings.shutdown_grace_s + 5)
         if not stopped or not _within(ray.shutdown, 10):
             log.warning("the pool's Ray processes did not stop in time; exiting without them")
             os._exit(1)
+
+
+def _start_ray(address: str | None, host: str, level: str) -> None:
+    """A Ray instance of this machine's own (never one found running), or the cluster at
+    ``address``; its logs as JSON lines, as the service's: Ray's own loggers in every process
+    of this job (their lines then reach this terminal without Ray's coloured prefix), and
+    Serve's in its log files (the session's ``logs/serve``), kept off stderr, where Serve
+    writes only text."""
+    import ray
+
+    os.environ.setdefault("RAY_SERVE_LOG_TO_STDERR", "0")
+    logs = ray.LoggingConfig(encoding="JSON", log_level=level)
+    ours = logging.getLogger().handlers[:]  # Ray adds a root handler of its own here
+    if address is None:
+        local_only = host in ("127.0.0.1", "localhost")
+        ray.init(address="local", include_dashboard=False, logging_config=logs,
+                 _node_ip_address="127.0.0.1" if local_only else None)
+    else:
+        ray.init(address=address, logging_config=logs,
+                 runtime_env={"env_vars": {"RAY_SERVE_LOG_TO_STDERR": "0"}})
+    logging.getLogger().handlers[:] = ours
+    _propagate("ray")  # Ray's records here in the service's format
+
+
+def _delete_app() -> None:
+    try:
+        serve.delete(APP_NAME)
+    except Exception as exc:  # Serve never started: nothing to delete
+        log.warning("the pool's application was not deleted: %s", first_line(exc))
+
+
+def _propagate(name: str) -> None:
+    """Records of ``name`` go to the root's JSON handler only, not to a handler of its own."""
+    logger = logging.getLogger(name)
+    logger.handlers[:] = []
+    logger.propagate = True
 
 
 def _within(step: Callable[[], None], timeout_s: float) -> bool:

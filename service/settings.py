@@ -462,6 +462,20 @@ class PoolSection(BaseModel):
         10.0, ge=0, le=10_000, description="`thinktrans pool`: how long a replica waits "
         "after a call for others to merge with it (`user_config.batch_wait_ms`)."
     )
+    pool_max_text_chars: int = Field(
+        2_000, ge=16, le=1_000_000, description="`thinktrans pool`: most characters in one "
+        "text of a call (413 past it); the `pool` backend cuts a longer segment at sentence "
+        "ends, then between words, to fit. Bounds how long one text holds a replica's engine."
+    )
+    pool_max_call_chars: int = Field(
+        32_000, ge=16, le=10_000_000, description="`thinktrans pool`: most characters of "
+        "text in one call (413 past it), and in one engine turn of a replica; the `pool` "
+        "backend sends a larger batch as several calls."
+    )
+    pool_max_call_bytes: int = Field(
+        1_048_576, ge=1024, le=1 << 30, description="`thinktrans pool`: largest body of one "
+        "call (413 past it, read no further, with or without a `Content-Length`)."
+    )
     pool_replicas: int = Field(
         1, ge=1, le=1024, description="`thinktrans pool`: model replicas (a Serve config "
         "sets `num_replicas` or `autoscaling_config` instead)."

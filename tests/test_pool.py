@@ -8,8 +8,11 @@ own tests need no Ray.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
+import select
+import socket
 import subprocess
 import sys
 import tempfile
@@ -18,6 +21,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import httpx
 import pytest
@@ -80,8 +84,10 @@ def pool() -> Iterator[Pool]:
     _ray()
     with tempfile.TemporaryDirectory() as tmp:
         model = make_test_model("marian", Path(tmp) / "marian-en-de")
+        chinese = make_test_model("marian", Path(tmp) / "marian-en-zh", target_lang="zh")
         ct2 = Path(tmp) / "ct2"
-        with served("pool", ready_s=180, THINKTRANS_LOCAL_MODEL=str(model),
+        with served("pool", ready_s=240, THINKTRANS_LOCAL_MODEL=str(model),
+                    THINKTRANS_LOCAL_MARIAN_MODELS=f"en-zh={chinese}",
                     THINKTRANS_LOCAL_CT2_CACHE=str(ct2),
                     THINKTRANS_POOL_BATCH_WAIT_MS=str(BATCH_WAIT_MS),
                     THINKTRANS_POOL_TOKEN=TOKEN, HF_HUB_OFFLINE="1",
@@ -169,9 +175,95 @@ async def test_the_pool_refuses_bad_calls_with_problems(pool: Pool) -> None:
     assert pair.json()["type"].endswith(":unsupported-language")
     assert health.status_code == 200  # probes of orchestrators need no token
     body = info.json()
-    assert body["ready"] is True and body["languages"] == ["de"] and body["identity"]
+    assert body["ready"] is True and body["languages"] == ["de", "zh-Hans"] and body["identity"]
     # The cache key the sidecars use does not move with the work done.
     assert again.json()["identity"] == good.json()["identity"] == body["identity"]
+
+
+async def test_a_call_is_bounded_in_characters_and_answered_at_its_deadline(pool: Pool) -> None:
+    """Texts and calls over the pool's character limits get a 413 that names the setting;
+    a call whose deadline passes while others' work holds the engine is answered 504 then,
+    not when that work is done."""
+    sentence = "The loop reads the file, checks the parser and writes one more line. "
+    text = (sentence * 40)[:2000]  # the default pool_max_text_chars
+
+    async def call(client: httpx.AsyncClient, texts: list[str], deadline_ms: float | None = None
+                   ) -> tuple[httpx.Response, float]:
+        resp = await client.post("/v1/batch", json={
+            "texts": texts, "source": "en", "target": "de", "deadline_ms": deadline_ms})
+        return resp, time.monotonic()
+
+    async with httpx.AsyncClient(base_url=pool.url, headers=AUTH, timeout=120) as client:
+        (too_long, _), (too_much, _) = await asyncio.gather(
+            call(client, [text + "x"]), call(client, [text] * 17))
+        # Four calls at the limit, each its own engine turn, hold the engine a while.
+        busy = [asyncio.create_task(call(client, [text] * 16)) for _ in range(4)]
+        await asyncio.sleep(1.0)
+        started = time.monotonic()
+        late, answered = await call(client, SENTENCES[:1], deadline_ms=1000)
+        done = await asyncio.gather(*busy)
+    assert late.status_code == 504 and late.json()["type"].endswith(":expired"), late.text
+    assert [r.status_code for r, _ in done] == [200] * 4
+    assert max(t for _, t in done) > answered  # the engine was still busy with the others
+    assert answered - started < 4.0, answered - started  # due after 1 s; generous
+    for resp, setting in ((too_long, "THINKTRANS_POOL_MAX_TEXT_CHARS"),
+                          (too_much, "THINKTRANS_POOL_MAX_CALL_CHARS")):
+        assert resp.status_code == 413, resp.text
+        assert resp.headers["content-type"].startswith("application/problem+json")
+        assert setting in resp.json()["detail"], resp.text
+
+
+def test_a_chunked_body_is_read_no_further_than_the_limit(pool: Pool) -> None:
+    """A body with no Content-Length, sent in chunks (64 KiB each 10 ms): the replica answers
+    413 once it is past pool_max_call_bytes (1 MiB), not after reading all 64 MiB of it.
+    (Serve's proxy reads what comes meanwhile, until it closes the connection.)"""
+    url = urlsplit(pool.url)
+    frame = b"%x\r\n%s\r\n" % (1 << 16, b"x" * (1 << 16))
+    sent = 0
+    with socket.create_connection((url.hostname, url.port), timeout=30) as sock:
+        sock.sendall(b"POST /v1/batch HTTP/1.1\r\nHost: pool\r\nAuthorization: Bearer "
+                     + TOKEN.encode() + b"\r\nContent-Type: application/json\r\n"
+                     b"Transfer-Encoding: chunked\r\n\r\n")
+        try:
+            while sent < 64 << 20 and not select.select([sock], [], [], 0)[0]:
+                sock.sendall(frame)
+                sent += len(frame)
+                time.sleep(0.01)
+        except OSError:  # the pool closed the connection after its answer
+            pass
+        sock.settimeout(30)
+        answer = b""
+        with contextlib.suppress(TimeoutError):
+            while b"\r\n\r\n" not in answer or b"}" not in answer:
+                more = sock.recv(65536)
+                if not more:
+                    break
+                answer += more
+    assert answer.startswith(b"HTTP/1.1 413 "), answer[:300]
+    assert b"THINKTRANS_POOL_MAX_CALL_BYTES" in answer, answer[:600]
+    assert sent < 32 << 20, sent  # 1 MiB, and what came while the answer went out
+
+
+async def test_a_test_checkpoint_in_the_pool_is_served_as_local_serves_it(pool: Pool) -> None:
+    """Random weights write noise in no language: `local` turns the sidecars' output check
+    off for a test checkpoint, and the pool's /v1/info tells its sidecars to do the same.
+    English to Chinese and to German through a sidecar with the check on is translated, not
+    refused (the noise of this vocabulary reads as Chinese: German is what it refused)."""
+    env = _sidecar_env(pool)
+    del env["THINKTRANS_CHECK_OUTPUT_LANGUAGE"]  # the default: on
+    info = httpx.get(f"{pool.url}/v1/info", headers=AUTH, timeout=10).json()
+    text = "The parser reads the file and then writes one more line."
+    with served(**env) as sidecar:
+        async with httpx.AsyncClient(base_url=sidecar.url, timeout=60) as client:
+            answers = [await client.post("/v1/translate", json={"texts": [text],
+                                                                "target": target})
+                       for target in ("zh", "de")]
+    for resp in answers:
+        assert resp.status_code == 200, resp.text
+        [seg] = [seg for result in resp.json()["results"] for seg in result["segments"]]
+        assert seg["status"] == "translated" and seg["backend"] == "pool", seg
+        assert seg["text"] != seg["original"]
+    assert info["checked_output"] is False
 
 
 async def test_a_pool_stopped_mid_run_leaves_every_stream_whole(pool: Pool) -> None:
@@ -213,6 +305,23 @@ async def test_a_pool_stopped_mid_run_leaves_every_stream_whole(pool: Pool) -> N
     assert all(s["status"] == "translated" for s in chained_segs)
     statuses = {s["status"] for s in alone_segs}
     assert "error" in statuses and statuses <= {"translated", "error"}, statuses
+    # The pool stopped cleanly, and said all it said as JSON lines: its own, its replica's,
+    # Ray's and Serve's (Ray's coloured text before; a retried graceful_shutdown at stop).
+    log = pool.server.log()
+    assert pool.server.proc.returncode == 0, log[-3000:]
+    assert "graceful_shutdown" not in log, log[-3000:]
+    text = [line for line in log.splitlines()
+            if line.strip() and not line.startswith("thinktrans pool: ") and not _json(line)]
+    assert not text, text[:10]
+    assert any(json.loads(line).get("logger") == "models.local.translator"
+               for line in log.splitlines() if _json(line))  # the replica's own, as ours
+
+
+def _json(line: str) -> bool:
+    try:
+        return isinstance(json.loads(line), dict)
+    except ValueError:
+        return False
 
 
 def test_thinktrans_pool_refuses_a_gpu_model_with_no_gpu_before_ray_starts(tmp_path: Path) -> None:
@@ -233,8 +342,8 @@ async def test_engine_turns_take_every_call_that_waited_and_answer_each() -> Non
     _ray()
     from models.pool import PoolCall
     from service.batching import GroupedQueue
+    from service.pool import Limits, _Queued, _Stats
     from service.pool import Pool as Deployment
-    from service.pool import _Queued, _Stats
 
     gate = asyncio.Event()
     seen: list[list[str]] = []
@@ -252,6 +361,7 @@ async def test_engine_turns_take_every_call_that_waited_and_answer_each() -> Non
     replica = object.__new__(cls)
     replica.translator, replica.timeout_s, replica.max_batch_size = Engine(), 5.0, 3
     replica.tally, replica.waiting, replica.engine = _Stats(), GroupedQueue(), asyncio.Lock()
+    replica.limits = Limits()
     run = cls.run.__wrapped__
 
     def call(*texts: str, due: float | None = None) -> _Queued:
@@ -286,8 +396,8 @@ async def test_a_turn_drops_calls_late_by_their_groups_turn_and_checks_each_answ
     from models.errors import BadOutput
     from models.pool import PoolCall
     from service.batching import GroupedQueue
+    from service.pool import Limits, _Queued, _Stats
     from service.pool import Pool as Deployment
-    from service.pool import _Queued, _Stats
 
     gate = asyncio.Event()
     seen: list[list[str]] = []
@@ -306,6 +416,7 @@ async def test_a_turn_drops_calls_late_by_their_groups_turn_and_checks_each_answ
     replica = object.__new__(cls)
     replica.translator, replica.timeout_s, replica.max_batch_size = Engine(), 5.0, 10
     replica.tally, replica.waiting, replica.engine = _Stats(), GroupedQueue(), asyncio.Lock()
+    replica.limits = Limits()
 
     def call(target: str, *texts: str, due: float | None = None) -> _Queued:
         return _Queued(PoolCall(texts=list(texts), target=target), due)
@@ -478,3 +589,81 @@ def test_calls_are_cut_at_the_pool_limits() -> None:
     assert _parts(["a"] * 5, 2, 100) == [["a", "a"], ["a", "a"], ["a"]]
     assert _parts(["aaa", "bb", "c"], 10, 4) == [["aaa"], ["bb", "c"]]
     assert _parts(["x" * 10], 10, 4) == [["x" * 10]]
+
+
+async def test_the_backend_cuts_long_texts_and_calls_to_the_pools_limits() -> None:
+    """A text longer than the pool's max_text_chars goes as its sentences, joined again;
+    a batch over max_call_chars as several calls; both limits as /v1/info says them."""
+    limits = {**INFO, "max_batch_size": 64, "max_text_chars": 50, "max_call_chars": 120}
+
+    async def pool(request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/v1/info":
+            return httpx.Response(200, json=limits)
+        body = json.loads(request.content)
+        calls.append(body["texts"])
+        return httpx.Response(200, json={"translations": [f"<{t}>" for t in body["texts"]],
+                                         "identity": "abc"})
+
+    calls: list[list[str]] = []
+    backend = PoolTranslator(PoolConfig(url="http://pool", transport=httpx.MockTransport(pool)))
+    await backend.start()
+    assert await backend.wait_ready(5)
+    try:
+        long = "The first one reads the file. The second one writes it. And a third one. "
+        out = await backend.run(due_in([" " + long, "Short.", "x" * 45, "y" * 45], 5.0))
+        assert out == [" <The first one reads the file.> <The second one writes it. And a "
+                       "third one.> ", "<Short.>", f"<{'x' * 45}>", f"<{'y' * 45}>"]
+        assert all(len(t) <= 50 for texts in calls for t in texts), calls
+        assert all(sum(map(len, texts)) <= 120 for texts in calls), calls
+        assert len(calls) == 2, calls
+        calls.clear()  # no space between the parts of a Chinese text
+        half = "One two three four five six seven eight nine ten."  # 50 characters
+        assert await backend.run(Job([f"{half} {half}"], "en", "zh")) == [f"<{half}><{half}>"]
+    finally:
+        await backend.aclose()
+
+
+async def test_the_backend_takes_the_pools_word_on_checking_its_output() -> None:
+    """A pool serving a random-weight test checkpoint says so (checked_output false); the
+    sidecar's output-language check is then off for it, as for `local` on that checkpoint."""
+    for said, checked in ((False, False), (True, True), (None, True)):
+        info = {k: v for k, v in INFO.items()}
+        if said is not None:
+            info["checked_output"] = said
+
+        async def pool(request: httpx.Request, info: dict[str, Any] = info) -> httpx.Response:
+            return httpx.Response(200, json=info)
+
+        backend = PoolTranslator(PoolConfig(url="http://pool",
+                                            transport=httpx.MockTransport(pool)))
+        await backend.start()
+        try:
+            assert await backend.wait_ready(5)
+            assert backend.capabilities.checked_output is checked, said
+        finally:
+            await backend.aclose()
+
+
+async def test_a_sidecar_logs_no_line_per_pool_call(capfd: pytest.CaptureFixture[str]) -> None:
+    """httpx logs each request at info: under the service's logging, a sidecar's pool
+    backend would write one line per batch. Quiet below warning, as JSON lines all the same."""
+    import logging
+
+    from service.logs import configure
+
+    root = logging.getLogger()
+    saved = root.handlers[:], root.level
+    try:
+        configure("info", transformers=False)
+        backend = await scripted(ScriptedPool())
+        try:
+            assert await backend.run(due_in(["Hi."], 5.0)) == ["de:Hi."]
+        finally:
+            await backend.aclose()
+        logging.getLogger("httpx").warning("a warning still shows")
+    finally:
+        root.handlers[:], level = saved
+        root.setLevel(level)
+    lines = [json.loads(line) for line in capfd.readouterr().err.splitlines() if line]
+    assert [line["msg"] for line in lines if line["logger"] == "httpx"] == [
+        "a warning still shows"], lines
