@@ -474,6 +474,10 @@ class StreamManager:
             if stream_id in self._evicted:
                 raise self._gone(stream_id)  # ended: its chunks must not open a new one
             stream, _ = self.open(stream_id, None, None)
+        elif self.draining and stream.closed:
+            # Closed by the drain, not by a client: say so, so that the client can too.
+            raise Conflict(f"stream {stream_id!r} was closed because the service is shutting "
+                           "down; open the stream on another instance")
         return await stream.add_chunks(chunks)
 
     def get(self, stream_id: str) -> Stream:
