@@ -56,6 +56,10 @@ class LocalConfig:
     models: tuple[str, ...] = ()
     # Models not configured but named by requests, kept loaded at once (LRU); 0: never loaded.
     max_extra_models: int = 1
+    # Where those may resolve: directories under these roots (none: no directory), and hub
+    # ids when ``hub_models``; a configured model, however spelled, is always served.
+    model_roots: tuple[str, ...] = ()
+    hub_models: bool = True
     engine: str = "auto"  # auto (ctranslate2 where installed), ctranslate2, transformers
     device: str = "auto"  # auto (CUDA when present), cpu, cuda:0
     dtype: str = "auto"  # transformers: auto, float32, float16, bfloat16
@@ -66,6 +70,7 @@ class LocalConfig:
     threads: int | None = None  # CPU threads; None: the engine's default
     ct2_cache: str | None = None  # where checkpoints are converted to; None: beside the HF cache
     ct2_workers: int | None = None  # parts of a batch run at once; None: by the model's size
+    ct2_cache_mb: float | None = 8192  # the conversion cache's bound; None: unbounded
     # A failed load is tried again after this long, doubling up to load_retry_max_s.
     load_retry_initial_s: float = 5.0
     load_retry_max_s: float = 300.0
@@ -76,6 +81,8 @@ class LocalConfig:
             threads=self.threads, ct2_workers=self.ct2_workers, num_beams=self.num_beams,
             no_repeat_ngram_size=self.no_repeat_ngram_size,
             ct2_cache=Path(self.ct2_cache).expanduser() if self.ct2_cache else None,
+            ct2_cache_bytes=(int(self.ct2_cache_mb * (1 << 20)) if self.ct2_cache_mb is not None
+                             else None),
         )
 
 
@@ -108,6 +115,7 @@ class LocalTranslator(Translator):
             model_specs(config.model, config.marian_models, config.models),
             ondemand=self._ondemand, max_extra_models=config.max_extra_models,
             max_input_tokens=config.max_input_tokens, in_order=bool(config.models),
+            model_roots=config.model_roots, hub_models=config.hub_models,
         )
         self.model_id = model_id = self._catalog.specs[0].model_id
         # The load attempt in flight (None between attempts) and the task that retries.
@@ -218,23 +226,29 @@ class LocalTranslator(Translator):
         if not self.ready:
             return True
         try:
-            self._catalog.route(source, target, model)
+            self._catalog.route(source, target, self._key(model))
         except UnsupportedLanguage:
             return False
         except BackendUnavailable:
             return True  # a model dropped since it was asked for: translate says why
         return True
 
+    def _key(self, model: str | None) -> str | None:
+        """The name a request's ``model`` is known by here (``Catalog.key``)."""
+        return None if model is None else self._catalog.key(model)
+
     def model_problem(self, model: str | None) -> str | None:
         """None for the default, a configured model or a loaded extra; for any other name, why
         it cannot serve now, starting its load on demand where that is allowed."""
-        return self._catalog.model_problem(model, None if self.ready else str(self.reason))
+        return self._catalog.model_problem(self._key(model),
+                                           None if self.ready else str(self.reason), model)
 
     def resolve_model(self, model: str | None, source: str | None, target: str) -> str | None:
         """The model that serves the pair (see ``run``); a named extra not loaded yet is its
         own name; None when not ready or when nothing serves the pair."""
         if not self.ready:
             return None
+        model = self._key(model)
         if model is not None and not self._catalog.knows(model):
             return model
         slot = self._catalog.serving(model, source, target)
@@ -244,7 +258,7 @@ class LocalTranslator(Translator):
         """Everything but the text that decides the output: the model serving the pair, the
         engine, its compute type and device, the decoding options; None when nothing loaded
         serves the pair."""
-        slot = self._catalog.serving(model, source, target) if self.ready else None
+        slot = self._catalog.serving(self._key(model), source, target) if self.ready else None
         if slot is None:
             return None
         config = self.config
@@ -293,9 +307,9 @@ class LocalTranslator(Translator):
         """
         if not self.ready:
             raise BackendUnavailable(self.reason or f"model {self.model_id!r} is not loaded")
-        model = job.model
+        model = self._key(job.model)
         if model is not None and not self._catalog.is_configured(model):
-            problem = self.model_problem(model)
+            problem = self._catalog.model_problem(model, None, job.model)
             if problem is not None:
                 raise BackendUnavailable(problem)
             self._catalog.extras.touch(model)
