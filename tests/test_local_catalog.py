@@ -294,3 +294,32 @@ def test_a_catalog_loads_named_models_on_its_engine(executor: ThreadPoolExecutor
         listed.route("en", "ja")
     assert listed.entries("")[-1]["notes"] == "marian en-ja, transformers float32, loaded on demand"
 
+
+def test_a_model_an_open_stream_uses_is_never_dropped(executor: ThreadPoolExecutor) -> None:
+    load = Loader()
+    extras = OnDemand(load, executor, max_models=1)
+    release_a = extras.pin("a")
+    assert ask(extras, executor, "a") is None
+    release_b = extras.pin("b")
+    problem = extras.problem("b")
+    assert problem is not None and "in use by open streams" in problem
+    settle(executor)
+    assert loaded_extras(extras) == ["a"] and load.calls == ["a"]  # not loaded, not evicted
+    release_a()
+    release_a()  # idempotent: a second stream on "a" would keep its pin
+    assert ask(extras, executor, "b") is None
+    assert loaded_extras(extras) == ["b"]
+    release_b()
+
+
+def test_a_model_pinned_while_another_loads_stays(executor: ThreadPoolExecutor) -> None:
+    load = Loader()
+    extras = OnDemand(load, executor, max_models=1)
+    assert ask(extras, executor, "a") is None
+    load.gate.clear()
+    assert extras.problem("b") == f"loading model 'b' {LOADING}"  # "a" is free: b may load
+    release = extras.pin("a")  # ... but a stream names "a" before b is in
+    load.gate.set()
+    settle(executor)
+    assert loaded_extras(extras) == ["a"]  # b is not kept: the bound holds, a stays
+    release()

@@ -459,3 +459,64 @@ async def test_no_directory_loads_on_demand_by_default_and_hub_ids_can_be_turned
         await backend.aclose()
     assert make_backend(ckpt["marian"]).config.model_roots == ()  # the default: none
 
+
+# -- a model an open stream uses stays --------------------------------------------------------
+
+
+async def test_two_clients_alternating_models_are_both_served(ckpt: dict[str, str]) -> None:
+    """One extra model at once (the default). Stream A names one model, client B another:
+    B's model does not evict A's while A is open; B gets the chain's next backend and the
+    reason; once A is over, B's model loads."""
+    from tests.conftest import app_with, poll, post_chunks
+
+    mine, theirs = ckpt["marian-ja"], ckpt["marian-copy"]
+    async with app_with(backend="local,passthrough", local_models=f"en-de={ckpt['marian']}",
+                        local_engine="transformers", deadline_ms=60_000, flush_idle_ms=20,
+                        local_model_roots=[tempfile.gettempdir()]) as app:
+        assert await app.runtime.wait_ready(timeout_s=120)
+        local = app.runtime.backends["local"]
+        r = await app.client.post("/v1/streams", json={"stream_id": "a", "model": mine,
+                                                       "target": "ja"})
+        assert r.status_code == 201
+        seen: list[dict[str, Any]] = []
+        seq = 0
+
+        async def a_says(text: str) -> dict[str, Any]:
+            nonlocal seq
+            await post_chunks(app.client, "a", [(seq, text)])
+            seq += 1
+            give_up = time.monotonic() + 30
+            while len([e for e in seen if e["type"] == "segment"]) < seq:
+                assert time.monotonic() < give_up, seen
+                after = seen[-1]["id"] if seen else -1
+                seen.extend(await poll(app.client, "a", after, wait_ms=500))
+            return [e["data"] for e in seen if e["type"] == "segment"][-1]
+
+        async def b_says(text: str) -> dict[str, Any]:
+            body = {"target": "de", "model": theirs, "texts": [text]}
+            r = await app.client.post("/v1/translate", json=body)
+            [segment] = r.json()["results"][0]["segments"]
+            return dict(segment)
+
+        give_up = time.monotonic() + 60
+        while (await a_says("I check the total. "))["backend"] != "local":
+            assert time.monotonic() < give_up, "A's model did not load"
+            await asyncio.sleep(0.1)
+        for turn in range(4):
+            a = await a_says(f"Then I add the legs, turn {turn}. ")
+            assert (a["status"], a["backend"], a["model"]) == ("translated", "local", mine), a
+            b = await b_says(f"The user asked for the total, turn {turn}.")
+            assert b["backend"] == "passthrough" and b["status"] != "error", b
+            await asyncio.sleep(0.2)  # time enough for a load that would evict A's model
+        problem = local.model_problem(theirs)
+        assert problem is not None and "in use by open streams" in problem, problem
+        assert local.info()["extra_models"] == [mine]
+
+        # A is over: B's model loads in its place.
+        await app.client.post("/v1/streams/a/close")
+        give_up = time.monotonic() + 60
+        while (b := await b_says("The user asked again."))["backend"] != "local":
+            assert time.monotonic() < give_up, b
+            await asyncio.sleep(0.1)
+        assert (b["status"], b["model"]) == ("translated", theirs)
+        assert local.info()["extra_models"] == [theirs]

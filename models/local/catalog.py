@@ -12,7 +12,9 @@ recently used dropped once a new one is in; a failed load is remembered for
 ``EXTRA_RETRY_S``; loads queued at once and failures remembered are bounded, as names are the
 requests' choice. A name is made canonical first (``Catalog.key``: any spelling of a configured
 model is it), may resolve only where the operator allows (``model_roots``, ``hub_models``), and
-its client hears one neutral reason for every failure (``cannot_load``).
+its client hears one neutral reason for every failure (``cannot_load``). A model an open stream
+names is pinned (``OnDemand.pin``): never dropped for another, and a load that would need one
+dropped is refused with a reason instead.
 """
 
 from __future__ import annotations
@@ -105,6 +107,8 @@ class OnDemand:
         self._lock = threading.Lock()
         self._loading: set[str] = set()  # under the lock
         self._failed: dict[str, tuple[float, str]] = {}  # name -> (when, reason)
+        # Open streams naming each model (under the lock): one named is never dropped.
+        self._pins: dict[str, int] = {}
         self._closed = False
 
     def get(self, name: str) -> Slot | None:
@@ -153,6 +157,12 @@ class OnDemand:
             if refused is not None:
                 return refused
             if name not in self._loading:
+                taken = sum(1 for loaded in self._slots if self._pins.get(loaded))
+                if taken + len(self._loading) >= self.max_models:
+                    # Loading it would evict a model an open stream uses: not done.
+                    return (f"model {shown!r} is not loaded: the {self.max_models} model(s) "
+                            "loaded on demand at once (THINKTRANS_LOCAL_MAX_EXTRA_MODELS) are "
+                            "in use by open streams; it loads once one of them is over")
                 if len(self._loading) >= MAX_LOADING_ON_DEMAND:
                     # Names are the requests' choice: never queue loads without bound.
                     return (f"{len(self._loading)} models are loading on demand "
@@ -163,6 +173,29 @@ class OnDemand:
                     return "the local backend is closed"
                 self._loading.add(name)
         return f"loading model {shown!r} on demand; it serves once loaded"
+
+    def pin(self, name: str) -> Callable[[], None]:
+        """An open stream names ``name``: while it is pinned it is never dropped for another
+        (and, once loaded, takes its place in the bound). The release, idempotent, unpins."""
+        with self._lock:
+            self._pins[name] = self._pins.get(name, 0) + 1
+        released = False
+
+        def release() -> None:
+            nonlocal released
+            with self._lock:
+                if released:
+                    return
+                released = True
+                left = self._pins.pop(name) - 1
+                if left:
+                    self._pins[name] = left
+
+        return release
+
+    def in_use(self) -> list[str]:
+        """The loaded models open streams name."""
+        return [name for name in self._slots if self._pins.get(name)]
 
     def touch(self, name: str) -> None:
         """Make a loaded model the most recently used: the dict's order is the LRU order."""
@@ -195,7 +228,12 @@ class OnDemand:
             # a loaded model; meanwhile one model more than the bound is in memory.
             slots = {**self._slots, name: slot}
             while len(slots) > self.max_models:
-                dropped = next(iter(slots))
+                dropped = next((other for other in slots
+                                if other != name and not self._pins.get(other)), None)
+                if dropped is None:  # pinned meanwhile, every one: the bound holds, not it
+                    log.warning("local: %r loaded on demand but not kept: every model loaded "
+                                "on demand is in use by open streams", name)
+                    return
                 del slots[dropped]
                 log.info("local: dropped %r, the least recently used model loaded on demand "
                          "(THINKTRANS_LOCAL_MAX_EXTRA_MODELS=%d)", dropped, self.max_models)

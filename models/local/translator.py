@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from importlib.util import find_spec
@@ -236,6 +237,14 @@ class LocalTranslator(Translator):
     def _key(self, model: str | None) -> str | None:
         """The name a request's ``model`` is known by here (``Catalog.key``)."""
         return None if model is None else self._catalog.key(model)
+
+    def use_model(self, model: str) -> Callable[[], None]:
+        """An open stream names ``model``: a model loaded on demand stays while it is open
+        (``OnDemand.pin``); a configured one always does."""
+        key = self._catalog.key(model)
+        if self._catalog.is_configured(key):
+            return super().use_model(model)
+        return self._catalog.extras.pin(key)
 
     def model_problem(self, model: str | None) -> str | None:
         """None for the default, a configured model or a loaded extra; for any other name, why
