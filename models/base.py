@@ -75,6 +75,9 @@ class Translator(ABC):
     def __init__(self) -> None:
         self.ready = True
         self.reason: str | None = None  # why the backend is not ready, for /readyz
+        # When a failed start is tried again ("attempt 2 failed; trying again in 10 s"):
+        # for /readyz and the log, never in a segment's error, which keeps the stable reason.
+        self.retrying: str | None = None
 
     async def start(self) -> None:  # noqa: B027 - an optional hook
         """Load models or check credentials; called once by the app's lifespan.

@@ -350,11 +350,18 @@ def not_found_reason(model_id: str, exc: BaseException,
             f"{setting} to a directory written by save_pretrained, or to a hub id "
             "(HF_HUB_OFFLINE=1 keeps hub ids to the local cache)"
         )
-    return (
+    reason = (
         f"model {model_id!r} not found locally and the hub is unreachable or does not have it "
         f"({first_line(exc)}): set {setting} to a local directory or pre-seed HF_HOME "
         "with it; HF_HUB_OFFLINE=1 skips the network"
     )
+    if setting.startswith("THINKTRANS_LOCAL_MODEL"):  # configured: the operator's first run
+        reason += (
+            ". To start now without it: THINKTRANS_BACKEND=passthrough (the originals, "
+            "untranslated), or `thinktrans make-test-model --family marian DIR` and "
+            f"{setting}=DIR (a tiny random-weight model: noise, to try the service)"
+        )
+    return reason
 
 
 # -- versions ----------------------------------------------------------------------------------

@@ -11,7 +11,9 @@ since the models' languages are not known yet, ``supports`` answers True and ``l
 None. A load that failed is tried again, ``load_retry_initial_s`` (5 s) after the first
 failure, then doubling up to ``load_retry_max_s`` between tries, until it succeeds or the
 backend is closed: a model directory mounted later, or a hub that comes back, is picked up
-without a restart. Meanwhile ``reason`` ends in "retrying in N s (attempt K)". ``wait_ready``
+without a restart. Meanwhile ``reason`` keeps the failure (the same line in every
+segment's error) and ``retrying`` says when the next attempt comes (``/readyz`` and the log
+show it). ``wait_ready``
 waits only for the attempt in flight: it answers False as soon as one has failed. Under
 ``engine="auto"``, a checkpoint CTranslate2 cannot take is served by transformers instead.
 """
@@ -158,19 +160,23 @@ class LocalTranslator(Translator):
         while not await attempt and not self._closed:
             self.load_failures += 1
             self._attempt = None
-            failure = self.reason
             wait = min(delay, self.config.load_retry_max_s)
             delay = wait * 2
-            self.reason = f"{failure}; retrying in {wait:g} s (attempt {self.load_attempts + 1})"
-            log.error("local: %s", self.reason)
+            # The reason stays as the attempt left it (clients' segments carry it); the
+            # schedule is /readyz's and the log's.
+            failed = self.load_attempts
+            self.retrying = (f"{'the first attempt' if failed == 1 else f'attempt {failed}'} "
+                             f"failed; trying again in {wait:g} s")
+            log.error("local: %s; %s", self.reason, self.retrying)
             await asyncio.sleep(wait)
             if self._closed:
                 return
-            self.reason = f"{failure}; trying again now (attempt {self.load_attempts + 1})"
+            self.retrying = f"trying again now (attempt {failed + 1})"
             try:
                 attempt = self._begin_attempt(loop)
             except RuntimeError:  # the executor is shut down: closed meanwhile
                 return
+        self.retrying = None
 
     async def wait_ready(self, timeout_s: float | None = None) -> bool:
         """Wait for the load attempt in flight, ``timeout_s`` at most, starting loading if need
@@ -198,6 +204,7 @@ class LocalTranslator(Translator):
         self._closed = True
         self.ready = False
         self.reason = "the local backend is closed"
+        self.retrying = None
         self._catalog.close()  # an on-demand load finishing now is dropped
         # No wait: a running generate or load cannot be interrupted and must not block the loop.
         self._executor.shutdown(wait=False, cancel_futures=True)
