@@ -186,7 +186,7 @@ async def test_a_model_that_appears_later_is_loaded_without_a_restart(
             code, body = await readyz(app)
             return code == 200 and body["status"] == "ready"
 
-        await until(ready, 15, "readyz 200 after the model appeared")
+        await until(ready, 60, "readyz 200 after the model appeared")
         info = {b["name"]: b for b in (await app.client.get("/v1/backends")).json()[
             "backends"]}["local"]["info"]
         assert info["load_failures"] >= 2 and info["load_attempts"] == info["load_failures"] + 1

@@ -34,7 +34,7 @@ from models.errors import BackendConfigError, BackendUnavailable, UnsupportedLan
 from models.languages import canonical, table_key
 from models.local import engines
 from models.local.catalog import Catalog
-from models.local.checkpoint import LoadError, model_specs
+from models.local.checkpoint import LoadError, Spec, model_specs
 from models.local.engines import ConversionFailed, EngineOptions
 from models.local.slot import Slot, Stats, load_slot, translate_batch, warm_up
 
@@ -99,14 +99,7 @@ class LocalTranslator(Translator):
     def __init__(self, config: LocalConfig | None = None) -> None:
         super().__init__()
         config = config or LocalConfig()
-        if config.engine not in engines.ENGINES:
-            raise BackendConfigError(f"local_engine must be one of {', '.join(engines.ENGINES)}, "
-                                     f"got {config.engine!r}")
-        self.engine_name = engines.resolve(config.engine)
-        engines.require_packages(self.engine_name)
-        if config.max_extra_models < 0:
-            raise BackendConfigError(
-                f"local_max_extra_models must be >= 0, got {config.max_extra_models}")
+        self.engine_name = _checked_engine(config)
         self.config = config
         self._engine = engines.build(self.engine_name, config.engine_options())
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="thinktrans-local")
@@ -162,11 +155,10 @@ class LocalTranslator(Translator):
             self._attempt = None
             wait = min(delay, self.config.load_retry_max_s)
             delay = wait * 2
-            # The reason stays as the attempt left it (clients' segments carry it); the
+            # The reason stays as the attempt left it (every segment carries it); the
             # schedule is /readyz's and the log's.
             failed = self.load_attempts
-            self.retrying = (f"{'the first attempt' if failed == 1 else f'attempt {failed}'} "
-                             f"failed; trying again in {wait:g} s")
+            self.retrying = f"{_attempt_name(failed)} failed; trying again in {wait:g} s"
             log.error("local: %s; %s", self.reason, self.retrying)
             await asyncio.sleep(wait)
             if self._closed:
@@ -246,8 +238,7 @@ class LocalTranslator(Translator):
         return None if model is None else self._catalog.key(model)
 
     def use_model(self, model: str) -> Callable[[], None]:
-        """An open stream names ``model``: a model loaded on demand stays while it is open
-        (``OnDemand.pin``); a configured one always does."""
+        """An open stream names ``model``: loaded on demand, it stays (``OnDemand.pin``)."""
         key = self._catalog.key(model)
         if self._catalog.is_configured(key):
             return super().use_model(model)
@@ -278,12 +269,9 @@ class LocalTranslator(Translator):
         if slot is None:
             return None
         config = self.config
-        return (
-            f"local|{slot.model_id}|v={slot.version}|{self.engine_name}|{self.dtype}"
-            f"|beams={config.num_beams}"
-            f"|ngram={config.no_repeat_ngram_size}|maxin={config.max_input_tokens}"
-            f"|device={self.device}"
-        )
+        return (f"local|{slot.model_id}|v={slot.version}|{self.engine_name}|{self.dtype}"
+                f"|beams={config.num_beams}|ngram={config.no_repeat_ngram_size}"
+                f"|maxin={config.max_input_tokens}|device={self.device}")
 
     def catalog(self) -> list[dict[str, object]]:
         """The configured models in order of preference, then the extras loaded on demand."""
@@ -395,13 +383,38 @@ class LocalTranslator(Translator):
 
     def _load_with(self, engine: engines.Engine) -> list[Slot]:
         engine.prepare()
-        self.device = engine.device
-        self.dtype = engine.compute_type
-        slots = []
-        for spec in self._catalog.specs:
-            if self._closed:
-                raise LoadError("the local backend was closed while loading")
-            slots.append(load_slot(engine, spec))
-        for slot in slots:
-            warm_up(engine, slot, self.config.max_input_tokens)
-        return slots
+        self.device, self.dtype = engine.device, engine.compute_type
+        return load_specs(engine, self._catalog.specs, self.config.max_input_tokens,
+                          lambda: self._closed)
+
+
+def load_specs(engine: engines.Engine, specs: list[Spec], max_input_tokens: int,
+               closed: Callable[[], bool]) -> list[Slot]:
+    """On the worker: load every configured checkpoint on ``engine`` (prepared), then warm
+    each up; LoadError when ``closed`` says the backend was closed meanwhile."""
+    slots = []
+    for spec in specs:
+        if closed():
+            raise LoadError("the local backend was closed while loading")
+        slots.append(load_slot(engine, spec))
+    for slot in slots:
+        warm_up(engine, slot, max_input_tokens)
+    return slots
+
+
+def _checked_engine(config: LocalConfig) -> str:
+    """The engine ``config`` asks for, resolved; BackendConfigError for a bad config, and
+    MissingExtra when a package it needs is not installed."""
+    if config.engine not in engines.ENGINES:
+        raise BackendConfigError(f"local_engine must be one of {', '.join(engines.ENGINES)}, "
+                                 f"got {config.engine!r}")
+    engine = engines.resolve(config.engine)
+    engines.require_packages(engine)
+    if config.max_extra_models < 0:
+        raise BackendConfigError(
+            f"local_max_extra_models must be >= 0, got {config.max_extra_models}")
+    return engine
+
+
+def _attempt_name(number: int) -> str:
+    return "the first attempt" if number == 1 else f"attempt {number}"
