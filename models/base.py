@@ -11,11 +11,15 @@ from __future__ import annotations
 
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import ClassVar
 
 __all__ = ["Capabilities", "Job", "Translator", "first_line"]
+
+
+def _nothing() -> None:
+    """A release with nothing to release."""
 
 
 def first_line(exc: BaseException) -> str:
@@ -71,6 +75,9 @@ class Translator(ABC):
     def __init__(self) -> None:
         self.ready = True
         self.reason: str | None = None  # why the backend is not ready, for /readyz
+        # When a failed start is tried again ("attempt 2 failed; trying again in 10 s"):
+        # for /readyz and the log, never in a segment's error, which keeps the stable reason.
+        self.retrying: str | None = None
 
     async def start(self) -> None:  # noqa: B027 - an optional hook
         """Load models or check credentials; called once by the app's lifespan.
@@ -105,6 +112,12 @@ class Translator(ABC):
         return await self.run(Job(list(texts), source, target, model, contexts))
 
     # -- models: a request or stream may name one; the catalog is advice, not a whitelist --
+
+    def use_model(self, model: str) -> Callable[[], None]:
+        """An open stream names ``model``: a backend that loads models on demand keeps it
+        loaded (never evicts it for another) until the returned release is called, when the
+        stream is over. The default keeps nothing."""
+        return _nothing
 
     def model_problem(self, model: str | None) -> str | None:
         """None when ``model`` (None: the default) can be tried now; else one line saying

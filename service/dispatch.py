@@ -23,7 +23,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -88,6 +88,10 @@ class _Work:
             self.future.cancel()
 
 
+def _nothing() -> None:
+    """A release with nothing to release: the stream names no model."""
+
+
 def _consume(future: asyncio.Future[Translation]) -> None:
     if not future.cancelled():
         future.exception()
@@ -131,6 +135,19 @@ class Dispatcher:
                 available=list(self.backends),
             )
         return names
+
+    def use_model(self, chain: Sequence[str], model: str | None) -> Callable[[], None]:
+        """A stream open on ``chain`` names ``model``: each backend keeps it (``use_model``)
+        until the release that is returned is called, when the stream is over."""
+        if model is None:
+            return _nothing
+        releases = [self.backends[name].use_model(model) for name in chain]
+
+        def release() -> None:
+            for each in releases:
+                each()
+
+        return release
 
     def uses_context(self, chain: Sequence[str]) -> bool:
         """Whether a backend of the chain translates better with the preceding text."""

@@ -299,7 +299,7 @@ class Runtime:
         for name in self.settings.backend:
             t = self.backends[name]
             self.metrics.backend_ready.labels(name).set(1 if t.ready else 0)
-            reason = t.reason
+            reason = t.reason if t.ready or not t.retrying else f"{t.reason}; {t.retrying}"
             if t.ready and (target is None or t.serves_target(target) is not False):
                 serving.append(name)
             elif t.ready and target is not None:

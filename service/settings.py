@@ -300,6 +300,17 @@ class LocalSection(BaseModel):
         "(`model`) kept loaded at once, least recently used dropped first; 0: a model that "
         "is not configured is never loaded."
     )
+    local_model_roots: CommaList = Field(
+        default_factory=list, description="Directories under which a model a stream names "
+        "(`model`) and that is not configured may be loaded on demand, checked on the resolved "
+        "path (symlinks followed); none (the default): no directory is. A configured model is "
+        "served by any spelling of its path."
+    )
+    local_hub_models: bool = Field(
+        True, description="Whether a model a stream names that is not configured may be a "
+        "hub id, loaded on demand (from `HF_HOME`, or downloaded); off where clients are not "
+        "trusted."
+    )
     local_engine: Literal["auto", "ctranslate2", "transformers"] = Field(
         "auto", description="What runs the model: `ctranslate2` (int8 on CPU, several times "
         "faster), `transformers` (torch), or `auto`: ctranslate2 where `thinktrans[ct2]` is "
@@ -320,6 +331,11 @@ class LocalSection(BaseModel):
         None, description="Where the CTranslate2 engine keeps checkpoints it converted on first "
         "load (default: `$HF_HOME/thinktrans-ct2`); must be writable unless the model is "
         "converted ahead (`thinktrans convert`)."
+    )
+    local_ct2_cache_mb: float = Field(
+        8192, gt=0, le=1 << 30, description="The most megabytes the CTranslate2 conversion "
+        "cache (`local_ct2_cache`) keeps: past it, converted models are removed, the least "
+        "recently used first; never one loaded (the bound is exceeded while they all are)."
     )
     local_ct2_workers: int | None = Field(
         None, ge=1, le=64, description="CTranslate2 on CPU: parts of a batch translated at "
@@ -350,11 +366,14 @@ class LocalSection(BaseModel):
             marian_models=tuple(self.local_marian_models),
             models=tuple(self.local_models),
             max_extra_models=self.local_max_extra_models,
+            model_roots=tuple(self.local_model_roots),
+            hub_models=self.local_hub_models,
             engine=self.local_engine,
             device=self.local_device,
             dtype=self.local_dtype,
             compute_type=self.local_compute_type,
             ct2_cache=self.local_ct2_cache,
+            ct2_cache_mb=self.local_ct2_cache_mb,
             ct2_workers=self.local_ct2_workers,
             num_beams=self.local_num_beams,
             no_repeat_ngram_size=self.local_no_repeat_ngram_size,

@@ -106,8 +106,11 @@ class Stream:
         uses_context: bool = False,
         max_events: int | None = None,
         deferred: bool = False,
+        release: Callable[[], None] | None = None,
     ) -> None:
         self.stream_id = stream_id
+        # Called once, when the stream ends or is dropped: its model may be evicted then.
+        self._release = release
         self.target = target.target
         self.target_source = target.source
         self.chain = chain
@@ -276,7 +279,13 @@ class Stream:
 
     def _ended(self) -> None:
         self.intake.forget()  # a closed stream takes no chunks: only its events are kept
+        self._release_model()
         self._on_end(self)
+
+    def _release_model(self) -> None:
+        release, self._release = self._release, None
+        if release is not None:
+            release()
 
     def abort(self, reason: str) -> None:
         """Shutdown past its grace: every segment not out goes out now with its original
@@ -290,6 +299,7 @@ class Stream:
         """Cancel timers and work; wake readers. Nothing is emitted after this."""
         if self.idle_timer is not None:
             self.idle_timer.cancel()
+        self._release_model()
         self.cutter.drop()
         self.emitter.drop()
 
@@ -419,7 +429,7 @@ class StreamManager:
             on_memory=self.memory, on_end=self.on_end, backend_name=backend_name,
             source=source, model=model, policy=policy,
             uses_context=self.dispatcher.uses_context(chain), max_events=max_events,
-            deferred=deferred,
+            deferred=deferred, release=self.dispatcher.use_model(chain, model),
         )
 
     def oneshot(self, target: ResolvedTarget, chain: list[str], source: str | None, *,

@@ -342,3 +342,101 @@ async def test_a_small_models_batch_is_cut_for_the_workers(checkpoints: dict[str
         await backend.aclose()
     assert seen == [2]  # 4 texts, 2 workers: parts of 2
     assert parts == whole
+
+
+def _copies(source: Path, root: Path, names: str) -> list[Path]:
+    """Copies of a checkpoint, each its own model to the cache (its own path)."""
+    out = []
+    for name in names:
+        copy = root / name
+        copy.mkdir(parents=True)
+        for entry in source.iterdir():
+            (copy / entry.name).write_bytes(entry.read_bytes())
+        out.append(copy)
+    return out
+
+
+def _cached(cache: Path) -> list[str]:
+    """The converted models in ``cache``, by the name of the checkpoint's directory."""
+    return sorted(read_meta(p)["source"].rsplit("/", 1)[-1] for p in cache.iterdir()
+                  if not p.name.startswith("."))
+
+
+async def test_the_conversion_cache_is_bounded_in_bytes_never_dropping_one_in_use(
+    checkpoints: dict[str, Path], tmp_path: Path
+) -> None:
+    a, b, c, d = _copies(checkpoints["marian"], tmp_path / "models", "abcd")
+    cache = tmp_path / "cache"
+    await translate_with(a, local_ct2_cache=str(cache))
+    [entry] = cache.iterdir()
+    one = sum(p.stat().st_size for p in entry.rglob("*") if p.is_file())
+    bound_mb = 2.5 * one / (1 << 20)  # room for two conversions
+    await translate_with(b, local_ct2_cache=str(cache), local_ct2_cache_mb=bound_mb)
+    assert _cached(cache) == ["a", "b"]
+    await translate_with(c, local_ct2_cache=str(cache), local_ct2_cache_mb=bound_mb)
+    assert _cached(cache) == ["b", "c"]  # a, the least recently used, is gone
+    # b is used again (a restart on it): c is now the least recently used.
+    await translate_with(b, local_ct2_cache=str(cache), local_ct2_cache_mb=bound_mb)
+    # One in use is never removed: d's conversion, loaded and open, stays, and so does b's
+    # while a backend serves it, even past the bound.
+    serving = await started(b, local_ct2_cache=str(cache), local_ct2_cache_mb=one / 2 / (1 << 20))
+    try:
+        await translate_with(d, local_ct2_cache=str(cache),
+                             local_ct2_cache_mb=one / 2 / (1 << 20))
+        assert _cached(cache) == ["b", "d"]
+        assert all(await serving.translate(TEXTS, source="en", target="de"))
+    finally:
+        await serving.aclose()
+
+
+async def test_other_spellings_of_the_model_convert_nothing_again(
+    checkpoints: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    [a] = _copies(checkpoints["marian"], tmp_path / "models", "a")
+    runs: list[list[str]] = []
+    real_run = subprocess.run
+    monkeypatch.setattr(convert_module.subprocess, "run",
+                        lambda command, **kw: runs.append(command) or real_run(command, **kw))
+    backend = await started(a, local_ct2_cache=str(tmp_path / "cache"))
+    try:
+        for spelling in (f"{a}/./", f"{a}/", str(a).replace("/", "//")):
+            assert backend.model_problem(spelling) is None
+            assert all(await backend.translate(TEXTS, source="en", target="de", model=spelling))
+        assert len(runs) == 1 and _cached(tmp_path / "cache") == ["a"]
+    finally:
+        await backend.aclose()
+
+
+async def test_a_killed_conversion_leaves_nothing_behind(
+    checkpoints: dict[str, Path], tmp_path: Path
+) -> None:
+    """A conversion killed midway leaves its `.converting-*` directory, unlocked: the next
+    start removes it; one whose process still runs (its lock held) is left alone."""
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    killed, running = cache / ".converting-killed", cache / ".converting-running"
+    hold = ("import fcntl, os, sys, time\n"
+            "fd = os.open(sys.argv[1], os.O_CREAT | os.O_RDWR)\n"
+            "fcntl.flock(fd, fcntl.LOCK_EX)\n"
+            "(open(sys.argv[1] + '.part', 'w')).write('x' * 4096)\n"
+            "print('locked', flush=True)\n"
+            "time.sleep(120)\n")
+    children = []
+    for work in (killed, running):
+        work.mkdir()
+        child = subprocess.Popen([sys.executable, "-c", hold, str(work / ".lock")],
+                                 stdout=subprocess.PIPE, text=True)
+        assert child.stdout is not None and child.stdout.readline().strip() == "locked"
+        children.append(child)
+    try:
+        children[0].kill()  # SIGKILL: no cleanup of its own
+        children[0].wait(timeout=30)
+        await translate_with(checkpoints["marian"], local_ct2_cache=str(cache))
+        left = sorted(p.name for p in cache.iterdir() if p.name.startswith("."))
+        assert left == [".converting-running"]
+    finally:
+        for child in children:
+            child.kill()
+            child.wait(timeout=30)
+    await translate_with(checkpoints["m2m100"], local_ct2_cache=str(cache))  # converts: sweeps
+    assert not [p for p in cache.iterdir() if p.name.startswith(".")]

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import re
 import shutil
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -56,7 +57,9 @@ def ckpt(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
 
 def build(*models: str, **overrides: Any) -> LocalTranslator:
     """From ``local_*`` settings through the registry; ``local_model`` is set to something
-    else on purpose: ``local_models`` replaces it."""
+    else on purpose: ``local_models`` replaces it. Models named on demand may come from the
+    temporary directory, where the tests' checkpoints are."""
+    overrides.setdefault("local_model_roots", [tempfile.gettempdir()])
     return make_backend("nobody/ignored", local_models=list(models), **overrides)
 
 
@@ -212,9 +215,8 @@ async def test_a_failed_on_demand_load_is_remembered(
     try:
         assert backend.model_problem(missing) == f"loading model {missing!r} {LOADING}"
         reason = await settled(backend, missing)
-        assert reason is not None and "does not exist" in reason and missing in reason
-        assert "\n" not in reason
-        with pytest.raises(BackendUnavailable, match="does not exist"):
+        assert reason == f"model {missing!r} cannot be loaded here"
+        with pytest.raises(BackendUnavailable, match="cannot be loaded here"):
             await backend.translate(["Hello."], source="en", target="de", model=missing)
         # Within EXTRA_RETRY_S it is not tried again, even once the directory is there.
         shutil.copytree(ckpt["marian-ja"], missing)
@@ -362,7 +364,8 @@ async def test_a_model_named_on_demand_serves_a_pair_the_configured_ones_lack(
     from tests.conftest import app_with
 
     async with app_with(backend="local", local_models=f"en-de={ckpt['marian']}",
-                        local_engine="transformers", deadline_ms=60_000) as app:
+                        local_engine="transformers", deadline_ms=60_000,
+                        local_model_roots=[str(Path(ckpt["marian-ja"]).parent)]) as app:
         assert await app.runtime.wait_ready(timeout_s=120)
         body = {"target": "ja", "model": ckpt["marian-ja"], "texts": [TEXTS[0]]}
         r = await app.client.post("/v1/translate", json=body)
@@ -378,3 +381,142 @@ async def test_a_model_named_on_demand_serves_a_pair_the_configured_ones_lack(
         assert (seg["status"], seg["model"]) == ("translated", ckpt["marian-ja"]), seg
         listed = [m["model"] for m in (await app.client.get("/v1/models")).json()["models"]]
         assert listed == [ckpt["marian"], ckpt["marian-ja"]]
+
+
+# -- one model, one name ----------------------------------------------------------------------
+
+
+async def test_other_spellings_of_a_path_are_one_model(ckpt: dict[str, str], tmp_path: Path
+                                                       ) -> None:
+    """The configured checkpoint named as `/m/./`, `//m`, `/m/` or through a symlink is the
+    configured model: no load on demand. An extra named two ways loads once."""
+    marian, extra = ckpt["marian"], ckpt["marian-ja"]
+    link = tmp_path / "link"
+    link.symlink_to(marian)
+    backend = await started(marian, local_model_roots=[str(Path(extra).parent)])
+    try:
+        for spelling in (f"{marian}/./", marian.replace("/", "//"), f"{marian}/", str(link),
+                         f"{Path(marian).parent}/../{Path(marian).parent.name}/marian-en-de"):
+            assert backend.model_problem(spelling) is None, spelling
+            assert backend.resolve_model(spelling, "en", "de") == marian
+            assert backend.cache_identity(spelling, "en", "de") == backend.cache_identity(
+                None, "en", "de")
+            await backend.translate(["Hello."], source="en", target="de", model=spelling)
+        await asyncio.sleep(0.2)
+        assert backend.info()["extra_models"] == []
+        assert await settled(backend, f"{extra}/") is None
+        assert backend.model_problem(extra.replace("/", "//")) is None  # loaded: the same one
+        assert backend.info()["extra_models"] == [extra]
+        assert batches(backend)[extra] == 0
+    finally:
+        await backend.aclose()
+
+
+# -- where names may come from ----------------------------------------------------------------
+
+
+async def test_a_client_hears_one_reason_whatever_is_at_the_path(
+    ckpt: dict[str, str], tmp_path: Path, caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A missing path, a directory that is no checkpoint, a file, a config that is not JSON,
+    a checkpoint outside the roots: the client hears the same reason; the log says why."""
+    root = tmp_path / "root"
+    (root / "empty").mkdir(parents=True)
+    (root / "file").write_text("not a model")
+    (root / "badjson").mkdir()
+    (root / "badjson" / "config.json").write_text("{not json")
+    outside = shutil.copytree(ckpt["marian-ja"], tmp_path / "outside")
+    names = [str(root / "missing"), str(root / "empty"), str(root / "file"),
+             str(root / "badjson"), str(outside), str(root / ".." / "outside"), "/etc"]
+    backend = await started(ckpt["marian"], local_model_roots=[str(root)])
+    try:
+        with caplog.at_level("ERROR", logger="models.local.catalog"):
+            for name in names:
+                assert await settled(backend, name) == f"model {name!r} cannot be loaded here"
+        assert backend.info()["extra_models"] == []
+        logged = caplog.text
+        assert "does not exist" in logged and "not a loadable checkpoint" in logged
+        assert "not under a directory of THINKTRANS_LOCAL_MODEL_ROOTS" in logged
+        # A checkpoint under the root loads.
+        inside = shutil.copytree(ckpt["marian-ja"], root / "good")
+        assert await settled(backend, str(inside)) is None
+    finally:
+        await backend.aclose()
+
+
+async def test_no_directory_loads_on_demand_by_default_and_hub_ids_can_be_turned_off(
+    ckpt: dict[str, str], caplog: pytest.LogCaptureFixture,
+) -> None:
+    backend = await started(ckpt["marian"], local_model_roots=[], local_hub_models=False)
+    try:
+        with caplog.at_level("ERROR", logger="models.local.catalog"):
+            for name in (ckpt["marian-ja"], "Helsinki-NLP/opus-mt-en-ja", "../x/y"):
+                assert await settled(backend, name) == f"model {name!r} cannot be loaded here"
+        assert "none set" in caplog.text and "THINKTRANS_LOCAL_HUB_MODELS is off" in caplog.text
+        assert backend.info()["extra_models"] == []
+        assert backend.model_problem(f"{ckpt['marian']}/") is None  # configured: any spelling
+    finally:
+        await backend.aclose()
+    assert make_backend(ckpt["marian"]).config.model_roots == ()  # the default: none
+
+
+# -- a model an open stream uses stays --------------------------------------------------------
+
+
+async def test_two_clients_alternating_models_are_both_served(ckpt: dict[str, str]) -> None:
+    """One extra model at once (the default). Stream A names one model, client B another:
+    B's model does not evict A's while A is open; B gets the chain's next backend and the
+    reason; once A is over, B's model loads."""
+    from tests.conftest import app_with, poll, post_chunks
+
+    mine, theirs = ckpt["marian-ja"], ckpt["marian-copy"]
+    async with app_with(backend="local,passthrough", local_models=f"en-de={ckpt['marian']}",
+                        local_engine="transformers", deadline_ms=60_000, flush_idle_ms=20,
+                        local_model_roots=[tempfile.gettempdir()]) as app:
+        assert await app.runtime.wait_ready(timeout_s=120)
+        local = app.runtime.backends["local"]
+        r = await app.client.post("/v1/streams", json={"stream_id": "a", "model": mine,
+                                                       "target": "ja"})
+        assert r.status_code == 201
+        seen: list[dict[str, Any]] = []
+        seq = 0
+
+        async def a_says(text: str) -> dict[str, Any]:
+            nonlocal seq
+            await post_chunks(app.client, "a", [(seq, text)])
+            seq += 1
+            give_up = time.monotonic() + 30
+            while len([e for e in seen if e["type"] == "segment"]) < seq:
+                assert time.monotonic() < give_up, seen
+                after = seen[-1]["id"] if seen else -1
+                seen.extend(await poll(app.client, "a", after, wait_ms=500))
+            return [e["data"] for e in seen if e["type"] == "segment"][-1]
+
+        async def b_says(text: str) -> dict[str, Any]:
+            body = {"target": "de", "model": theirs, "texts": [text]}
+            r = await app.client.post("/v1/translate", json=body)
+            [segment] = r.json()["results"][0]["segments"]
+            return dict(segment)
+
+        give_up = time.monotonic() + 60
+        while (await a_says("I check the total. "))["backend"] != "local":
+            assert time.monotonic() < give_up, "A's model did not load"
+            await asyncio.sleep(0.1)
+        for turn in range(4):
+            a = await a_says(f"Then I add the legs, turn {turn}. ")
+            assert (a["status"], a["backend"], a["model"]) == ("translated", "local", mine), a
+            b = await b_says(f"The user asked for the total, turn {turn}.")
+            assert b["backend"] == "passthrough" and b["status"] != "error", b
+            await asyncio.sleep(0.2)  # time enough for a load that would evict A's model
+        problem = local.model_problem(theirs)
+        assert problem is not None and "in use by open streams" in problem, problem
+        assert local.info()["extra_models"] == [mine]
+
+        # A is over: B's model loads in its place.
+        await app.client.post("/v1/streams/a/close")
+        give_up = time.monotonic() + 60
+        while (b := await b_says("The user asked again."))["backend"] != "local":
+            assert time.monotonic() < give_up, b
+            await asyncio.sleep(0.1)
+        assert (b["status"], b["model"]) == ("translated", theirs)
+        assert local.info()["extra_models"] == [theirs]

@@ -10,16 +10,22 @@ Any other name a request gives is loaded on demand (``OnDemand``) on a thread of
 that batches go on meanwhile; at most ``max_extra_models`` such models stay loaded, the least
 recently used dropped once a new one is in; a failed load is remembered for
 ``EXTRA_RETRY_S``; loads queued at once and failures remembered are bounded, as names are the
-requests' choice.
+requests' choice. A name is made canonical first (``Catalog.key``: any spelling of a configured
+model is it), may resolve only where the operator allows (``model_roots``, ``hub_models``), and
+its client hears one neutral reason for every failure (``cannot_load``). A model an open stream
+names is pinned (``OnDemand.pin``): never dropped for another, and a load that would need one
+dropped is refused with a reason instead.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Executor
+from pathlib import Path
 
 from models.base import first_line
 from models.errors import BackendUnavailable, UnsupportedLanguage
@@ -28,8 +34,10 @@ from models.local.checkpoint import (
     FALLBACK_SOURCE,
     LoadError,
     Spec,
+    canonical_name,
     key_or_none,
     lang_token_id,
+    on_demand_refusal,
     parse_pair_spec,
 )
 from models.local.engines import Engine
@@ -74,6 +82,12 @@ def served(slots: Sequence[Slot]) -> str:
     return what
 
 
+def cannot_load(shown: str) -> str:
+    """What a client hears of a model that failed or may not load here: the same for every
+    cause, so that names tell nothing of the filesystem."""
+    return f"model {shown!r} cannot be loaded here"
+
+
 class OnDemand:
     """The models requests named, loaded on ``executor`` by ``load``; the ``max_models`` most
     recently used are kept.
@@ -83,14 +97,18 @@ class OnDemand:
     readers need no lock; writers (the event loop's thread and the executor's) take it.
     """
 
-    def __init__(self, load: Callable[[str], Slot], executor: Executor, max_models: int) -> None:
+    def __init__(self, load: Callable[[str], Slot], executor: Executor, max_models: int,
+                 refusal: Callable[[str], str | None] = lambda name: None) -> None:
         self.max_models = max_models
         self._load = load
+        self._refusal = refusal  # why a name may not be loaded here (for the log), or None
         self._executor = executor
         self._slots: dict[str, Slot] = {}  # least recently used first
         self._lock = threading.Lock()
         self._loading: set[str] = set()  # under the lock
         self._failed: dict[str, tuple[float, str]] = {}  # name -> (when, reason)
+        # Open streams naming each model (under the lock): one named is never dropped.
+        self._pins: dict[str, int] = {}
         self._closed = False
 
     def get(self, name: str) -> Slot | None:
@@ -100,27 +118,84 @@ class OnDemand:
         """The loaded models by name, least recently used first."""
         return self._slots
 
-    def problem(self, name: str) -> str | None:
-        """Queue ``name``'s load unless it is loading or failed within EXTRA_RETRY_S; why it
-        cannot serve yet (None: it is loaded)."""
+    def refused(self, name: str, shown: str | None = None) -> str | None:
+        """The client's reason when ``name`` failed within EXTRA_RETRY_S or may not be loaded
+        here (``refusal``; logged once, remembered as a failure); else None. ``shown``: the
+        name as the request spelled it."""
+        with self._lock:
+            return self._refused(name, name if shown is None else shown)
+
+    def _refused(self, name: str, shown: str) -> str | None:
+        """Under the lock: see ``refused``. One neutral reason, whatever the cause (a missing
+        path, a file, a bad config, an unreadable one, a refusal): the detail is the log's."""
+        failed = self._failed.get(name)
+        if failed is not None and time.monotonic() - failed[0] < EXTRA_RETRY_S:
+            return cannot_load(shown)
+        self._failed.pop(name, None)
+        refusal = self._refusal(name)
+        if refusal is None:
+            return None
+        self._remember(name, f"model {name!r} may not be loaded on demand: {refusal}")
+        return cannot_load(shown)
+
+    def _remember(self, name: str, detail: str) -> None:
+        """Under the lock: a failure, logged here once and remembered for EXTRA_RETRY_S."""
+        self._failed[name] = (time.monotonic(), detail)
+        while len(self._failed) > MAX_FAILURES_REMEMBERED:  # oldest first
+            del self._failed[next(iter(self._failed))]
+        log.error("local: on demand: %s", detail)
+
+    def problem(self, name: str, shown: str | None = None) -> str | None:
+        """Queue ``name``'s load unless it is loading, failed within EXTRA_RETRY_S or may not
+        be loaded here; why it cannot serve yet (None: it is loaded). ``shown``: the name as
+        the request spelled it, for the reason."""
+        shown = name if shown is None else shown
         with self._lock:
             if name in self._slots:
                 return None
-            failed = self._failed.get(name)
-            if failed is not None and time.monotonic() - failed[0] < EXTRA_RETRY_S:
-                return failed[1]
-            self._failed.pop(name, None)
+            refused = self._refused(name, shown)
+            if refused is not None:
+                return refused
             if name not in self._loading:
+                taken = sum(1 for loaded in self._slots if self._pins.get(loaded))
+                if taken + len(self._loading) >= self.max_models:
+                    # Loading it would evict a model an open stream uses: not done.
+                    return (f"model {shown!r} is not loaded: the {self.max_models} model(s) "
+                            "loaded on demand at once (THINKTRANS_LOCAL_MAX_EXTRA_MODELS) are "
+                            "in use by open streams; it loads once one of them is over")
                 if len(self._loading) >= MAX_LOADING_ON_DEMAND:
                     # Names are the requests' choice: never queue loads without bound.
                     return (f"{len(self._loading)} models are loading on demand "
-                            f"already; model {name!r} is not loaded (try again later)")
+                            f"already; model {shown!r} is not loaded (try again later)")
                 try:
                     self._executor.submit(self._run, name)
                 except RuntimeError:  # "cannot schedule new futures after shutdown"
                     return "the local backend is closed"
                 self._loading.add(name)
-        return f"loading model {name!r} on demand; it serves once loaded"
+        return f"loading model {shown!r} on demand; it serves once loaded"
+
+    def pin(self, name: str) -> Callable[[], None]:
+        """An open stream names ``name``: while it is pinned it is never dropped for another
+        (and, once loaded, takes its place in the bound). The release, idempotent, unpins."""
+        with self._lock:
+            self._pins[name] = self._pins.get(name, 0) + 1
+        released = False
+
+        def release() -> None:
+            nonlocal released
+            with self._lock:
+                if released:
+                    return
+                released = True
+                left = self._pins.pop(name) - 1
+                if left:
+                    self._pins[name] = left
+
+        return release
+
+    def in_use(self) -> list[str]:
+        """The loaded models open streams name."""
+        return [name for name in self._slots if self._pins.get(name)]
 
     def touch(self, name: str) -> None:
         """Make a loaded model the most recently used: the dict's order is the LRU order."""
@@ -145,11 +220,7 @@ class OnDemand:
         with self._lock:
             self._loading.discard(name)
             if slot is None:
-                reason = f"{reason} (tried again after {EXTRA_RETRY_S:g} s)"
-                self._failed[name] = (time.monotonic(), reason)
-                while len(self._failed) > MAX_FAILURES_REMEMBERED:  # oldest first
-                    del self._failed[next(iter(self._failed))]
-                log.error("local: on demand: %s", reason)
+                self._remember(name, f"{reason} (tried again after {EXTRA_RETRY_S:g} s)")
                 return
             if self._closed:
                 return
@@ -157,7 +228,12 @@ class OnDemand:
             # a loaded model; meanwhile one model more than the bound is in memory.
             slots = {**self._slots, name: slot}
             while len(slots) > self.max_models:
-                dropped = next(iter(slots))
+                dropped = next((other for other in slots
+                                if other != name and not self._pins.get(other)), None)
+                if dropped is None:  # pinned meanwhile, every one: the bound holds, not it
+                    log.warning("local: %r loaded on demand but not kept: every model loaded "
+                                "on demand is in use by open streams", name)
+                    return
                 del slots[dropped]
                 log.info("local: dropped %r, the least recently used model loaded on demand "
                          "(THINKTRANS_LOCAL_MAX_EXTRA_MODELS=%d)", dropped, self.max_models)
@@ -180,11 +256,17 @@ class Catalog:
     models loaded on demand, and routing a pair to one of them."""
 
     def __init__(self, specs: Sequence[Spec], *, ondemand: Executor, max_extra_models: int,
-                 max_input_tokens: int, in_order: bool) -> None:
+                 max_input_tokens: int, in_order: bool, model_roots: Sequence[str] = (),
+                 hub_models: bool = True) -> None:
         self.specs = list(specs)
         self.slots: list[Slot] = []  # the configured models once all have loaded
-        self.extras = OnDemand(self._load_named, ondemand, max_extra_models)
-        self._configured = frozenset(spec.model_id for spec in self.specs)
+        # Where names loaded on demand may resolve: under these directories, or the hub.
+        self._roots = [Path(os.path.realpath(os.path.expanduser(root))) for root in model_roots]
+        self._hub_models = hub_models
+        self.extras = OnDemand(self._load_named, ondemand, max_extra_models, self._refusal)
+        # Each configured model by its canonical name: another spelling of it is it.
+        self._configured = {canonical_name(spec.model_id): spec.model_id for spec in self.specs}
+        self._configured_ids = frozenset(self._configured.values())
         self._max_input_tokens = max_input_tokens  # for the warm-up of a model loaded on demand
         self._in_order = in_order  # THINKTRANS_LOCAL_MODELS: the order written is the preference
         self._engine: Engine | None = None
@@ -200,32 +282,51 @@ class Catalog:
         self.slots = []
         self.extras.close()
 
+    def key(self, model: str) -> str:
+        """The name ``model`` is known by here, before anything else looks at it: a
+        configured model's id as configured, however it is spelled, else the canonical name
+        (``canonical_name``): one model, one load, one conversion, one cache identity."""
+        if model in self._configured_ids:
+            return model
+        key = canonical_name(model)
+        _, model_id = parse_pair_spec(key)
+        return self._configured.get(model_id) or key
+
     def knows(self, model: str) -> bool:
         """Whether ``model`` is a configured model or one loaded on demand."""
-        return model in self._configured or self.extras.get(model) is not None
+        return model in self._configured_ids or self.extras.get(model) is not None
 
     def is_configured(self, model: str) -> bool:
-        return model in self._configured
+        return model in self._configured_ids
 
     def languages(self) -> list[str]:
         """The targets the configured models serve (table keys)."""
         return sorted({key for slot in self.slots for key in slot.codes})
 
-    def model_problem(self, model: str | None, not_ready: str | None) -> str | None:
+    def _refusal(self, name: str) -> str | None:
+        return on_demand_refusal(name, self._roots, self._hub_models)
+
+    def model_problem(self, model: str | None, not_ready: str | None,
+                      shown: str | None = None) -> str | None:
         """None for the default, a configured model or a loaded extra; for any other name, why
         it cannot serve now, starting its load on demand where that is allowed.
-        ``not_ready``: why the configured models have not loaded (None: they have)."""
+        ``not_ready``: why the configured models have not loaded (None: they have);
+        ``shown``: the name as the request spelled it (``model`` is its ``key``)."""
         if model is None or self.knows(model):
             return None
+        shown = model if shown is None else shown
         if self.extras.max_models == 0:
             return (
-                f"model {model!r} is not configured (THINKTRANS_LOCAL_MODELS) and loading models "
+                f"model {shown!r} is not configured (THINKTRANS_LOCAL_MODELS) and loading models "
                 "on demand is off (THINKTRANS_LOCAL_MAX_EXTRA_MODELS=0)"
             )
+        refused = self.extras.refused(model, shown)
+        if refused is not None:
+            return refused
         if not_ready is not None:
             # The configured models' load sets the engine up; an extra loads after it.
-            return f"model {model!r} loads on demand once the backend is ready ({not_ready})"
-        return self.extras.problem(model)
+            return f"model {shown!r} loads on demand once the backend is ready ({not_ready})"
+        return self.extras.problem(model, shown)
 
     def route(self, source: str | None, target: str, model: str | None = None) -> Route:
         """How the pair is served: by the named model alone, or by the first configured model

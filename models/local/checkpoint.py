@@ -21,6 +21,7 @@
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import logging
 import os
@@ -106,6 +107,8 @@ FALLBACK_SOURCE = "en"
 _PAIR = re.compile(r"^(?P<src>[A-Za-z]{2,8})-(?P<tgt>[A-Za-z]{2,8}(?:-[A-Za-z0-9]{1,8})*)$")
 _OPUS_NAME = re.compile(r"opus-mt-(?P<src>[A-Za-z]{2,8})-(?P<tgt>[A-Za-z]{2,8})$")
 _FLORES = re.compile(r"^[a-z]{3}_[A-Z][a-z]{3}$")
+# A hub id as the hub takes it: ``name`` or ``org/name``, each part at most 96 characters.
+_HUB_ID = re.compile(r"^(?:[A-Za-z0-9][A-Za-z0-9_.-]{0,95}/)?[A-Za-z0-9][A-Za-z0-9_.-]{0,95}$")
 
 
 class LoadError(Exception):
@@ -263,14 +266,49 @@ def _pair_from(source: object, target: object) -> tuple[str, str] | None:
 # -- where a checkpoint is ---------------------------------------------------------------------
 
 
-def _looks_local(model_id: str) -> bool:
+def looks_local(model_id: str) -> bool:
+    """Whether ``model_id`` names a directory (a path, or a name that exists as one), not a
+    hub id: transformers loads an existing directory first too."""
     return model_id.startswith(("/", "./", "../", "~")) or Path(model_id).expanduser().exists()
+
+
+@functools.lru_cache(maxsize=512)
+def canonical_name(name: str) -> str:
+    """One spelling per model, before anything else looks at a name: a directory resolved
+    (``/m/./``, ``//m``, ``/m/``, ``/x/../m`` and a symlink to it are all ``/m``), a Marian
+    pair prefix kept (``en-de=/m``); a hub id as written, less blanks and a trailing ``/``.
+    Remembered for the last 512 names (it is asked for every segment)."""
+    pair, model_id = parse_pair_spec(name)
+    if looks_local(model_id):
+        model_id = os.path.realpath(os.path.expanduser(model_id))
+    else:
+        model_id = model_id.rstrip("/")
+    return f"{pair[0]}-{pair[1]}={model_id}" if pair is not None else model_id
+
+
+def on_demand_refusal(name: str, roots: Sequence[Path], hub: bool) -> str | None:
+    """Why a canonical name a request gave may not be loaded on demand here (for the log,
+    never for the client), or None: a directory must lie under one of ``roots`` (resolved),
+    a hub id must be one, and hub ids must be allowed (``hub``)."""
+    _, model_id = parse_pair_spec(name)
+    if looks_local(model_id):
+        path = Path(model_id)
+        if any(path == root or root in path.parents for root in roots):
+            return None
+        where = ", ".join(map(str, roots)) or "none set"
+        return (f"{model_id!r} is not under a directory of THINKTRANS_LOCAL_MODEL_ROOTS "
+                f"({where})")
+    if not hub:
+        return f"{model_id!r} is a hub id, and THINKTRANS_LOCAL_HUB_MODELS is off"
+    if not _HUB_ID.match(model_id) or "--" in model_id or ".." in model_id:
+        return f"{model_id!r} is neither a directory nor a hub id"
+    return None
 
 
 def hub_unreachable(model_id: str, timeout_s: float = 3.0) -> bool:
     """Whether ``model_id`` names a hub repository while the hub cannot be reached (its
     name does not resolve, or no connection within ``timeout_s``)."""
-    if _looks_local(model_id):
+    if looks_local(model_id):
         return False  # a local directory
     from huggingface_hub import constants
 
@@ -312,11 +350,18 @@ def not_found_reason(model_id: str, exc: BaseException,
             f"{setting} to a directory written by save_pretrained, or to a hub id "
             "(HF_HUB_OFFLINE=1 keeps hub ids to the local cache)"
         )
-    return (
+    reason = (
         f"model {model_id!r} not found locally and the hub is unreachable or does not have it "
         f"({first_line(exc)}): set {setting} to a local directory or pre-seed HF_HOME "
         "with it; HF_HUB_OFFLINE=1 skips the network"
     )
+    if setting.startswith("THINKTRANS_LOCAL_MODEL"):  # configured: the operator's first run
+        reason += (
+            ". To start now without it: THINKTRANS_BACKEND=passthrough (the originals, "
+            "untranslated), or `thinktrans make-test-model --family marian DIR` and "
+            f"{setting}=DIR (a tiny random-weight model: noise, to try the service)"
+        )
+    return reason
 
 
 # -- versions ----------------------------------------------------------------------------------

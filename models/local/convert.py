@@ -15,11 +15,18 @@ named by the model, the quantization and a fingerprint of the source: a restart 
 there, and a changed checkpoint directory or a new hub revision is converted again. A
 conversion is written to a temporary directory and renamed into place, so a crash never
 leaves a half-written model that a later start would trust.
+
+The cache is bounded in bytes (``local_ct2_cache_mb``): each time the backend takes a model
+from it, converted models are removed, the least recently used first, until it fits; never
+one in use (loaded by this process, or the one being taken). A conversion holds an exclusive
+lock on ``.lock`` in its ``.converting-*`` directory while it runs; one killed leaves that
+directory unlocked, and it is removed at the next start and before the next conversion.
 """
 
 from __future__ import annotations
 
 import argparse
+import fcntl
 import hashlib
 import json
 import logging
@@ -30,7 +37,8 @@ import stat
 import subprocess
 import sys
 import tempfile
-from collections.abc import Sequence
+import time
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from importlib import metadata
 from importlib.util import find_spec
@@ -49,6 +57,10 @@ QUANTIZATIONS = (
 META_FILE = "thinktrans-ct2.json"
 # What the child process runs; its arguments follow on the command line.
 _CHILD = "import sys; from models.local.convert import main; sys.exit(main(sys.argv[1:]))"
+# The lock a conversion holds in its work directory, and how old an unlocked one must be to
+# be debris (one made by another process that has not taken its lock yet is younger).
+LOCK_FILE = ".lock"
+UNLOCKED_DEBRIS_S = 60.0
 # Files of a checkpoint that are weights (CTranslate2 writes its own) or clash with its files.
 _NOT_COPIED = re.compile(r"(\.safetensors|\.bin|\.pt|\.h5|\.msgpack|\.ot|\.index\.json)$")
 
@@ -127,19 +139,34 @@ def cache_path(cache_dir: Path, model_id: str, quantization: str, fingerprint: s
 
 def cached_conversion(
     model_id: str, *, quantization: str, cache_dir: Path, offline: bool,
-    timeout_s: float = 3600.0,
+    timeout_s: float = 3600.0, max_bytes: int | None = None, in_use: Collection[Path] = (),
 ) -> Path:
     """The converted directory for ``model_id`` at ``quantization``, converting it first (in a
-    child process) when the cache lacks it. ConversionError says what went wrong."""
+    child process) when the cache lacks it; then the cache is pruned to ``max_bytes``, never
+    removing ``in_use`` or the answer. ConversionError says what went wrong."""
     source = _source(model_id, offline)
     target = cache_path(cache_dir, model_id, quantization, source.fingerprint)
     if is_converted(target):
         log.info("local: using the converted model in %s", target)
-        return target
+    else:
+        _convert_into(model_id, quantization, source, target, cache_dir, offline, timeout_s)
+    _touch(target)
+    if max_bytes is not None:
+        prune_cache(cache_dir, max_bytes, keep={*in_use, target})
+    return target
+
+
+def _convert_into(model_id: str, quantization: str, source: _Source, target: Path,
+                  cache_dir: Path, offline: bool, timeout_s: float) -> None:
+    """Convert in a child process into a locked ``.converting-*`` directory, then rename it
+    to ``target``."""
     _check_can_convert()
     try:
         cache_dir.mkdir(parents=True, exist_ok=True)
+        sweep_debris(cache_dir)
         work = Path(tempfile.mkdtemp(prefix=".converting-", dir=cache_dir))
+        lock = os.open(work / LOCK_FILE, os.O_CREAT | os.O_RDWR, 0o600)
+        fcntl.flock(lock, fcntl.LOCK_EX)  # held until this conversion is over, or killed
     except OSError as exc:
         raise ConversionError(
             f"cannot write the conversion cache {str(cache_dir)!r} ({exc.strerror or exc}): set "
@@ -175,7 +202,94 @@ def cached_conversion(
         ) from exc
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    return target
+        os.close(lock)
+
+
+def _touch(path: Path) -> None:
+    """Mark a converted model used now: the cache drops the least recently used first."""
+    try:
+        os.utime(path)
+    except OSError:  # a read-only cache: nothing is pruned there either
+        pass
+
+
+def _size(path: Path) -> int:
+    total = 0
+    for root, _, files in os.walk(path):
+        for name in files:
+            try:
+                total += os.lstat(os.path.join(root, name)).st_size
+            except OSError:
+                pass
+    return total
+
+
+def prune_cache(cache_dir: Path, max_bytes: int, keep: Collection[Path] = ()) -> list[Path]:
+    """Remove converted models from ``cache_dir``, the least recently used first, until what
+    is left takes at most ``max_bytes``; never one in ``keep``. What was removed."""
+    kept = {Path(os.path.realpath(path)) for path in keep}
+    try:
+        entries = [entry for entry in cache_dir.iterdir()
+                   if not entry.name.startswith(".") and not entry.is_symlink()
+                   and is_converted(entry)]
+    except OSError:
+        return []
+    sized = sorted((entry.stat().st_mtime, _size(entry), entry) for entry in entries)
+    total = sum(size for _, size, _ in sized)
+    removed = []
+    for _, size, entry in sized:
+        if total <= max_bytes:
+            break
+        if Path(os.path.realpath(entry)) in kept:
+            continue
+        shutil.rmtree(entry, ignore_errors=True)
+        total -= size
+        removed.append(entry)
+        log.info("local: removed %s from the conversion cache, the least recently used "
+                 "(%d MB, THINKTRANS_LOCAL_CT2_CACHE_MB=%d)", entry.name, size >> 20,
+                 max_bytes >> 20)
+    if total > max_bytes:
+        log.warning("local: the conversion cache %s holds %d MB, over "
+                    "THINKTRANS_LOCAL_CT2_CACHE_MB=%d, all of it in use", cache_dir,
+                    total >> 20, max_bytes >> 20)
+    return removed
+
+
+def sweep_debris(cache_dir: Path) -> list[Path]:
+    """Remove the ``.converting-*`` directories a killed conversion left: those whose lock
+    no process holds (or, without a lock, older than UNLOCKED_DEBRIS_S). What was removed."""
+    removed: list[Path] = []
+    try:
+        work_dirs = [entry for entry in cache_dir.glob(".converting-*")
+                     if entry.is_dir() and not entry.is_symlink()]
+    except OSError:
+        return removed
+    for entry in work_dirs:
+        try:
+            lock = os.open(entry / LOCK_FILE, os.O_RDWR)
+        except FileNotFoundError:
+            try:
+                young = time.time() - entry.stat().st_mtime < UNLOCKED_DEBRIS_S
+            except OSError:
+                continue
+            if not young:
+                shutil.rmtree(entry, ignore_errors=True)
+                removed.append(entry)
+            continue
+        except OSError:
+            continue
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            continue  # held: a conversion running now
+        else:
+            shutil.rmtree(entry, ignore_errors=True)
+            removed.append(entry)
+        finally:
+            os.close(lock)
+    if removed:
+        log.info("local: removed %d unfinished conversion(s) from %s", len(removed), cache_dir)
+    return removed
 
 
 def _package_root() -> str:

@@ -26,6 +26,7 @@ import json
 import logging
 import math
 import os
+import weakref
 from dataclasses import dataclass
 from importlib.util import find_spec
 from pathlib import Path
@@ -33,7 +34,12 @@ from typing import Any, Protocol
 
 from models.errors import MissingExtra
 from models.local.checkpoint import LoadError, not_found_reason
-from models.local.convert import ConversionError, cached_conversion, default_cache_dir
+from models.local.convert import (
+    ConversionError,
+    cached_conversion,
+    default_cache_dir,
+    sweep_debris,
+)
 
 log = logging.getLogger(__name__)
 
@@ -63,6 +69,7 @@ class EngineOptions:
     num_beams: int = 1
     no_repeat_ngram_size: int = 6  # 0: off
     ct2_cache: Path | None = None  # where checkpoints are converted to; None: beside the HF cache
+    ct2_cache_bytes: int | None = None  # the conversion cache's bound; None: unbounded
 
 
 @dataclass
@@ -74,6 +81,7 @@ class Loaded:
     suppress: list[list[str]] | None = None  # ctranslate2: token sequences never generated
     min_length: int = 0  # ctranslate2: the checkpoint's min_new_tokens
     workers: int = 1  # ctranslate2: a batch is cut into this many parts, run at once
+    path: Path | None = None  # ctranslate2: the converted directory it was loaded from
 
 
 class Engine(Protocol):
@@ -89,6 +97,11 @@ class Engine(Protocol):
 
     def generate(self, loaded: Loaded, tokenizer: Any, rows: list[list[int]],
                  forced: int | None, max_new: int) -> list[list[int]]: ...
+
+
+# The CTranslate2 models loaded in this process and not yet freed (a slot the catalog drops
+# is freed): the conversion cache's bound never removes their directories.
+_LOADED: weakref.WeakValueDictionary[int, Loaded] = weakref.WeakValueDictionary()
 
 
 def resolve(engine: str) -> str:
@@ -233,7 +246,18 @@ class CT2Engine:
         self.compute_type: str | None = None
         self.threads: int | None = None
 
+    @property
+    def cache_dir(self) -> Path:
+        return self.options.ct2_cache or default_cache_dir()
+
+    @staticmethod
+    def in_use() -> set[Path]:
+        """The converted directories of the models loaded in this process, on any engine."""
+        return {loaded.path for loaded in list(_LOADED.values()) if loaded.path is not None}
+
     def prepare(self) -> None:
+        if self.cache_dir.is_dir():
+            sweep_debris(self.cache_dir)  # what a conversion killed last time left
         try:
             import ctranslate2
         except ImportError as exc:
@@ -288,7 +312,8 @@ class CT2Engine:
             try:
                 path = cached_conversion(
                     model_id, quantization=self.compute_type or "int8",
-                    cache_dir=self.options.ct2_cache or default_cache_dir(), offline=offline,
+                    cache_dir=self.cache_dir, offline=offline,
+                    max_bytes=self.options.ct2_cache_bytes, in_use=self.in_use(),
                 )
             except ConversionError as exc:
                 raise ConversionFailed(str(exc)) from exc
@@ -317,10 +342,13 @@ class CT2Engine:
             if tokens and all(token in vocabulary for token in tokens):
                 suppress.append(tokens)
         eos = _eos_ids(generation.get("eos_token_id"), tokenizer.eos_token_id)
-        return Loaded(
+        loaded = Loaded(
             model=translator, eos_ids=eos, suppress=suppress or None,
             min_length=int(generation.get("min_new_tokens") or 0), workers=workers,
+            path=path if not converted else None,
         )
+        _LOADED[id(loaded)] = loaded
+        return loaded
 
     def generate(self, loaded: Loaded, tokenizer: Any, rows: list[list[int]],
                  forced: int | None, max_new: int) -> list[list[int]]:

@@ -11,7 +11,9 @@ since the models' languages are not known yet, ``supports`` answers True and ``l
 None. A load that failed is tried again, ``load_retry_initial_s`` (5 s) after the first
 failure, then doubling up to ``load_retry_max_s`` between tries, until it succeeds or the
 backend is closed: a model directory mounted later, or a hub that comes back, is picked up
-without a restart. Meanwhile ``reason`` ends in "retrying in N s (attempt K)". ``wait_ready``
+without a restart. Meanwhile ``reason`` keeps the failure (the same line in every
+segment's error) and ``retrying`` says when the next attempt comes (``/readyz`` and the log
+show it). ``wait_ready``
 waits only for the attempt in flight: it answers False as soon as one has failed. Under
 ``engine="auto"``, a checkpoint CTranslate2 cannot take is served by transformers instead.
 """
@@ -21,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from importlib.util import find_spec
@@ -31,7 +34,7 @@ from models.errors import BackendConfigError, BackendUnavailable, UnsupportedLan
 from models.languages import canonical, table_key
 from models.local import engines
 from models.local.catalog import Catalog
-from models.local.checkpoint import LoadError, model_specs
+from models.local.checkpoint import LoadError, Spec, model_specs
 from models.local.engines import ConversionFailed, EngineOptions
 from models.local.slot import Slot, Stats, load_slot, translate_batch, warm_up
 
@@ -56,6 +59,10 @@ class LocalConfig:
     models: tuple[str, ...] = ()
     # Models not configured but named by requests, kept loaded at once (LRU); 0: never loaded.
     max_extra_models: int = 1
+    # Where those may resolve: directories under these roots (none: no directory), and hub
+    # ids when ``hub_models``; a configured model, however spelled, is always served.
+    model_roots: tuple[str, ...] = ()
+    hub_models: bool = True
     engine: str = "auto"  # auto (ctranslate2 where installed), ctranslate2, transformers
     device: str = "auto"  # auto (CUDA when present), cpu, cuda:0
     dtype: str = "auto"  # transformers: auto, float32, float16, bfloat16
@@ -66,6 +73,7 @@ class LocalConfig:
     threads: int | None = None  # CPU threads; None: the engine's default
     ct2_cache: str | None = None  # where checkpoints are converted to; None: beside the HF cache
     ct2_workers: int | None = None  # parts of a batch run at once; None: by the model's size
+    ct2_cache_mb: float | None = 8192  # the conversion cache's bound; None: unbounded
     # A failed load is tried again after this long, doubling up to load_retry_max_s.
     load_retry_initial_s: float = 5.0
     load_retry_max_s: float = 300.0
@@ -76,6 +84,8 @@ class LocalConfig:
             threads=self.threads, ct2_workers=self.ct2_workers, num_beams=self.num_beams,
             no_repeat_ngram_size=self.no_repeat_ngram_size,
             ct2_cache=Path(self.ct2_cache).expanduser() if self.ct2_cache else None,
+            ct2_cache_bytes=(int(self.ct2_cache_mb * (1 << 20)) if self.ct2_cache_mb is not None
+                             else None),
         )
 
 
@@ -89,14 +99,7 @@ class LocalTranslator(Translator):
     def __init__(self, config: LocalConfig | None = None) -> None:
         super().__init__()
         config = config or LocalConfig()
-        if config.engine not in engines.ENGINES:
-            raise BackendConfigError(f"local_engine must be one of {', '.join(engines.ENGINES)}, "
-                                     f"got {config.engine!r}")
-        self.engine_name = engines.resolve(config.engine)
-        engines.require_packages(self.engine_name)
-        if config.max_extra_models < 0:
-            raise BackendConfigError(
-                f"local_max_extra_models must be >= 0, got {config.max_extra_models}")
+        self.engine_name = _checked_engine(config)
         self.config = config
         self._engine = engines.build(self.engine_name, config.engine_options())
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="thinktrans-local")
@@ -108,6 +111,7 @@ class LocalTranslator(Translator):
             model_specs(config.model, config.marian_models, config.models),
             ondemand=self._ondemand, max_extra_models=config.max_extra_models,
             max_input_tokens=config.max_input_tokens, in_order=bool(config.models),
+            model_roots=config.model_roots, hub_models=config.hub_models,
         )
         self.model_id = model_id = self._catalog.specs[0].model_id
         # The load attempt in flight (None between attempts) and the task that retries.
@@ -149,19 +153,22 @@ class LocalTranslator(Translator):
         while not await attempt and not self._closed:
             self.load_failures += 1
             self._attempt = None
-            failure = self.reason
             wait = min(delay, self.config.load_retry_max_s)
             delay = wait * 2
-            self.reason = f"{failure}; retrying in {wait:g} s (attempt {self.load_attempts + 1})"
-            log.error("local: %s", self.reason)
+            # The reason stays as the attempt left it (every segment carries it); the
+            # schedule is /readyz's and the log's.
+            failed = self.load_attempts
+            self.retrying = f"{_attempt_name(failed)} failed; trying again in {wait:g} s"
+            log.error("local: %s; %s", self.reason, self.retrying)
             await asyncio.sleep(wait)
             if self._closed:
                 return
-            self.reason = f"{failure}; trying again now (attempt {self.load_attempts + 1})"
+            self.retrying = f"trying again now (attempt {failed + 1})"
             try:
                 attempt = self._begin_attempt(loop)
             except RuntimeError:  # the executor is shut down: closed meanwhile
                 return
+        self.retrying = None
 
     async def wait_ready(self, timeout_s: float | None = None) -> bool:
         """Wait for the load attempt in flight, ``timeout_s`` at most, starting loading if need
@@ -189,6 +196,7 @@ class LocalTranslator(Translator):
         self._closed = True
         self.ready = False
         self.reason = "the local backend is closed"
+        self.retrying = None
         self._catalog.close()  # an on-demand load finishing now is dropped
         # No wait: a running generate or load cannot be interrupted and must not block the loop.
         self._executor.shutdown(wait=False, cancel_futures=True)
@@ -218,23 +226,36 @@ class LocalTranslator(Translator):
         if not self.ready:
             return True
         try:
-            self._catalog.route(source, target, model)
+            self._catalog.route(source, target, self._key(model))
         except UnsupportedLanguage:
             return False
         except BackendUnavailable:
             return True  # a model dropped since it was asked for: translate says why
         return True
 
+    def _key(self, model: str | None) -> str | None:
+        """The name a request's ``model`` is known by here (``Catalog.key``)."""
+        return None if model is None else self._catalog.key(model)
+
+    def use_model(self, model: str) -> Callable[[], None]:
+        """An open stream names ``model``: loaded on demand, it stays (``OnDemand.pin``)."""
+        key = self._catalog.key(model)
+        if self._catalog.is_configured(key):
+            return super().use_model(model)
+        return self._catalog.extras.pin(key)
+
     def model_problem(self, model: str | None) -> str | None:
         """None for the default, a configured model or a loaded extra; for any other name, why
         it cannot serve now, starting its load on demand where that is allowed."""
-        return self._catalog.model_problem(model, None if self.ready else str(self.reason))
+        return self._catalog.model_problem(self._key(model),
+                                           None if self.ready else str(self.reason), model)
 
     def resolve_model(self, model: str | None, source: str | None, target: str) -> str | None:
         """The model that serves the pair (see ``run``); a named extra not loaded yet is its
         own name; None when not ready or when nothing serves the pair."""
         if not self.ready:
             return None
+        model = self._key(model)
         if model is not None and not self._catalog.knows(model):
             return model
         slot = self._catalog.serving(model, source, target)
@@ -244,16 +265,13 @@ class LocalTranslator(Translator):
         """Everything but the text that decides the output: the model serving the pair, the
         engine, its compute type and device, the decoding options; None when nothing loaded
         serves the pair."""
-        slot = self._catalog.serving(model, source, target) if self.ready else None
+        slot = self._catalog.serving(self._key(model), source, target) if self.ready else None
         if slot is None:
             return None
         config = self.config
-        return (
-            f"local|{slot.model_id}|v={slot.version}|{self.engine_name}|{self.dtype}"
-            f"|beams={config.num_beams}"
-            f"|ngram={config.no_repeat_ngram_size}|maxin={config.max_input_tokens}"
-            f"|device={self.device}"
-        )
+        return (f"local|{slot.model_id}|v={slot.version}|{self.engine_name}|{self.dtype}"
+                f"|beams={config.num_beams}|ngram={config.no_repeat_ngram_size}"
+                f"|maxin={config.max_input_tokens}|device={self.device}")
 
     def catalog(self) -> list[dict[str, object]]:
         """The configured models in order of preference, then the extras loaded on demand."""
@@ -293,9 +311,9 @@ class LocalTranslator(Translator):
         """
         if not self.ready:
             raise BackendUnavailable(self.reason or f"model {self.model_id!r} is not loaded")
-        model = job.model
+        model = self._key(job.model)
         if model is not None and not self._catalog.is_configured(model):
-            problem = self.model_problem(model)
+            problem = self._catalog.model_problem(model, None, job.model)
             if problem is not None:
                 raise BackendUnavailable(problem)
             self._catalog.extras.touch(model)
@@ -365,13 +383,38 @@ class LocalTranslator(Translator):
 
     def _load_with(self, engine: engines.Engine) -> list[Slot]:
         engine.prepare()
-        self.device = engine.device
-        self.dtype = engine.compute_type
-        slots = []
-        for spec in self._catalog.specs:
-            if self._closed:
-                raise LoadError("the local backend was closed while loading")
-            slots.append(load_slot(engine, spec))
-        for slot in slots:
-            warm_up(engine, slot, self.config.max_input_tokens)
-        return slots
+        self.device, self.dtype = engine.device, engine.compute_type
+        return load_specs(engine, self._catalog.specs, self.config.max_input_tokens,
+                          lambda: self._closed)
+
+
+def load_specs(engine: engines.Engine, specs: list[Spec], max_input_tokens: int,
+               closed: Callable[[], bool]) -> list[Slot]:
+    """On the worker: load every configured checkpoint on ``engine`` (prepared), then warm
+    each up; LoadError when ``closed`` says the backend was closed meanwhile."""
+    slots = []
+    for spec in specs:
+        if closed():
+            raise LoadError("the local backend was closed while loading")
+        slots.append(load_slot(engine, spec))
+    for slot in slots:
+        warm_up(engine, slot, max_input_tokens)
+    return slots
+
+
+def _checked_engine(config: LocalConfig) -> str:
+    """The engine ``config`` asks for, resolved; BackendConfigError for a bad config, and
+    MissingExtra when a package it needs is not installed."""
+    if config.engine not in engines.ENGINES:
+        raise BackendConfigError(f"local_engine must be one of {', '.join(engines.ENGINES)}, "
+                                 f"got {config.engine!r}")
+    engine = engines.resolve(config.engine)
+    engines.require_packages(engine)
+    if config.max_extra_models < 0:
+        raise BackendConfigError(
+            f"local_max_extra_models must be >= 0, got {config.max_extra_models}")
+    return engine
+
+
+def _attempt_name(number: int) -> str:
+    return "the first attempt" if number == 1 else f"attempt {number}"
