@@ -9,7 +9,6 @@ import asyncio
 import contextlib
 import errno
 import json
-import re
 import socket
 import sys
 from collections.abc import Iterator
@@ -279,9 +278,9 @@ def _startup_progress() -> Iterator[None]:
 
 
 def _reason(translator: Any) -> str:
-    """Why a backend is not ready, less the service's "retrying in N s": a command stops."""
-    reason = translator.reason or "no reason given"
-    return re.sub(r"; retrying in [^;]*$", "", reason)
+    """Why a backend is not ready (the retry schedule is apart, in ``retrying``: a command
+    stops rather than retries)."""
+    return str(translator.reason or "no reason given")
 
 
 @app.command()
