@@ -13,7 +13,7 @@ from models.base import Translator
 from service.guard import Guard
 from service.metrics import Metrics
 from service.problems import install_handlers
-from service.routes import health, service, streams, translate
+from service.routes import health, service, streams, translate, viewer
 from service.runtime import Runtime
 from service.settings import Settings, load_settings
 
@@ -65,4 +65,5 @@ def create_app(
     app.include_router(translate.router)
     app.include_router(service.router)
     app.include_router(health.router)
+    app.include_router(viewer.router)
     return app

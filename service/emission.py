@@ -46,6 +46,9 @@ EMIT_BATCH = 64
 # send the JSON as it is, and a tuple of an int and strings is cheap to keep and is left
 # alone by the garbage collector, unlike the models it was made from.
 Event: TypeAlias = tuple[int, str, str]
+# Events whose wire form (an SSE frame) is kept for the next readers: the newest ones, which
+# live readers read as they come.
+_ENCODED_KEPT = 16
 # Superseded events still retained are taken out once more than this many outnumber the
 # rest (as the batcher compacts its queue).
 _COMPACT_AFTER = 64
@@ -101,6 +104,7 @@ class EventLog:
         self._lost_through = -1  # the last id dropped by retention (not superseded)
         self._gaps = False  # superseded events were taken out from among the others
         self._changed: asyncio.Future[None] | None = None
+        self._encoded: dict[int, bytes] = {}  # event id: its wire form, the newest few
         # A one-shot text's answer is built from its results, kept as they are; nobody
         # reads its events.
         self.results: list[SegmentResult] | None = [] if keep_results else None
@@ -187,7 +191,7 @@ class EventLog:
             raise EventsGone(
                 f"events {after + 1}..{first - 1} of stream {self.stream_id!r} are no longer "
                 f"retained (THINKTRANS_MAX_EVENTS_RETAINED={self.max_retained}); read from "
-                f"{first - 1}"
+                f"{first - 1}", resume_after=first - 1,
             )
         if self._gaps:  # superseded events were taken out: ids are not contiguous
             start = bisect.bisect_right(events, after, key=_event_id)
@@ -197,6 +201,17 @@ class EventLog:
         if self._superseded:
             found = [e for e in found if e[0] not in self._superseded]
         return found
+
+    def encoded(self, event: Event, encode: Callable[[Event], bytes]) -> bytes:
+        """``encode(event)``, made once for every reader of the event (kept for the
+        newest _ENCODED_KEPT events that a reader asked for)."""
+        encoded = self._encoded
+        wire = encoded.get(event[0])
+        if wire is None:
+            wire = encoded[event[0]] = encode(event)
+            if len(encoded) > _ENCODED_KEPT:
+                del encoded[next(iter(encoded))]
+        return wire
 
     def retained_bytes(self) -> int:
         """The memory the kept events hold: their JSON, and the tuple and deque slot

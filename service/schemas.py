@@ -198,3 +198,20 @@ class ChunksResponse(BaseModel):
 
 class CloseResponse(BaseModel):
     segments: int
+
+
+class StreamSummary(BaseModel):
+    """One stream of ``GET /v1/streams``: its id and target, no text."""
+
+    stream_id: str
+    target: str | None
+    state: Literal["open", "ended"] = Field(
+        description="`open` until its `end` event is out; `ended` streams are kept for late "
+                    "readers within THINKTRANS_MAX_ENDED_STREAMS and _BYTES.")
+    segments: int = Field(description="Segments cut so far.")
+    started: str = Field(description="When it was opened: RFC 3339, UTC.")
+    last_active: str = Field(description="Its last chunk, close or open: RFC 3339, UTC.")
+
+
+class StreamsResponse(BaseModel):
+    streams: list[StreamSummary] = Field(description="Newest first.")

@@ -24,6 +24,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any
 
 from service.admission import Admission
@@ -43,7 +44,7 @@ from service.intake import ChunkIntake
 from service.limits import check_chunks, check_encodable
 from service.locale import ResolvedTarget, resolve_target
 from service.metrics import Metrics
-from service.schemas import Policy, SegmentResult, TextResult
+from service.schemas import Policy, SegmentResult, StreamSummary, TextResult
 from service.segmenter import Segmenter
 from service.settings import Settings
 
@@ -117,6 +118,7 @@ class Stream:
         self.backend_name = backend_name
         self.model = model  # the model it named for its chain's backends (None: theirs)
         self.policy: Policy = policy
+        self.started_at = time.time()  # wall clock, for GET /v1/streams
         self.last_activity = time.monotonic()
         self.idle_timer: asyncio.TimerHandle | None = None
         self._idle_s = config.flush_idle_ms / 1000.0
@@ -232,6 +234,14 @@ class Stream:
     def touch(self) -> None:
         self.last_activity = time.monotonic()
 
+    def summary(self) -> StreamSummary:
+        """What ``GET /v1/streams`` says of it: no text."""
+        last_active = time.time() - (time.monotonic() - self.last_activity)
+        return StreamSummary(stream_id=self.stream_id, target=self.target,
+                             state="ended" if self.emitter.ended else "open",
+                             segments=self.emitter.count, started=_rfc3339(self.started_at),
+                             last_active=_rfc3339(last_active))
+
     def _busy(self) -> bool:
         """Whether a request is taking chunks (or closing) now."""
         return self.intake.lock.locked()
@@ -302,6 +312,12 @@ class Stream:
         self._release_model()
         self.cutter.drop()
         self.emitter.drop()
+
+
+def _rfc3339(wall: float) -> str:
+    """A wall-clock time as RFC 3339 in UTC, to the millisecond."""
+    at = datetime.fromtimestamp(wall, tz=UTC)
+    return at.strftime("%Y-%m-%dT%H:%M:%S.") + f"{at.microsecond // 1000:03d}Z"
 
 
 class StreamManager:
@@ -489,6 +505,11 @@ class StreamManager:
             raise Conflict(f"stream {stream_id!r} was closed because the service is shutting "
                            "down; open the stream on another instance")
         return await stream.add_chunks(chunks)
+
+    def summaries(self) -> list[StreamSummary]:
+        """The open streams and the ended ones still kept, newest first."""
+        streams = sorted(self.streams.values(), key=lambda s: s.started_at, reverse=True)
+        return [stream.summary() for stream in streams]
 
     def get(self, stream_id: str) -> Stream:
         stream = self.streams.get(stream_id)

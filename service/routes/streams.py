@@ -20,6 +20,7 @@ from starlette.routing import Match
 from starlette.types import Scope
 
 from service.deps import StreamId, StreamsDep, get_streams
+from service.emission import Event
 from service.errors import EventsGone, InputError
 from service.problems import problem_responses
 from service.schemas import (
@@ -30,6 +31,7 @@ from service.schemas import (
     EventsResponse,
     OpenStreamRequest,
     OpenStreamResponse,
+    StreamsResponse,
     check_stream_id,
 )
 from service.streams import Stream
@@ -106,6 +108,14 @@ async def open_stream(body: OpenStreamRequest, streams: StreamsDep) -> JSONRespo
     return JSONResponse(answer.model_dump(), status_code=201 if created else 200)
 
 
+@router.get("/streams", response_model=StreamsResponse)
+async def list_streams(streams: StreamsDep) -> StreamsResponse:
+    """The open streams and the ended ones still kept, newest first: ids, targets, states,
+    segment counts and times; no text. Bounded by THINKTRANS_MAX_STREAMS plus
+    THINKTRANS_MAX_ENDED_STREAMS."""
+    return StreamsResponse(streams=streams.summaries())
+
+
 @router.post("/streams/{stream_id}/close", response_model=CloseResponse,
              responses=problem_responses(404, 409, 410))
 async def close_stream(stream_id: StreamId, streams: StreamsDep) -> CloseResponse:
@@ -180,12 +190,17 @@ async def _sse(stream: Stream, after: int) -> AsyncIterator[bytes]:
                 return  # dropped or expired
             yield KEEPALIVE_COMMENT
             continue
-        for event_id, kind, data in events:
-            yield format_sse_event(data_str=data.translate(_LINE_ENDS_ESCAPED), event=kind,
-                                   id=str(event_id))
-            last = event_id
-            if kind == "end":
+        for event in events:
+            yield stream.log.encoded(event, _sse_frame)  # once per event, for every reader
+            last = event[0]
+            if event[1] == "end":
                 return
+
+
+def _sse_frame(event: Event) -> bytes:
+    event_id, kind, data = event
+    return format_sse_event(data_str=data.translate(_LINE_ENDS_ESCAPED), event=kind,
+                            id=str(event_id))
 
 
 router.add_api_route(

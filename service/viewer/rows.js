@@ -1,0 +1,177 @@
+// A stream's segments as rows: the original and its translation, the status, and the
+// backend and model on demand. Everything a stream says is put in as text (textContent),
+// never as HTML: thinking is untrusted.
+
+const LABELS = {
+  translated: "translated",
+  same_language: "same language",
+  skipped: "skipped",
+  deadline: "deadline",
+  error: "error",
+  hidden: "hidden",
+  no_target: "no target",
+};
+const FENCE = /^\s*(```|~~~)/;
+const INLINE_CODE = /(`+)([^`][\s\S]*?)\1(?!`)/g;
+const LANG = /^[A-Za-z]{2,8}(-[A-Za-z0-9]{1,8})*$/;
+
+function el(tag, className, text) {
+  const node = document.createElement(tag);
+  if (className) node.className = className;
+  if (text !== undefined) node.textContent = text;
+  return node;
+}
+
+// Text into a cell: a fenced block stays code (monospace, never reflowed); in prose, `inline
+// code` is shown as code; line breaks are kept.
+export function fill(cell, text) {
+  cell.replaceChildren();
+  if (FENCE.test(text)) {
+    const pre = el("pre", "code");
+    pre.append(el("code", "", text));
+    cell.append(pre);
+    return;
+  }
+  let at = 0;
+  for (const match of text.matchAll(INLINE_CODE)) {
+    if (match.index > at) cell.append(document.createTextNode(text.slice(at, match.index)));
+    cell.append(el("code", "", match[0]));
+    at = match.index + match[0].length;
+  }
+  if (at < text.length) cell.append(document.createTextNode(text.slice(at)));
+}
+
+function setLang(node, lang) {
+  if (typeof lang === "string" && LANG.test(lang)) node.lang = lang;
+  else node.removeAttribute("lang");
+}
+
+export class Rows {
+  constructor(container, { onCopy } = {}) {
+    this.container = container;
+    this.onCopy = onCopy;
+    this.segments = []; // by index: the segment as the stream says it now
+    this.nodes = new Map();
+    this.running = false; // rows keep their height while the stream runs
+  }
+
+  clear() {
+    this.segments = [];
+    this.nodes.clear();
+    this.container.replaceChildren();
+  }
+
+  get list() {
+    return this.segments.filter(Boolean);
+  }
+
+  segment(data) {
+    const segment = { ...data, updated: false };
+    this.segments[data.index] = segment;
+    const existing = this.nodes.get(data.index);
+    const row = existing || this.build(segment);
+    if (!existing) {
+      this.nodes.set(data.index, row);
+      this.insert(row, data.index);
+    }
+    this.render(row, segment);
+    return row;
+  }
+
+  update(data) {
+    const segment = this.segments[data.index];
+    if (!segment) return null;
+    Object.assign(segment, {
+      text: data.text, status: data.status, backend: data.backend ?? null,
+      model: data.model ?? null, cached: Boolean(data.cached), error: data.error ?? null,
+      updated: true,
+    });
+    const row = this.nodes.get(data.index);
+    if (this.running) row.style.minHeight = `${row.getBoundingClientRect().height}px`;
+    this.render(row, segment);
+    return row;
+  }
+
+  // Layout changes and the stream's end let rows take their natural height again.
+  relax() {
+    for (const row of this.nodes.values()) row.style.minHeight = "";
+  }
+
+  insert(row, index) {
+    // Segments come in index order; a row out of order still lands in its place.
+    let after = null;
+    for (let i = index - 1; i >= 0 && !after; i -= 1) after = this.nodes.get(i) || null;
+    if (!after) this.container.prepend(row);
+    else after.after(row);
+  }
+
+  build(segment) {
+    const row = el("div", "row");
+    row.dataset.index = String(segment.index);
+    const gutter = el("div", "gutter");
+    gutter.append(el("span", "index", String(segment.index)));
+    const status = el("button", "status");
+    status.type = "button";
+    status.title = "Backend, model, languages and latency";
+    status.addEventListener("click", (event) => {
+      event.stopPropagation();
+      const meta = row.querySelector(".meta");
+      meta.hidden = !meta.hidden;
+      status.setAttribute("aria-expanded", String(!meta.hidden));
+    });
+    status.setAttribute("aria-expanded", "false");
+    gutter.append(status, el("span", "badge cached", "cached"), el("span", "badge late", "late"));
+    const copy = el("button", "copy", "Copy");
+    copy.type = "button";
+    copy.title = "Copy this row's translation";
+    copy.addEventListener("click", (event) => {
+      event.stopPropagation();
+      const seg = this.segments[segment.index];
+      if (seg && this.onCopy) this.onCopy(seg.text, copy);
+    });
+    gutter.append(copy);
+    const original = el("div", "cell orig");
+    const translation = el("div", "cell tran");
+    const meta = el("div", "meta");
+    meta.hidden = true;
+    // Translation only: a tap shows the original (hovering does too).
+    row.addEventListener("click", () => {
+      if (this.container.dataset.layout === "only" && !window.getSelection().toString()) {
+        row.classList.toggle("reveal");
+      }
+    });
+    row.append(gutter, original, translation, meta);
+    return row;
+  }
+
+  render(row, segment) {
+    const status = segment.status;
+    row.dataset.status = status;
+    row.classList.toggle("cached", Boolean(segment.cached));
+    row.classList.toggle("updated", segment.updated);
+    row.classList.toggle("same", segment.text === segment.original);
+    const button = row.querySelector(".status");
+    button.textContent = LABELS[status] || status;
+    const original = row.querySelector(".orig");
+    const translation = row.querySelector(".tran");
+    fill(original, segment.original);
+    setLang(original, segment.source_lang);
+    if (status === "hidden") {
+      translation.replaceChildren(el("span", "placeholder", "(hidden by the stream's policy)"));
+    } else {
+      fill(translation, segment.text);
+    }
+    setLang(translation, status === "translated" ? segment.target : segment.source_lang);
+    translation.title = status === "deadline" ? "Not translated in time: the original, until "
+      + "its translation comes" : "";
+    const parts = [];
+    if (segment.backend) parts.push(`backend ${segment.backend}`);
+    if (segment.model) parts.push(`model ${segment.model}`);
+    parts.push(`${segment.source_lang || "?"} → ${segment.target || "?"}`);
+    if (typeof segment.latency_ms === "number") parts.push(`${Math.round(segment.latency_ms)} ms`);
+    if (segment.cached) parts.push("from the cache");
+    if (segment.updated) parts.push("translated after its deadline");
+    if (segment.error) parts.push(`error: ${segment.error}`);
+    row.querySelector(".meta").textContent = parts.join(" · ");
+  }
+}
