@@ -8,6 +8,8 @@ deltas byte for byte. Needs only httpx and the standard library.
 
     python examples/agent_standin.py --url http://127.0.0.1:8088 --target zh-CN
 
+Open ``<url>/viewer`` beside it to watch the parts translate (``--keep`` leaves them there).
+
 Exit status: 0 when every part came back whole, 1 when one did not, 2 when the service
 could not be reached or refused a request.
 """
@@ -92,7 +94,7 @@ async def wait_ready(client: httpx.AsyncClient, timeout_s: float) -> None:
 
 
 async def stream_part(client: httpx.AsyncClient, stream_id: str, deltas: list[str], *,
-                      target: str, batch: int, interval_s: float) -> bool:
+                      target: str, batch: int, interval_s: float, keep: bool = False) -> bool:
     """Send one thinking part through a stream, print its segments; True if it came back whole."""
     response = await client.post("/v1/streams", json={"stream_id": stream_id, "target": target})
     response.raise_for_status()
@@ -131,8 +133,10 @@ async def stream_part(client: httpx.AsyncClient, stream_id: str, deltas: list[st
         await asyncio.wait_for(reader, timeout=120.0)
     finally:
         reader.cancel()
-    # Read to the end: drop it now rather than let it count against max_streams until it expires.
-    await client.delete(f"/v1/streams/{stream_id}")
+    if not keep:
+        # Read to the end: drop it now rather than let it count against max_streams until
+        # it expires (with --keep it stays for the viewer, /viewer#stream=<id>).
+        await client.delete(f"/v1/streams/{stream_id}")
     whole = "".join(originals[i] for i in sorted(originals)) == "".join(deltas)
     if not whole or sorted(originals) != list(range(len(originals))):
         print(f"  !! {stream_id}: the segments do not give back the deltas", file=sys.stderr)
@@ -150,7 +154,8 @@ async def run(args: argparse.Namespace) -> int:
         for number, deltas in enumerate(parts, 1):
             stream_id = f"standin-{os.getpid()}:{number}"
             whole &= await stream_part(client, stream_id, deltas, target=args.target,
-                                       batch=args.batch, interval_s=args.interval_ms / 1000)
+                                       batch=args.batch, interval_s=args.interval_ms / 1000,
+                                       keep=args.keep)
     print(f"{len(parts)} parts streamed; " + ("all came back whole" if whole else "NOT whole"))
     return 0 if whole else 1
 
@@ -166,6 +171,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="pause between POSTs, as a model emits (default: 50)")
     parser.add_argument("--ready-timeout", type=float, default=600.0,
                         help="seconds to wait for /readyz (default: 600)")
+    parser.add_argument("--keep", action="store_true",
+                        help="leave each stream on the sidecar when done, to look at it in "
+                             "the viewer (<url>/viewer)")
     parser.add_argument("--token", default=os.environ.get("THINKTRANS_API_TOKEN"),
                         help="bearer token (default: $THINKTRANS_API_TOKEN)")
     args = parser.parse_args(argv)

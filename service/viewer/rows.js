@@ -23,15 +23,17 @@ function el(tag, className, text) {
 }
 
 // Text into a cell: a fenced block stays code (monospace, never reflowed); in prose, `inline
-// code` is shown as code; line breaks are kept.
+// code` is shown as code; line breaks inside are kept, blank lines around are not shown
+// (copy and export keep the segment's text as it is).
 export function fill(cell, text) {
   cell.replaceChildren();
   if (FENCE.test(text)) {
     const pre = el("pre", "code");
-    pre.append(el("code", "", text));
+    pre.append(el("code", "", text.replace(/^(\s*\n)+/, "").trimEnd()));
     cell.append(pre);
     return;
   }
+  text = text.trim();
   let at = 0;
   for (const match of text.matchAll(INLINE_CODE)) {
     if (match.index > at) cell.append(document.createTextNode(text.slice(at, match.index)));

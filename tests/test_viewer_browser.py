@@ -1,0 +1,587 @@
+"""The viewer in a real browser: Debian's Chromium driven by Playwright, against a sidecar
+served on 127.0.0.1 (the app under uvicorn in a thread, a fake backend behind it).
+
+Skipped, saying so, where no Chromium can be found (`apt-get install chromium`, or
+THINKTRANS_TEST_CHROMIUM=/path/to/chrome); `bash tests/run.sh` installs it where it can.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import httpx
+import pytest
+
+from models.passthrough import PassthroughTranslator
+from tests.conftest import InThread
+from tests.fakes import FakeTranslator
+
+playwright_api = pytest.importorskip("playwright.sync_api", reason="Playwright for Python is "
+                                     "not installed (pip install playwright)")
+
+TEXT = [
+    "First I check the `config.yaml` file. ",
+    "这个函数返回一个列表。",
+    "Then I run the tests again with `pytest -q`.\n",
+    "```python\ndef area(r):\n    return 3.14159 * r ** 2\n```\n",
+    "The answer is 42, so the loop ends there. ",
+]
+HOSTILE = ("Look: <img src=x onerror=\"window.__pwned=1;alert(1)\"> and "
+           "<script>window.__pwned=2;alert(2)</script> and <svg onload=alert(3)>. ")
+
+
+def chromium() -> str | None:
+    for name in (os.environ.get("THINKTRANS_TEST_CHROMIUM"), "chromium", "chromium-browser",
+                 "google-chrome"):
+        if name and (path := shutil.which(name)):
+            return path
+    return None
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Any]:
+    path = chromium()
+    if path is None:
+        pytest.skip("no Chromium found: install Debian's chromium (apt-get install chromium) "
+                    "or set THINKTRANS_TEST_CHROMIUM; the viewer's browser tests need one")
+    with playwright_api.sync_playwright() as p:
+        b = p.chromium.launch(executable_path=path, args=["--no-sandbox"])
+        yield b
+        b.close()
+
+
+def until(page: Any, expression: str, timeout_s: float = 10.0) -> None:
+    """Wait until ``expression`` is true in the page. Playwright's wait_for_function polls
+    through eval, which the page's Content-Security-Policy refuses; evaluate does not."""
+    give_up = time.monotonic() + timeout_s
+    while not page.evaluate(expression):
+        assert time.monotonic() < give_up, f"not within {timeout_s} s: {expression}"
+        time.sleep(0.05)
+
+
+class Page:
+    """A browser page on the viewer, with what it did: errors, console lines, dialogs, and
+    every request it made."""
+
+    def __init__(self, browser: Any, url: str, **context: Any) -> None:
+        self.url = url
+        self.context = browser.new_context(viewport={"width": 1280, "height": 800},
+                                           accept_downloads=True, **context)
+        self.page = self.context.new_page()
+        self.errors: list[str] = []
+        self.console: list[str] = []
+        self.dialogs: list[str] = []
+        self.requests: list[Any] = []
+        self.page.on("pageerror", lambda e: self.errors.append(str(e)))
+        self.page.on("console", lambda m: self.console.append(f"{m.type}: {m.text}"))
+        self.page.on("request", lambda r: self.requests.append(r))
+
+        def dialog(d: Any) -> None:
+            self.dialogs.append(d.message)
+            d.dismiss()
+
+        self.page.on("dialog", dialog)
+
+    def open(self, fragment: str = "") -> Any:
+        self.page.goto(f"{self.url}/viewer{fragment}")
+        return self.page
+
+    def rows(self) -> list[dict[str, Any]]:
+        return self.page.eval_on_selector_all("#rows .row", """rows => rows.map(r => ({
+            index: Number(r.dataset.index), status: r.dataset.status,
+            original: r.querySelector('.orig').textContent,
+            text: r.querySelector('.tran').textContent,
+            updated: r.classList.contains('updated'), cached: r.classList.contains('cached'),
+            height: r.getBoundingClientRect().height}))""")
+
+    def wait_rows(self, count: int, timeout_s: float = 10.0) -> list[dict[str, Any]]:
+        until(self.page, f"document.querySelectorAll('#rows .row').length >= {count}", timeout_s)
+        return self.rows()
+
+    def close(self) -> None:
+        self.context.close()
+        # The page's own files satisfy its Content-Security-Policy: nothing was refused.
+        refused = [line for line in self.console if "Content Security Policy" in line]
+        assert not refused, refused
+        assert not self.errors, self.errors
+
+
+@pytest.fixture
+def opened(browser: Any) -> Iterator[Callable[..., Page]]:
+    pages: list[Page] = []
+
+    def make(url: str, **context: Any) -> Page:
+        pages.append(Page(browser, url, **context))
+        return pages[-1]
+
+    yield make
+    for page in pages:
+        page.close()
+
+
+def served(fake: FakeTranslator | None = None, **overrides: Any) -> InThread:
+    fake = fake or FakeTranslator()
+    overrides.setdefault("default_locale", "zh-CN")
+    return InThread({"fake": fake, "passthrough": PassthroughTranslator()}, backend="fake",
+                    **overrides)
+
+
+def post(c: httpx.Client, sid: str, seq: int, text: str) -> int:
+    r = c.post(f"/v1/streams/{sid}/chunks", json={"chunks": [{"seq": seq, "text": text}]})
+    assert r.status_code == 200, r.text
+    return seq + 1
+
+
+def events(c: httpx.Client, sid: str) -> list[dict[str, Any]]:
+    """Every event of an ended stream, by long-poll."""
+    for _ in range(100):
+        got = c.get(f"/v1/streams/{sid}/events", params={"after": -1, "wait_ms": 200})
+        found: list[dict[str, Any]] = got.json()["events"]
+        if found and found[-1]["type"] == "end":
+            return found
+    raise AssertionError("the stream did not end")
+
+
+def as_now(found: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each segment as the stream says it at its end: late updates applied."""
+    out: dict[int, dict[str, Any]] = {}
+    for e in found:
+        if e["type"] == "segment":
+            out[e["data"]["index"]] = dict(e["data"])
+        elif e["type"] == "update":
+            out[e["data"]["index"]].update(e["data"])
+    return [out[i] for i in sorted(out)]
+
+
+# -- a stream, live ------------------------------------------------------------------------
+
+
+def test_rows_appear_in_order_as_deltas_are_posted(opened: Callable[..., Page]) -> None:
+    with served() as url, httpx.Client(base_url=url) as c:
+        c.post("/v1/streams", json={"stream_id": "live:1"})
+        view = opened(url)
+        page = view.open("#stream=live:1")
+        page.wait_for_selector("#state[data-state='live']")
+        seq = 0
+        for count, sentence in enumerate(TEXT, start=1):
+            for i in range(0, len(sentence), 6):  # token-sized deltas
+                seq = post(c, "live:1", seq, sentence[i:i + 6])
+            if count < len(TEXT):
+                # a sentence is cut once the next begins; the last one at close
+                rows = view.wait_rows(count - 1) if count > 1 else []
+                assert [r["index"] for r in rows] == list(range(len(rows)))
+        c.post("/v1/streams/live:1/close")
+        page.wait_for_selector("#state[data-state='ended']")
+        rows = view.rows()
+        stream = as_now(events(c, "live:1"))
+        assert [r["index"] for r in rows] == [s["index"] for s in stream]
+        # as shown: blank lines around a segment are not (export keeps them, tested below)
+        assert [r["original"] for r in rows] == [s["original"].strip() for s in stream]
+        assert [r["status"] for r in rows] == [s["status"] for s in stream]
+        assert "".join(s["original"] for s in stream) == "".join(TEXT)
+        statuses = {r["status"] for r in rows}
+        assert {"translated", "same_language", "skipped"} <= statuses
+        # code stays code: a <pre>, never reflowed
+        code = page.eval_on_selector(".row[data-status='skipped'] .orig pre",
+                                     "p => getComputedStyle(p).whiteSpace")
+        assert code == "pre"
+        assert page.locator(".row .tran code", has_text="`config.yaml`").count() == 1
+
+
+def test_a_late_update_replaces_its_row_in_place(opened: Callable[..., Page]) -> None:
+    slow = FakeTranslator(delay_s=2.0)
+    with served(slow, deadline_ms=150) as url, httpx.Client(base_url=url) as c:
+        c.post("/v1/streams", json={"stream_id": "late"})
+        view = opened(url)
+        page = view.open("#stream=late")
+        page.wait_for_selector("#state[data-state='live']")
+        post(c, "late", 0, "This sentence will be late. ")
+        c.post("/v1/streams/late/close")
+        page.wait_for_selector(".row[data-status='deadline']")
+        before = view.rows()[0]
+        assert before["text"] == before["original"]  # the original, until the update
+        page.wait_for_selector(".row[data-status='translated']")
+        after = view.rows()
+        assert len(after) == 1
+        assert after[0]["text"] == "<zh-CN>This sentence will be late."
+        assert after[0]["updated"] and after[0]["height"] >= before["height"]
+        page.wait_for_selector("#state[data-state='ended']")
+        page.click(".row .status")  # the backend and model, on demand
+        meta = page.text_content(".row .meta")
+        assert meta is not None and "backend fake" in meta and "after its deadline" in meta
+
+
+def test_three_layouts_remembered_across_visits(opened: Callable[..., Page]) -> None:
+    with served() as url, httpx.Client(base_url=url) as c:
+        post(c, "lay", 0, "One sentence here. Another one there. ")
+        c.post("/v1/streams/lay/close")
+        view = opened(url)
+        page = view.open("#stream=lay")
+        view.wait_rows(2)
+
+        def box(selector: str) -> dict[str, float]:
+            found = page.locator(selector).first.bounding_box()
+            assert found is not None, selector
+            return found
+
+        orig, tran = box(".row .orig"), box(".row .tran")
+        assert orig["x"] < tran["x"] and abs(orig["y"] - tran["y"]) < 2  # side by side
+        page.click("#layouts button[data-layout='below']")
+        orig, tran = box(".row .orig"), box(".row .tran")
+        assert tran["y"] < orig["y"] and abs(orig["x"] - tran["x"]) < 2  # original beneath
+        page.click("#layouts button[data-layout='only']")
+        assert not page.locator(".row .orig").first.is_visible()
+        page.hover(".row .tran >> nth=0")
+        assert page.locator(".row .orig").first.is_visible()  # the original on hover
+        page.mouse.move(5, 5)
+        assert not page.locator(".row .orig").first.is_visible()
+        page.click(".row .tran >> nth=1")
+        page.mouse.move(5, 5)
+        assert page.locator(".row .orig").nth(1).is_visible()  # and on a tap
+
+        page.reload()
+        view.wait_rows(2)
+        assert page.get_attribute("#rows", "data-layout") == "only"
+        pressed = page.get_attribute("#layouts button[data-layout='only']", "aria-pressed")
+        assert pressed == "true"
+
+
+def test_export_matches_the_streams_events(opened: Callable[..., Page]) -> None:
+    with served(deadline_ms=5000) as url, httpx.Client(base_url=url) as c:
+        seq = 0
+        for sentence in TEXT:
+            seq = post(c, "exp", seq, sentence)
+        c.post("/v1/streams/exp/close")
+        stream = as_now(events(c, "exp"))
+        view = opened(url)
+        page = view.open("#stream=exp")
+        page.wait_for_selector("#state[data-state='ended']")
+        with page.expect_download() as got:
+            page.click("#export-jsonl")
+        download = got.value
+        assert download.suggested_filename == "exp.jsonl"
+        lines = [json.loads(line) for line in open(download.path(), encoding="utf-8")]
+        assert len(lines) == len(stream)
+        for line, s in zip(lines, stream, strict=True):
+            assert (line["index"], line["original"], line["translation"], line["status"]) == (
+                s["index"], s["original"], s["text"], s["status"])
+            assert line["backend"] == s["backend"] and line["source_lang"] == s["source_lang"]
+
+        with page.expect_download() as got:
+            page.click("#export-md")
+        markdown = open(got.value.path(), encoding="utf-8").read()
+        assert markdown.startswith("# Stream `exp`")
+        for s in stream:
+            for line in s["original"].strip().splitlines():
+                assert f"> {line}".rstrip() in markdown
+        assert "def area(r):" in markdown and "<zh-CN>First I check" in markdown
+
+
+def test_copy_a_row_and_the_whole_stream(opened: Callable[..., Page]) -> None:
+    with served() as url, httpx.Client(base_url=url) as c:
+        post(c, "cp", 0, "Copy this one. And this one too. ")
+        c.post("/v1/streams/cp/close")
+        view = opened(url, permissions=["clipboard-read", "clipboard-write"])
+        page = view.open("#stream=cp")
+        page.wait_for_selector("#state[data-state='ended']")
+        page.hover(".row >> nth=1")
+        page.click(".row >> nth=1 >> .copy")
+        assert page.evaluate("navigator.clipboard.readText()") == "<zh-CN>And this one too. "
+        page.click("#copy-all")
+        until(page, "document.querySelector('#copy-all').textContent === 'Copied'")
+        joined = "<zh-CN>Copy this one. <zh-CN>And this one too. "
+        assert page.evaluate("navigator.clipboard.readText()") == joined
+
+
+def test_follow_mode_keeps_the_newest_row_in_view_until_the_reader_scrolls_up(
+    opened: Callable[..., Page],
+) -> None:
+    with served() as url, httpx.Client(base_url=url) as c:
+        c.post("/v1/streams", json={"stream_id": "long"})
+        view = opened(url)
+        page = view.open("#stream=long")
+        page.wait_for_selector("#state[data-state='live']")
+        seq = 0
+        for i in range(40):
+            seq = post(c, "long", seq, f"Sentence number {i} of a long stream. ")
+        view.wait_rows(39)
+        at_bottom = ("(r => r.scrollHeight - r.scrollTop - r.clientHeight < 50)"
+                     "(document.getElementById('rows'))")
+        until(page, at_bottom)
+        page.mouse.move(700, 400)
+        page.mouse.wheel(0, -600)
+        until(page, "document.getElementById('follow').ariaPressed === 'false'")
+        top = page.evaluate("document.getElementById('rows').scrollTop")
+        for i in range(40, 50):
+            seq = post(c, "long", seq, f"Sentence number {i} of a long stream. ")
+        view.wait_rows(49)
+        assert page.evaluate("document.getElementById('rows').scrollTop") == top  # left alone
+        page.click("#follow")
+        until(page, at_bottom)
+
+
+# -- the stream list and the header ------------------------------------------------------------
+
+
+def test_the_stream_list_is_live_filtered_and_opens_a_stream(opened: Callable[..., Page]) -> None:
+    with served() as url, httpx.Client(base_url=url) as c:
+        post(c, "alpha:1", 0, "Alpha starts. ")
+        time.sleep(0.02)
+        view = opened(url)
+        page = view.open()
+        page.wait_for_selector("#streams li[data-id='alpha:1']")
+        post(c, "beta:2", 0, "Beta starts. ")
+        page.wait_for_selector("#streams li[data-id='beta:2']", timeout=8000)
+        ids = page.eval_on_selector_all("#streams li", "items => items.map(i => i.dataset.id)")
+        assert ids == ["beta:2", "alpha:1"]  # newest first
+        page.fill("#filter", "alp")
+        ids = page.eval_on_selector_all("#streams li", "items => items.map(i => i.dataset.id)")
+        assert ids == ["alpha:1"]
+        page.click("#streams li[data-id='alpha:1'] button")
+        page.wait_for_selector("#title:text('alpha:1')")
+        assert page.evaluate("location.hash") == "#stream=alpha%3A1"
+        assert page.get_attribute("#streams li[data-id='alpha:1']", "class") == "selected"
+
+
+def test_the_header_says_ready_and_busy(opened: Callable[..., Page]) -> None:
+    with served() as url, httpx.Client(base_url=url) as c:
+        view = opened(url)
+        page = view.open()
+        page.wait_for_selector("#ready[data-state='ready']")
+        page.wait_for_selector("#backends .pill[data-backend='fake'][data-state='ready']")
+        assert page.text_content("#queue") == "0"
+        seq = 0
+        for i in range(10):
+            seq = post(c, "busy", seq, f"Busy sentence {i}. ")
+        until(page, "Number(document.getElementById('rate').textContent) > 0")
+
+
+def test_the_header_says_why_not_ready(opened: Callable[..., Page]) -> None:
+    fake = FakeTranslator()
+    fake.ready, fake.reason = False, "the model is still loading"
+    with served(fake) as url:
+        view = opened(url)
+        page = view.open()
+        page.wait_for_selector("#ready[data-state='degraded'], #ready[data-state='not_ready']")
+        assert page.text_content("#ready-reason")
+        title = page.get_attribute("#backends .pill[data-backend='fake']", "title")
+        assert title is not None and "the model is still loading" in title
+
+
+# -- the token ---------------------------------------------------------------------------------
+
+
+def _v1(view: Page) -> list[Any]:
+    return [r for r in view.requests if "/v1/" in r.url]
+
+
+def test_the_token_from_the_fragment_is_kept_for_the_tab_and_never_in_a_url(
+    opened: Callable[..., Page],
+) -> None:
+    with served(api_token="t0ken-123") as url:
+        auth = {"Authorization": "Bearer t0ken-123"}
+        with httpx.Client(base_url=url, headers=auth) as c:
+            post(c, "sec", 0, "A private thought. ")
+            c.post("/v1/streams/sec/close")
+        view = opened(url)
+        page = view.open("#stream=sec&token=t0ken-123")
+        page.wait_for_selector("#state[data-state='ended']")
+        assert page.evaluate("location.hash") == "#stream=sec"  # taken out of the address
+        assert page.evaluate("sessionStorage.getItem('thinktrans.token')") == "t0ken-123"
+        assert page.is_hidden("#auth")
+        page.reload()  # kept for the tab
+        page.wait_for_selector("#state[data-state='ended']")
+        calls = _v1(view)
+        assert calls and all(r.headers.get("authorization") == "Bearer t0ken-123" for r in calls)
+        assert all("t0ken" not in r.url for r in view.requests)
+
+
+def test_the_page_asks_for_the_token_once_and_says_when_it_is_refused(
+    opened: Callable[..., Page],
+) -> None:
+    with served(api_token="t0ken-123") as url:
+        with httpx.Client(base_url=url, headers={"Authorization": "Bearer t0ken-123"}) as c:
+            post(c, "ask", 0, "Another private thought. ")
+        view = opened(url)
+        page = view.open("#stream=ask")
+        page.wait_for_selector("#auth:not([hidden])")
+        page.fill("#token", "wrong")
+        page.click("#auth button")
+        page.wait_for_selector("#auth:not([hidden])")
+        until(page, "document.getElementById('auth-error').textContent.length > 0")
+        page.fill("#token", "t0ken-123")
+        page.click("#auth button")
+        page.wait_for_selector(".row")
+        assert page.is_hidden("#auth")
+        assert view.rows()[0]["original"] == "Another private thought."
+        assert all("t0ken" not in r.url and "wrong" not in r.url for r in view.requests)
+
+
+# -- safety ------------------------------------------------------------------------------------
+
+
+def test_a_hostile_thought_runs_no_script(opened: Callable[..., Page]) -> None:
+    fake = FakeTranslator()
+    fake.answers.extend([lambda texts, s, t: [f"{x} <img src=y onerror=alert(4)>" for x in texts]])
+    with served(fake) as url, httpx.Client(base_url=url) as c:
+        post(c, "evil", 0, HOSTILE + "```html\n<script>alert(5)</script>\n```\n")
+        c.post("/v1/streams/evil/close")
+        view = opened(url)
+        page = view.open("#stream=evil")
+        page.wait_for_selector("#state[data-state='ended']")
+        page.click("#layouts button[data-layout='only']")
+        page.hover(".row .tran >> nth=0")
+        page.click("#export-md")
+        time.sleep(0.5)
+        rows = view.rows()
+        assert rows[0]["original"] == HOSTILE.strip()  # the characters, shown as they are
+        assert "<img src=y onerror=alert(4)>" in rows[0]["text"]
+        assert page.evaluate("window.__pwned") is None
+        assert view.dialogs == []
+        assert page.locator("#rows img, #rows script, #rows svg").count() == 0
+        allowed = ("/viewer", "/v1/", "/readyz", "/metrics")
+        strays = [r.url for r in view.requests
+                  if not r.url.startswith("blob:")
+                  and not any(r.url.startswith(url + path) for path in allowed)]
+        assert strays == []
+
+
+# -- connections -------------------------------------------------------------------------------
+
+
+class CuttingProxy:
+    """A TCP proxy on 127.0.0.1 in front of the sidecar whose connections the test can cut,
+    as a network drop would."""
+
+    def __init__(self, upstream: str) -> None:
+        host, port = upstream.removeprefix("http://").split(":")
+        self.upstream = (host, int(port))
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self.listener.getsockname()[1]}"
+        self.open: list[socket.socket] = []
+        self.lock = threading.Lock()
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self.listener.accept()
+            except OSError:
+                return
+            server = socket.create_connection(self.upstream)
+            with self.lock:
+                self.open += [client, server]
+            for a, b in ((client, server), (server, client)):
+                threading.Thread(target=self._pipe, args=(a, b), daemon=True).start()
+
+    @staticmethod
+    def _pipe(src: socket.socket, dst: socket.socket) -> None:
+        try:
+            while data := src.recv(65536):
+                dst.sendall(data)
+        except OSError:
+            pass
+        for s in (src, dst):
+            try:
+                s.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+    def cut(self) -> None:
+        with self.lock:
+            cut, self.open = self.open, []
+        for s in cut:
+            try:
+                s.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+            s.close()
+
+    def close(self) -> None:
+        self.listener.close()
+        self.cut()
+
+
+def test_the_page_resumes_after_the_connection_drops(opened: Callable[..., Page]) -> None:
+    with served() as url, httpx.Client(base_url=url) as c:
+        proxy = CuttingProxy(url)
+        try:
+            c.post("/v1/streams", json={"stream_id": "drop"})
+            view = opened(proxy.url)
+            page = view.open("#stream=drop")
+            page.wait_for_selector("#state[data-state='live']")
+            seq = 0
+            for i in range(3):
+                seq = post(c, "drop", seq, f"Before the drop {i}. ")
+            view.wait_rows(2)
+            proxy.cut()
+            page.wait_for_selector("#state[data-state='reconnecting']", timeout=5000)
+            for i in range(3):
+                seq = post(c, "drop", seq, f"After the drop {i}. ")
+            c.post("/v1/streams/drop/close")
+            page.wait_for_selector("#state[data-state='ended']", timeout=15_000)
+            rows = view.rows()
+            stream = as_now(events(c, "drop"))
+            # every segment once: none lost, none twice
+            assert [r["original"] for r in rows] == [s["original"].strip() for s in stream]
+            resumed = [r for r in view.requests if r.url.endswith("/v1/streams/drop/events")
+                       and "last-event-id" in r.headers]
+            assert resumed and int(resumed[-1].headers["last-event-id"]) >= 1
+        finally:
+            proxy.close()
+
+
+def test_an_evicted_stream_says_so(opened: Callable[..., Page]) -> None:
+    with served(max_ended_streams=1) as url, httpx.Client(base_url=url) as c:
+        for sid in ("first", "second"):
+            post(c, sid, 0, "Short. ")
+            c.post(f"/v1/streams/{sid}/close")
+            events(c, sid)
+        view = opened(url)
+        page = view.open("#stream=first")
+        page.wait_for_selector("#state[data-state='evicted']")
+        notice = page.text_content("#notice")
+        assert notice is not None and "evicted (410)" in notice
+        page.evaluate("location.hash = '#stream=never'")
+        page.wait_for_selector("#state[data-state='gone']")
+        notice = page.text_content("#notice")
+        assert notice is not None and "no stream 'never'" in notice
+
+
+def test_the_pages_sse_parser_reads_events_however_the_bytes_are_cut(
+    opened: Callable[..., Page],
+) -> None:
+    """The page's own parser (sse.js), loaded in the page: line ends of each kind, comments
+    (keep-alives), multi-line data, and the wire cut at every character."""
+    with served() as url:
+        view = opened(url)
+        page = view.open()
+        got = page.evaluate("""async () => {
+            const { SSEParser } = await import('./viewer/sse.js');
+            const wire = ': keep-alive\\n\\n'
+                + 'event: segment\\r\\nid: 7\\r\\ndata: {"a":1}\\r\\n\\r\\n'
+                + 'event: update\\rid: 8\\rdata: line one\\rdata: line two\\r\\r'
+                + 'data: no type\\n\\nevent: end\\nid: 9\\ndata: {}\\n\\n';
+            const runs = [];
+            for (const size of [1, 2, 3, 5, 7, 11, wire.length]) {
+                const seen = [];
+                const parser = new SSEParser((e) => seen.push(e));
+                for (let i = 0; i < wire.length; i += size) parser.push(wire.slice(i, i + size));
+                runs.push(seen);
+            }
+            return runs;
+        }""")
+        expected = [
+            {"id": "7", "type": "segment", "data": '{"a":1}'},
+            {"id": "8", "type": "update", "data": "line one\nline two"},
+            {"id": "8", "type": "message", "data": "no type"},
+            {"id": "9", "type": "end", "data": "{}"},
+        ]
+        assert all(run == expected for run in got), got
