@@ -218,6 +218,23 @@ def test_a_late_update_replaces_its_row_in_place(opened: Callable[..., Page]) ->
         assert meta is not None and "backend fake" in meta and "after its deadline" in meta
 
 
+def test_a_cached_translation_says_so_on_one_line(opened: Callable[..., Page]) -> None:
+    with served() as url, httpx.Client(base_url=url) as c:
+        post(c, "twice", 0, "Say it once. ")
+        c.post("/v1/streams/twice/close")
+        events(c, "twice")
+        post(c, "again", 0, "Say it once. ")
+        c.post("/v1/streams/again/close")
+        view = opened(url)
+        page = view.open("#stream=again")
+        page.wait_for_selector("#state[data-state='ended']")
+        row = view.rows()[0]
+        assert row["cached"] and page.text_content(".row .status") == "cached"
+        gutter = page.eval_on_selector(".row .gutter", "g => g.getBoundingClientRect().height")
+        cell = page.eval_on_selector(".row .tran", "t => t.getBoundingClientRect().height")
+        assert gutter <= cell + 1  # the label does not make the row taller
+
+
 def test_three_layouts_remembered_across_visits(opened: Callable[..., Page]) -> None:
     with served() as url, httpx.Client(base_url=url) as c:
         post(c, "lay", 0, "One sentence here. Another one there. ")

@@ -114,7 +114,6 @@ export class Rows {
     gutter.append(el("span", "index", String(segment.index)));
     const status = el("button", "status");
     status.type = "button";
-    status.title = "Backend, model, languages and latency";
     status.addEventListener("click", (event) => {
       event.stopPropagation();
       const meta = row.querySelector(".meta");
@@ -122,7 +121,7 @@ export class Rows {
       status.setAttribute("aria-expanded", String(!meta.hidden));
     });
     status.setAttribute("aria-expanded", "false");
-    gutter.append(status, el("span", "badge cached", "cached"), el("span", "badge late", "late"));
+    gutter.append(status);
     const copy = el("button", "copy", "Copy");
     copy.type = "button";
     copy.title = "Copy this row's translation";
@@ -152,8 +151,13 @@ export class Rows {
     row.classList.toggle("cached", Boolean(segment.cached));
     row.classList.toggle("updated", segment.updated);
     row.classList.toggle("same", segment.text === segment.original);
+    // One label, one line: a row's height does not change with its status. A cached
+    // translation says "cached"; one that came after its deadline is marked (dashed).
     const button = row.querySelector(".status");
-    button.textContent = LABELS[status] || status;
+    button.textContent = segment.cached && status === "translated" ? "cached"
+      : LABELS[status] || status;
+    button.title = segment.updated ? "Translated after its deadline; click for details"
+      : "Backend, model, languages and latency";
     const original = row.querySelector(".orig");
     const translation = row.querySelector(".tran");
     fill(original, segment.original);
