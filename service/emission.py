@@ -46,8 +46,8 @@ EMIT_BATCH = 64
 # send the JSON as it is, and a tuple of an int and strings is cheap to keep and is left
 # alone by the garbage collector, unlike the models it was made from.
 Event: TypeAlias = tuple[int, str, str]
-# Events whose wire form (an SSE frame) is kept for the next readers: the newest ones, which
-# live readers read as they come.
+# Events whose wire form (an SSE frame) is kept for the next readers: the last ones made,
+# which live readers read as they come.
 _ENCODED_KEPT = 16
 # Superseded events still retained are taken out once more than this many outnumber the
 # rest (as the batcher compacts its queue).
@@ -88,6 +88,11 @@ class Segment:
     memory: str | None = None
 
 
+def _time_up(waiter: asyncio.Future[None]) -> None:
+    if not waiter.done():
+        waiter.set_result(None)
+
+
 class EventLog:
     """A stream's events, ids rising from 0; the last ``max_retained`` (None: all) that no
     later event supersedes are kept, for SSE resume and long-poll. Any number of readers
@@ -103,8 +108,12 @@ class EventLog:
         self._superseded: set[int] = set()
         self._lost_through = -1  # the last id dropped by retention (not superseded)
         self._gaps = False  # superseded events were taken out from among the others
-        self._changed: asyncio.Future[None] | None = None
+        # Readers waiting for the next event, each with its own future: set together by a
+        # publish; a reader that gives up (cancelled, timed out) takes only its own out.
+        self._waiters: set[asyncio.Future[None]] = set()
+        self._idle_timer: asyncio.TimerHandle | None = None  # SSE readers' keep-alive
         self._encoded: dict[int, bytes] = {}  # event id: its wire form, the newest few
+        self._block: tuple[tuple[int, int, int], bytes] | None = None  # the last block
         # A one-shot text's answer is built from its results, kept as they are; nobody
         # reads its events.
         self.results: list[SegmentResult] | None = [] if keep_results else None
@@ -176,9 +185,11 @@ class EventLog:
 
     def wake(self) -> None:
         """Wake every reader waiting for an event."""
-        if self._changed is not None and not self._changed.done():
-            self._changed.set_result(None)
-        self._changed = None
+        if self._waiters:
+            waiters, self._waiters = self._waiters, set()
+            for waiter in waiters:
+                if not waiter.done():
+                    waiter.set_result(None)
 
     def after(self, after: int) -> list[Event]:
         """Events with id > after, less the superseded ones; raises EventsGone if some
@@ -203,8 +214,8 @@ class EventLog:
         return found
 
     def encoded(self, event: Event, encode: Callable[[Event], bytes]) -> bytes:
-        """``encode(event)``, made once for every reader of the event (kept for the
-        newest _ENCODED_KEPT events that a reader asked for)."""
+        """``encode(event)``, made once for every reader of the event (the last
+        _ENCODED_KEPT made are kept). One encoder per log: the SSE frame."""
         encoded = self._encoded
         wire = encoded.get(event[0])
         if wire is None:
@@ -213,24 +224,57 @@ class EventLog:
                 del encoded[next(iter(encoded))]
         return wire
 
+    def encoded_block(self, events: list[Event], encode: Callable[[Event], bytes]) -> bytes:
+        """The wire form of ``events`` (as ``after`` gives them) in one block: a reader
+        writes what one wake found at once, and readers at the same place share it."""
+        if len(events) == 1:
+            return self.encoded(events[0], encode)
+        key = (events[0][0], events[-1][0], len(events))
+        if self._block is not None and self._block[0] == key:
+            return self._block[1]
+        block = b"".join([self.encoded(event, encode) for event in events])
+        self._block = (key, block)
+        return block
+
     def retained_bytes(self) -> int:
-        """The memory the kept events hold: their JSON, and the tuple and deque slot
-        around each (EVENT_OVERHEAD_BYTES)."""
+        """The memory the kept events hold: their JSON, the tuple and deque slot around
+        each (EVENT_OVERHEAD_BYTES), and the wire forms kept."""
         total = sum(sys.getsizeof(data) for _, _, data in self.events)
+        total += sum(sys.getsizeof(wire) for wire in self._encoded.values())
         return total + EVENT_OVERHEAD_BYTES * len(self.events)
 
-    async def wait(self, after: int, timeout_s: float, *, ended: bool) -> list[Event]:
-        """Events after ``after``, waiting up to ``timeout_s`` for the first."""
+    async def wait(self, after: int, timeout_s: float, *, ended: bool,
+                   shared_timeout: bool = False) -> list[Event]:
+        """Events after ``after``, waiting up to ``timeout_s`` for the first.
+
+        ``shared_timeout`` (SSE readers, whose timeout is the keep-alive's): one timer for
+        every such reader of the log, armed by the first to wait and firing at most
+        ``timeout_s`` later for all of them, so that a reader may wake sooner, never
+        later. A reader's wait costs a future and no timer: this runs for every reader
+        at every event.
+        """
         found = self.after(after)
         if found or ended or timeout_s <= 0:
             return found
-        if self._changed is None:
-            self._changed = asyncio.get_running_loop().create_future()
+        loop = asyncio.get_running_loop()
+        waiter: asyncio.Future[None] = loop.create_future()
+        self._waiters.add(waiter)
+        timer = None
+        if not shared_timeout:
+            timer = loop.call_later(timeout_s, _time_up, waiter)
+        elif self._idle_timer is None:
+            self._idle_timer = loop.call_later(timeout_s, self._idle_due)
         try:
-            await asyncio.wait_for(asyncio.shield(self._changed), timeout_s)
-        except TimeoutError:
-            pass
+            await waiter
+        finally:
+            if timer is not None:
+                timer.cancel()
+            self._waiters.discard(waiter)
         return self.after(after)
+
+    def _idle_due(self) -> None:
+        self._idle_timer = None
+        self.wake()
 
 
 class Emitter:

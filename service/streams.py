@@ -272,8 +272,10 @@ class Stream:
         segments = self.log.results or []
         return TextResult(text="".join(s.text for s in segments), segments=segments)
 
-    async def wait_events(self, after: int, timeout_s: float) -> list[Event]:
-        return await self.log.wait(after, timeout_s, ended=self.emitter.ended)
+    async def wait_events(self, after: int, timeout_s: float, *,
+                          shared_timeout: bool = False) -> list[Event]:
+        return await self.log.wait(after, timeout_s, ended=self.emitter.ended,
+                                   shared_timeout=shared_timeout)
 
     # -- end of life -----------------------------------------------------------------------
 

@@ -9,6 +9,7 @@ import re
 from datetime import datetime
 from importlib import resources
 
+import httpx
 import pytest
 
 from service.routes import streams as stream_routes
@@ -22,6 +23,15 @@ CSP_NEEDS = ("script-src 'self'", "connect-src 'self'", "default-src 'none'")
 def _time(value: str) -> datetime:
     assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z", value), value
     return datetime.fromisoformat(value)
+
+
+async def _ended(c: httpx.AsyncClient, sid: str) -> None:
+    for _ in range(200):
+        listed = {s["stream_id"]: s for s in (await c.get("/v1/streams")).json()["streams"]}
+        if listed[sid]["state"] == "ended":
+            return
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"{sid} did not end")
 
 
 # -- GET /v1/streams ---------------------------------------------------------------------------
@@ -49,6 +59,17 @@ async def test_the_stream_list_gives_open_and_ended_streams_newest_first() -> No
 
         assert (await c.delete("/v1/streams/a")).status_code == 204
         assert [s["stream_id"] for s in (await c.get("/v1/streams")).json()["streams"]] == ["b"]
+
+
+async def test_the_list_can_give_only_the_newest() -> None:
+    async with app_with(default_locale="de") as run:
+        c = run.client
+        for i in range(5):
+            await c.post("/v1/streams", json={"stream_id": f"s{i}"})
+            await asyncio.sleep(0.002)
+        r = await c.get("/v1/streams", params={"limit": 2})
+        assert [s["stream_id"] for s in r.json()["streams"]] == ["s4", "s3"]
+        assert_problem(await c.get("/v1/streams", params={"limit": 0}), 422)
 
 
 async def test_an_evicted_stream_leaves_the_list() -> None:
@@ -81,7 +102,7 @@ async def test_a_reader_behind_the_retained_events_is_told_where_to_resume() -> 
         c = run.client
         await post_chunks(c, "r", [(0, " ".join(f"Sentence {i}." for i in range(30)))])
         await c.post("/v1/streams/r/close")
-        await asyncio.sleep(0.5)
+        await _ended(c, "r")
         problem = assert_problem(await c.get("/v1/streams/r/events"), 410)
         r = await c.get("/v1/streams/r/events", params={"after": problem["resume_after"]})
         assert r.status_code == 200 and len(r.json()["events"]) == 16
@@ -96,12 +117,18 @@ async def test_the_page_is_served_without_the_token_with_strict_headers() -> Non
         r = await c.get("/viewer")
         assert r.status_code == 200 and r.headers["content-type"].startswith("text/html")
         assert "<title>thinktrans viewer</title>" in r.text
+        answers = [r]
         for name, media in viewer.FILES.items():
             f = await c.get(f"/viewer/{name}")
             assert f.status_code == 200, name
             assert f.headers["content-type"] == media
             assert f.content == resources.files("service.viewer").joinpath(name).read_bytes()
-        for resp in (r, f):
+            answers.append(f)
+        answers.append(await c.get("/viewer", headers={"If-None-Match": r.headers["etag"]}))
+        assert answers[-1].status_code == 304
+        answers.append(await c.get("/viewer/nothing.js"))
+        assert answers[-1].status_code == 404
+        for resp in answers:
             csp = resp.headers["content-security-policy"]
             assert all(need in csp for need in CSP_NEEDS), csp
             assert "unsafe" not in csp
@@ -153,7 +180,9 @@ def test_the_page_never_writes_html_from_a_string() -> None:
     for name, text in _page_files().items():
         if name.endswith(".js"):
             for sink in ("innerHTML", "outerHTML", "insertAdjacentHTML", "document.write",
-                         "eval(", "new Function", "setAttribute(\"on", "srcdoc"):
+                         "eval(", "new Function", "setAttribute(\"on", "srcdoc",
+                         "createContextualFragment", "parseFromString", "setHTMLUnsafe",
+                         "DOMParser"):
                 assert sink not in text, (name, sink)
 
 

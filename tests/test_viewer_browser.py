@@ -197,25 +197,33 @@ def test_rows_appear_in_order_as_deltas_are_posted(opened: Callable[..., Page]) 
 
 def test_a_late_update_replaces_its_row_in_place(opened: Callable[..., Page]) -> None:
     slow = FakeTranslator(delay_s=2.0)
+    slow.answers.extend([lambda texts, s, t: ["短。" for _ in texts]])  # shorter than it
     with served(slow, deadline_ms=150) as url, httpx.Client(base_url=url) as c:
         c.post("/v1/streams", json={"stream_id": "late"})
         view = opened(url)
         page = view.open("#stream=late")
         page.wait_for_selector("#state[data-state='live']")
-        post(c, "late", 0, "This sentence will be late. ")
-        c.post("/v1/streams/late/close")
+        post(c, "late", 0, "This sentence will be late, and it is a long one, isn't it. ")
         page.wait_for_selector(".row[data-status='deadline']")
         before = view.rows()[0]
         assert before["text"] == before["original"]  # the original, until the update
+        page.evaluate("document.querySelector('.row').dataset.mark = 'first'")
         page.wait_for_selector(".row[data-status='translated']")
         after = view.rows()
-        assert len(after) == 1
-        assert after[0]["text"] == "<zh-CN>This sentence will be late."
-        assert after[0]["updated"] and after[0]["height"] >= before["height"]
+        assert len(after) == 1 and after[0]["text"] == "短。"
+        assert after[0]["updated"]
+        assert page.get_attribute(".row", "data-mark") == "first"  # the same row, in place
+        assert abs(after[0]["height"] - before["height"]) < 1  # its height kept, running
+        c.post("/v1/streams/late/close")
         page.wait_for_selector("#state[data-state='ended']")
         page.click(".row .status")  # the backend and model, on demand
         meta = page.text_content(".row .meta")
-        assert meta is not None and "backend fake" in meta and "after its deadline" in meta
+        assert meta is not None and "backend fake" in meta and "after it" in meta
+        with page.expect_download() as got:
+            page.click("#export-jsonl")
+        line = json.loads(open(got.value.path(), encoding="utf-8").read())
+        assert (line["translation"], line["status"], line["updated"]) == (
+            "短。 ", "translated", True)  # the original's trailing space kept
 
 
 def test_a_cached_translation_says_so_on_one_line(opened: Callable[..., Page]) -> None:
@@ -296,8 +304,7 @@ def test_export_matches_the_streams_events(opened: Callable[..., Page]) -> None:
         markdown = open(got.value.path(), encoding="utf-8").read()
         assert markdown.startswith("# Stream `exp`")
         for s in stream:
-            for line in s["original"].strip().splitlines():
-                assert f"> {line}".rstrip() in markdown
+            assert f"```text\n{s['original'].rstrip()}\n```" in markdown
         assert "def area(r):" in markdown and "<zh-CN>First I check" in markdown
 
 
@@ -310,6 +317,7 @@ def test_copy_a_row_and_the_whole_stream(opened: Callable[..., Page]) -> None:
         page.wait_for_selector("#state[data-state='ended']")
         page.hover(".row >> nth=1")
         page.click(".row >> nth=1 >> .copy")
+        until(page, "document.querySelectorAll('.row .copy')[1].textContent === 'Copied'")
         assert page.evaluate("navigator.clipboard.readText()") == "<zh-CN>And this one too. "
         page.click("#copy-all")
         until(page, "document.querySelector('#copy-all').textContent === 'Copied'")
@@ -359,7 +367,8 @@ def test_the_stream_list_is_live_filtered_and_opens_a_stream(opened: Callable[..
         ids = page.eval_on_selector_all("#streams li", "items => items.map(i => i.dataset.id)")
         assert ids == ["beta:2", "alpha:1"]  # newest first
         page.fill("#filter", "alp")
-        ids = page.eval_on_selector_all("#streams li", "items => items.map(i => i.dataset.id)")
+        ids = page.eval_on_selector_all("#streams li:not([hidden])",
+                                        "items => items.map(i => i.dataset.id)")
         assert ids == ["alpha:1"]
         page.click("#streams li[data-id='alpha:1'] button")
         page.wait_for_selector("#title:text('alpha:1')")
@@ -374,6 +383,7 @@ def test_the_header_says_ready_and_busy(opened: Callable[..., Page]) -> None:
         page.wait_for_selector("#ready[data-state='ready']")
         page.wait_for_selector("#backends .pill[data-backend='fake'][data-state='ready']")
         assert page.text_content("#queue") == "0"
+        until(page, "document.getElementById('rate').textContent !== '–'")  # a first sample
         seq = 0
         for i in range(10):
             seq = post(c, "busy", seq, f"Busy sentence {i}. ")
@@ -439,6 +449,20 @@ def test_the_page_asks_for_the_token_once_and_says_when_it_is_refused(
         assert page.is_hidden("#auth")
         assert view.rows()[0]["original"] == "Another private thought."
         assert all("t0ken" not in r.url and "wrong" not in r.url for r in view.requests)
+        health = [r for r in view.requests if "/readyz" in r.url or "/metrics" in r.url]
+        assert health and all("authorization" not in r.headers for r in health)
+
+
+def test_a_token_with_plus_signs_from_the_fragment_works(opened: Callable[..., Page]) -> None:
+    token = "a+b/c=="
+    with served(api_token=token) as url:
+        with httpx.Client(base_url=url, headers={"Authorization": f"Bearer {token}"}) as c:
+            post(c, "plus", 0, "Base64 tokens have plus signs. ")
+            c.post("/v1/streams/plus/close")
+        view = opened(url)
+        page = view.open("#stream=plus&token=a+b%2Fc%3D%3D")
+        page.wait_for_selector("#state[data-state='ended']")
+        assert page.evaluate("sessionStorage.getItem('thinktrans.token')") == token
 
 
 # -- safety ------------------------------------------------------------------------------------
@@ -527,7 +551,7 @@ class CuttingProxy:
 
 
 def test_the_page_resumes_after_the_connection_drops(opened: Callable[..., Page]) -> None:
-    with served() as url, httpx.Client(base_url=url) as c:
+    with served(flush_idle_ms=10_000) as url, httpx.Client(base_url=url) as c:
         proxy = CuttingProxy(url)
         try:
             c.post("/v1/streams", json={"stream_id": "drop"})
@@ -537,7 +561,7 @@ def test_the_page_resumes_after_the_connection_drops(opened: Callable[..., Page]
             seq = 0
             for i in range(3):
                 seq = post(c, "drop", seq, f"Before the drop {i}. ")
-            view.wait_rows(2)
+            view.wait_rows(2)  # the third sentence waits for the next (no idle flush)
             proxy.cut()
             page.wait_for_selector("#state[data-state='reconnecting']", timeout=5000)
             for i in range(3):
@@ -550,7 +574,8 @@ def test_the_page_resumes_after_the_connection_drops(opened: Callable[..., Page]
             assert [r["original"] for r in rows] == [s["original"].strip() for s in stream]
             resumed = [r for r in view.requests if r.url.endswith("/v1/streams/drop/events")
                        and "last-event-id" in r.headers]
-            assert resumed and int(resumed[-1].headers["last-event-id"]) >= 1
+            # resumed after the last event it had (ids 0 and 1 were in before the cut)
+            assert resumed and resumed[0].headers["last-event-id"] == "1"
         finally:
             proxy.close()
 
@@ -566,10 +591,7 @@ def test_an_evicted_stream_says_so(opened: Callable[..., Page]) -> None:
         page.wait_for_selector("#state[data-state='evicted']")
         notice = page.text_content("#notice")
         assert notice is not None and "evicted (410)" in notice
-        page.evaluate("location.hash = '#stream=never'")
-        page.wait_for_selector("#state[data-state='gone']")
-        notice = page.text_content("#notice")
-        assert notice is not None and "no stream 'never'" in notice
+
 
 
 def test_the_pages_sse_parser_reads_events_however_the_bytes_are_cut(
@@ -602,3 +624,104 @@ def test_the_pages_sse_parser_reads_events_however_the_bytes_are_cut(
             {"id": "9", "type": "end", "data": "{}"},
         ]
         assert all(run == expected for run in got), got
+
+
+def test_a_stream_not_open_yet_is_waited_for(opened: Callable[..., Page]) -> None:
+    with served() as url, httpx.Client(base_url=url) as c:
+        view = opened(url)
+        page = view.open("#stream=soon")
+        page.wait_for_selector("#state[data-state='waiting']")
+        notice = page.text_content("#notice")
+        assert notice is not None and "no stream 'soon'" in notice
+        post(c, "soon", 0, "Here it is now. ")
+        c.post("/v1/streams/soon/close")
+        page.wait_for_selector("#state[data-state='ended']", timeout=15_000)
+        assert view.rows()[0]["original"] == "Here it is now."
+        assert page.is_hidden("#notice")
+
+
+def test_a_refused_stream_id_is_not_asked_for_again_and_again(
+    opened: Callable[..., Page],
+) -> None:
+    with served() as url:
+        view = opened(url)
+        page = view.open("#stream=not%20an%20id")
+        page.wait_for_selector("#state[data-state='gone']")
+        time.sleep(1.5)
+        asked = [r for r in view.requests if "/events" in r.url]
+        assert len(asked) == 1  # a 422 does not change by asking again
+
+
+def test_switching_streams_mid_read_shows_only_the_new_one(opened: Callable[..., Page]) -> None:
+    with served() as url, httpx.Client(base_url=url) as c:
+        c.post("/v1/streams", json={"stream_id": "one"})
+        post(c, "two", 0, "Two says this. ")
+        c.post("/v1/streams/two/close")
+        view = opened(url)
+        page = view.open("#stream=one")
+        page.wait_for_selector("#state[data-state='live']")
+        page.evaluate("location.hash = '#stream=two'")
+        page.wait_for_selector("#state[data-state='ended']")
+        post(c, "one", 0, "One says that. And more. ")
+        time.sleep(1.0)
+        assert [r["original"] for r in view.rows()] == ["Two says this."]
+
+
+def test_hidden_and_error_rows_say_what_they_are(opened: Callable[..., Page]) -> None:
+    from models.errors import BackendError
+
+    failing = FakeTranslator()
+    failing.answers.extend([BackendError("the backend broke")] * 4)
+    with served(failing) as url, httpx.Client(base_url=url) as c:
+        c.post("/v1/streams", json={"stream_id": "hid", "policy": "hide"})
+        post(c, "hid", 0, "Not in the user's language. 这句是中文。")
+        c.post("/v1/streams/hid/close")
+        post(c, "err", 0, "This one fails. ")
+        c.post("/v1/streams/err/close")
+        view = opened(url)
+        page = view.open("#stream=hid")
+        page.wait_for_selector("#state[data-state='ended']")
+        rows = view.rows()
+        assert [r["status"] for r in rows] == ["hidden", "same_language"]
+        assert "hidden" in rows[0]["text"] and page.text_content(".row .status") == "hidden"
+        page.evaluate("location.hash = '#stream=err'")
+        page.wait_for_selector("#title:text('err')")
+        page.wait_for_selector(".row[data-status='error']")
+        page.click(".row .status")
+        meta = page.text_content(".row .meta")
+        assert meta is not None and "error:" in meta
+
+
+def test_a_long_code_block_cut_in_parts_stays_code(opened: Callable[..., Page]) -> None:
+    code = "```python\n" + "".join(f"    x_{i} = {i} * 2  # keep   spacing\n"
+                                    for i in range(60)) + "```\n"
+    with served(max_segment_chars=100) as url, httpx.Client(base_url=url) as c:
+        post(c, "code", 0, "Here is the code. " + code + "Done with it. ")
+        c.post("/v1/streams/code/close")
+        found = as_now(events(c, "code"))
+        parts = [s for s in found if s["status"] == "skipped"]
+        assert len(parts) > 1 and not parts[1]["original"].lstrip().startswith("```")
+        view = opened(url)
+        page = view.open("#stream=code")
+        page.wait_for_selector("#state[data-state='ended']")
+        pres = page.eval_on_selector_all(".row .orig", "cells => cells.map(c => "
+                                         "c.querySelector('pre') ? c.textContent : null)")
+        assert pres[0] is None and pres[-1] is None  # the prose before and after
+        assert all(p is not None for p in pres[1:-1])  # every part of the block is code
+        assert "    x_1 = 1 * 2  # keep   spacing" in "".join(pres[1:-1])  # as it was
+
+
+def test_the_markdown_export_never_renders_the_thinking(opened: Callable[..., Page]) -> None:
+    with served() as url, httpx.Client(base_url=url) as c:
+        post(c, "md", 0, "Watch ```` this: <img src=x onerror=alert(1)> and **bold**. ")
+        c.post("/v1/streams/md/close")
+        view = opened(url)
+        page = view.open("#stream=md")
+        page.wait_for_selector("#state[data-state='ended']")
+        with page.expect_download() as got:
+            page.click("#export-md")
+        markdown = open(got.value.path(), encoding="utf-8").read()
+        fence = "`````text\n"  # longer than the text's own run of four
+        assert markdown.count(fence) == 2
+        body = markdown.split(fence, 1)[1].split("\n`````", 1)[0]
+        assert body == "Watch ```` this: <img src=x onerror=alert(1)> and **bold**."

@@ -190,7 +190,7 @@ async def _sse(stream: Stream, after: int) -> AsyncIterator[bytes]:
     last = after
     while True:
         try:
-            events = await stream.wait_events(last, SSE_KEEPALIVE_S)
+            events = await stream.wait_events(last, SSE_KEEPALIVE_S, shared_timeout=True)
         except EventsGone:
             return  # the reader fell too far behind; it resumes with Last-Event-ID
         if not events:
@@ -198,11 +198,11 @@ async def _sse(stream: Stream, after: int) -> AsyncIterator[bytes]:
                 return  # dropped or expired
             yield KEEPALIVE_COMMENT
             continue
-        for event in events:
-            yield stream.log.encoded(event, _sse_frame)  # once per event, for every reader
-            last = event[0]
-            if event[1] == "end":
-                return
+        # What this wake found, in one write; each frame made once for every reader.
+        yield stream.log.encoded_block(events, _sse_frame)
+        last = events[-1][0]
+        if events[-1][1] == "end":
+            return
 
 
 def _sse_frame(event: Event) -> bytes:

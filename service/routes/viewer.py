@@ -24,6 +24,7 @@ FILES = {
     "app.js": "text/javascript; charset=utf-8",
     "api.js": "text/javascript; charset=utf-8",
     "sse.js": "text/javascript; charset=utf-8",
+    "reader.js": "text/javascript; charset=utf-8",
     "rows.js": "text/javascript; charset=utf-8",
     "export.js": "text/javascript; charset=utf-8",
     "ops.js": "text/javascript; charset=utf-8",

@@ -22,7 +22,8 @@ export function fragment() {
     const key = eq < 0 ? part : part.slice(0, eq);
     const value = eq < 0 ? "" : part.slice(eq + 1);
     try {
-      out.set(decodeURIComponent(key), decodeURIComponent(value.replace(/\+/g, " ")));
+      // Percent-decoding only: a fragment is not a form, "+" is a "+" (base64 tokens).
+      out.set(decodeURIComponent(key), decodeURIComponent(value));
     } catch {
       // a malformed escape: that parameter is ignored
     }
@@ -76,7 +77,7 @@ export async function api(path, init = {}) {
     const headers = new Headers(init.headers || {});
     if (sent && path.startsWith("/v1/")) headers.set("Authorization", `Bearer ${sent}`);
     const response = await fetch(base + path, {
-      ...init, headers, cache: "no-store", credentials: "omit", referrerPolicy: "no-referrer",
+      ...init, headers, cache: "no-store", credentials: "same-origin", referrerPolicy: "no-referrer",
     });
     if (response.status !== 401 || !asker) return response;
     if (token === sent) await askForToken(Boolean(sent));

@@ -1,18 +1,17 @@
 // The viewer: the stream list, one stream live, layouts, copy and export, follow mode, the
 // operators' header and the token flow.
 
-import { api, fragment, fragmentWith, onTokenNeeded, problemOf, takeTokenFromFragment } from "./api.js";
+import { api, fragment, fragmentWith, onTokenNeeded, takeTokenFromFragment } from "./api.js";
 import { copyText, download, toJSONL, toMarkdown } from "./export.js";
 import { Ops } from "./ops.js";
+import { StreamReader } from "./reader.js";
 import { Rows } from "./rows.js";
-import { readEvents } from "./sse.js";
 
 const LAYOUT_KEY = "thinktrans.layout";
 const LAYOUTS = ["side", "below", "only"];
 const LIST_EVERY_MS = 2000;
-const OPS_EVERY_MS = 2000;
-const RETRY_FIRST_MS = 500;
-const RETRY_MOST_MS = 5000;
+const LIST_LIMIT = 500; // the newest streams listed
+const OPS_EVERY_MS = 5000;
 const FOLLOW_SLACK_PX = 48; // this close to the bottom still counts as at the bottom
 
 const $ = (id) => document.getElementById(id);
@@ -23,12 +22,11 @@ const rows = new Rows(rowsNode, { onCopy: (text, button) => copied(copyText(text
 const view = {
   id: null, // the stream shown
   target: null,
-  generation: 0, // a new stream shown makes the previous reader stop
-  abort: null,
+  reader: null,
   follow: true,
-  lastId: -1,
 };
 const known = new Map(); // stream id: its summary from GET /v1/streams
+const items = new Map(); // stream id: its list item
 
 // -- the token ---------------------------------------------------------------------------
 
@@ -99,98 +97,36 @@ function setFollow(on) {
 
 // -- one stream, live ----------------------------------------------------------------------
 
-function onEvent(event) {
-  let data;
-  try {
-    data = JSON.parse(event.data);
-  } catch {
-    return;
-  }
-  if (event.id !== null) view.lastId = Number(event.id);
+function onEvent(event, data) {
   const follow = view.follow;
-  if (event.type === "segment") rows.segment(data);
-  else if (event.type === "update") rows.update(data);
-  else if (event.type === "end") {
+  if (event.type === "segment") {
+    rows.segment(data);
+    if (data.target) view.target = data.target;
+  } else if (event.type === "update") {
+    rows.update(data);
+  } else if (event.type === "end") {
     rows.running = false;
+    rows.relax();
     setState("ended", `ended · ${data.segments} segments`);
   }
-  if (event.type === "segment" && data.target) view.target = data.target;
   if (follow) toBottom();
   const some = rows.list.length > 0;
   for (const id of ["copy-all", "export-md", "export-jsonl"]) $(id).disabled = !some;
 }
 
-async function read(streamId, generation, signal) {
-  let delay = RETRY_FIRST_MS;
-  while (generation === view.generation) {
-    const headers = { Accept: "text/event-stream" };
-    if (view.lastId >= 0) headers["Last-Event-ID"] = String(view.lastId);
-    let response;
-    try {
-      response = await api(`/v1/streams/${encodeURIComponent(streamId)}/events`, { headers, signal });
-    } catch {
-      if (signal.aborted) return;
-      notice(`The connection to the sidecar was lost; trying again in ${delay / 1000} s.`, "warn");
-      setState("reconnecting", "reconnecting");
-      await sleep(delay);
-      delay = Math.min(delay * 2, RETRY_MOST_MS);
-      continue;
-    }
-    if (response.status === 410) {
-      const problem = await problemOf(response);
-      if (problem.evicted) {
-        setState("evicted", "evicted");
-        notice(`This stream ended and was evicted (410): ${problem.detail}`, "error");
-        return;
-      }
-      if (Number.isInteger(problem.resume_after) && problem.resume_after > view.lastId) {
-        notice("The stream's first events are no longer kept; showing what is.", "warn");
-        view.lastId = problem.resume_after;
-        continue;
-      }
-      setState("gone", "gone");
-      notice(problem.detail, "error");
-      return;
-    }
-    if (response.status === 404) {
-      const problem = await problemOf(response);
-      setState("gone", "not found");
-      notice(problem.detail, "error");
-      return;
-    }
-    if (!response.ok) {
-      const problem = await problemOf(response);
-      notice(`${problem.detail} (HTTP ${response.status}); trying again in ${delay / 1000} s.`, "warn");
-      await sleep(delay);
-      delay = Math.min(delay * 2, RETRY_MOST_MS);
-      continue;
-    }
-    delay = RETRY_FIRST_MS;
-    notice("");
-    if ($("state").dataset.state !== "ended") setState("live", "live");
-    let ended = false;
-    try {
-      await readEvents(response, (event) => {
-        if (generation !== view.generation) return;
-        onEvent(event);
-        if (event.type === "end") ended = true;
-      });
-    } catch {
-      if (signal.aborted) return;
-    }
-    if (ended || generation !== view.generation) return;
-    notice("The event stream was cut; resuming where it stopped.", "warn");
-    setState("reconnecting", "reconnecting");
-    await sleep(delay);
+function onState(state, text, kind) {
+  if (state !== "live" || $("state").dataset.state !== "ended") {
+    setState(state, state === "waiting" ? "waiting" : state);
   }
+  notice(text, kind);
 }
 
 function show(streamId) {
-  if (streamId === view.id) return;
-  if (view.abort) view.abort.abort();
-  view.generation += 1;
+  // The same stream again restarts it only when its reading has stopped (a refusal).
+  if (streamId === view.id && view.reader && !view.reader.done) return;
+  if (view.reader) view.reader.stop();
+  view.reader = null;
   view.id = streamId;
-  view.lastId = -1;
   view.target = null;
   rows.clear();
   rows.running = true;
@@ -206,9 +142,9 @@ function show(streamId) {
   setState("connecting", "connecting");
   document.title = `${streamId} · thinktrans viewer`;
   setFollow(true);
-  const controller = new AbortController();
-  view.abort = controller;
-  read(streamId, view.generation, controller.signal);
+  const reader = new StreamReader(streamId, { onEvent, onState });
+  view.reader = reader;
+  reader.run();
 }
 
 function fromFragment() {
@@ -218,6 +154,10 @@ function fromFragment() {
 
 function open(streamId) {
   const params = fragment();
+  if (params.get("stream") === streamId) {
+    show(streamId); // no hashchange: show it again if its reading stopped
+    return;
+  }
   params.set("stream", streamId);
   location.hash = fragmentWith(params); // hashchange shows it
 }
@@ -232,19 +172,16 @@ function ago(iso) {
 }
 
 function markSelected() {
-  for (const item of document.querySelectorAll("#streams li")) {
-    item.classList.toggle("selected", item.dataset.id === view.id);
-  }
+  for (const [id, item] of items) item.classList.toggle("selected", id === view.id);
 }
 
-function renderList() {
-  const filter = $("filter").value.trim().toLowerCase();
-  const items = [];
-  for (const s of known.values()) {
-    if (filter && !`${s.stream_id} ${s.target || ""} ${s.state}`.toLowerCase().includes(filter)) continue;
-    const item = document.createElement("li");
+// One item per stream, made once and updated in place: a refresh never takes the item a
+// reader is clicking or has focused.
+function itemFor(s) {
+  let item = items.get(s.stream_id);
+  if (!item) {
+    item = document.createElement("li");
     item.dataset.id = s.stream_id;
-    item.dataset.state = s.state;
     const button = document.createElement("button");
     button.type = "button";
     const name = document.createElement("span");
@@ -252,35 +189,61 @@ function renderList() {
     name.textContent = s.stream_id;
     const about = document.createElement("span");
     about.className = "about";
-    about.textContent = `${s.state} · ${s.target || "no target"} · ${s.segments} seg · ${ago(s.last_active)}`;
-    about.title = `started ${s.started}, last active ${s.last_active}`;
     button.append(name, about);
     button.addEventListener("click", () => open(s.stream_id));
     item.append(button);
-    items.push(item);
+    items.set(s.stream_id, item);
   }
-  $("streams").replaceChildren(...items);
-  $("list-empty").hidden = items.length > 0;
+  item.dataset.state = s.state;
+  const about = item.querySelector(".about");
+  const text = `${s.state} · ${s.target || "no target"} · ${s.segments} seg · ${ago(s.last_active)}`;
+  if (about.textContent !== text) about.textContent = text;
+  about.title = `started ${s.started}, last active ${s.last_active}`;
+  return item;
+}
+
+function renderList() {
+  const filter = $("filter").value.trim().toLowerCase();
+  const list = $("streams");
+  for (const [id, item] of items) {
+    if (!known.has(id)) {
+      item.remove();
+      items.delete(id);
+    }
+  }
+  const wanted = [...known.values()].map(itemFor); // newest first, as given
+  const order = [...list.children];
+  if (wanted.length !== order.length || wanted.some((item, i) => item !== order[i])) {
+    list.append(...wanted);
+  }
+  let shown = 0;
+  for (const s of known.values()) {
+    const match = !filter || `${s.stream_id} ${s.target || ""} ${s.state}`.toLowerCase().includes(filter);
+    items.get(s.stream_id).hidden = !match;
+    shown += match ? 1 : 0;
+  }
+  $("list-empty").hidden = shown > 0;
   $("list-empty").textContent = known.size ? "No stream matches the filter." : "No streams yet.";
   markSelected();
 }
 
 async function refreshList() {
   try {
-    const response = await api("/v1/streams");
+    const response = await api(`/v1/streams?limit=${LIST_LIMIT}`);
     if (!response.ok) return;
     const body = await response.json();
     known.clear();
-    for (const s of body.streams) known.set(s.stream_id, s); // newest first, as given
+    for (const s of body.streams) known.set(s.stream_id, s);
     renderList();
   } catch {
     // the header says when the sidecar is unreachable
   }
 }
 
+// Polls only while the page is visible; a page shown again is brought up to date at once.
 async function every(ms, work) {
   for (;;) {
-    await work();
+    if (document.visibilityState === "visible") await work();
     await sleep(ms);
   }
 }
@@ -297,6 +260,7 @@ rowsNode.addEventListener("scroll", () => {
   const bottom = atBottom();
   if (bottom !== view.follow) setFollow(bottom);
 }, { passive: true });
+window.addEventListener("resize", () => rows.relax());
 $("filter").addEventListener("input", renderList);
 $("copy-all").addEventListener("click", (event) => {
   copied(copyText(rows.list.map((s) => s.text).join("")), event.currentTarget);
@@ -313,6 +277,12 @@ fromFragment();
 const ops = new Ops({
   ready: $("ready"), reason: $("ready-reason"), backends: $("backends"), queue: $("queue"),
   hitRate: $("hit-rate"), rate: $("rate"),
+});
+document.addEventListener("visibilitychange", () => {
+  if (document.visibilityState === "visible") {
+    ops.refresh();
+    refreshList();
+  }
 });
 every(OPS_EVERY_MS, () => ops.refresh());
 every(LIST_EVERY_MS, refreshList);

@@ -18,12 +18,16 @@ export function toJSONL(segments) {
   })).map((line) => `${line}\n`).join("");
 }
 
-function quote(text) {
-  return text.replace(/\s+$/, "").split(/\r\n|\r|\n/).map((line) => `> ${line}`.trimEnd()).join("\n");
+// A text as a fenced block, its fence longer than any run of backticks in it: whatever the
+// text holds (Markdown, HTML, a fence of its own) is shown as it is and never rendered.
+function block(text) {
+  const longest = Math.max(0, ...Array.from(text.matchAll(/`+/g), (m) => m[0].length));
+  const fence = "`".repeat(Math.max(3, longest + 1));
+  return `${fence}text\n${text.replace(/\s+$/, "")}\n${fence}`;
 }
 
-// A readable record: each segment's original and translation, quoted (so that code and
-// Markdown in them stay as they are), under a heading with its status.
+// A readable record: each segment's original and translation as text blocks, under a
+// heading with its index, status, languages, backend and model.
 export function toMarkdown(stream, segments, exported = new Date()) {
   const out = [`# Stream \`${stream.id}\``, ""];
   out.push(`Target: ${stream.target || "none"} · ${segments.length} segments · `
@@ -35,10 +39,10 @@ export function toMarkdown(stream, segments, exported = new Date()) {
     if (s.model) detail.push(`· ${s.model}`);
     out.push(`## ${s.index} · ${status} · ${detail.join(" ")}`, "");
     if (s.text === s.original) {
-      out.push("Original, shown as it is:", "", quote(s.original), "");
+      out.push("Original, shown as it is:", "", block(s.original), "");
     } else {
-      out.push("Original:", "", quote(s.original), "");
-      out.push("Translation:", "", s.status === "hidden" ? "_(hidden)_" : quote(s.text), "");
+      out.push("Original:", "", block(s.original), "");
+      out.push("Translation:", "", s.status === "hidden" ? "_(hidden)_" : block(s.text), "");
     }
   }
   return `${out.join("\n").trimEnd()}\n`;

@@ -12,6 +12,14 @@ const LABELS = {
   no_target: "no target",
 };
 const FENCE = /^\s*(```|~~~)/;
+const FENCE_LINE = /^ {0,3}(```|~~~)/gm;
+
+// Whether a fenced block is still open after ``text``, given whether one was before it: a
+// long block is cut into several segments, and those after the first are code too.
+function fenceOpenAfter(text, open) {
+  const fences = text.match(FENCE_LINE);
+  return fences && fences.length % 2 === 1 ? !open : open;
+}
 const INLINE_CODE = /(`+)([^`][\s\S]*?)\1(?!`)/g;
 const LANG = /^[A-Za-z]{2,8}(-[A-Za-z0-9]{1,8})*$/;
 
@@ -25,9 +33,9 @@ function el(tag, className, text) {
 // Text into a cell: a fenced block stays code (monospace, never reflowed); in prose, `inline
 // code` is shown as code; line breaks inside are kept, blank lines around are not shown
 // (copy and export keep the segment's text as it is).
-export function fill(cell, text) {
+export function fill(cell, text, code = FENCE.test(text)) {
   cell.replaceChildren();
-  if (FENCE.test(text)) {
+  if (code) {
     const pre = el("pre", "code");
     pre.append(el("code", "", text.replace(/^(\s*\n)+/, "").trimEnd()));
     cell.append(pre);
@@ -68,7 +76,11 @@ export class Rows {
   }
 
   segment(data) {
-    const segment = { ...data, updated: false };
+    // Code: a segment that opens a fence, or one inside a block that an earlier one opened.
+    const inside = data.index > 0 && Boolean(this.segments[data.index - 1]?.fenceOpen);
+    const code = inside || FENCE.test(data.original);
+    const segment = { ...data, updated: false, code,
+      fenceOpen: fenceOpenAfter(data.original, inside) };
     this.segments[data.index] = segment;
     const existing = this.nodes.get(data.index);
     const row = existing || this.build(segment);
@@ -160,12 +172,12 @@ export class Rows {
       : "Backend, model, languages and latency";
     const original = row.querySelector(".orig");
     const translation = row.querySelector(".tran");
-    fill(original, segment.original);
+    fill(original, segment.original, segment.code);
     setLang(original, segment.source_lang);
     if (status === "hidden") {
       translation.replaceChildren(el("span", "placeholder", "(hidden by the stream's policy)"));
     } else {
-      fill(translation, segment.text);
+      fill(translation, segment.text, segment.code && segment.text === segment.original);
     }
     setLang(translation, status === "translated" ? segment.target : segment.source_lang);
     translation.title = status === "deadline" ? "Not translated in time: the original, until "
@@ -174,9 +186,12 @@ export class Rows {
     if (segment.backend) parts.push(`backend ${segment.backend}`);
     if (segment.model) parts.push(`model ${segment.model}`);
     parts.push(`${segment.source_lang || "?"} → ${segment.target || "?"}`);
-    if (typeof segment.latency_ms === "number") parts.push(`${Math.round(segment.latency_ms)} ms`);
+    if (typeof segment.latency_ms === "number") {
+      const ms = Math.round(segment.latency_ms);
+      parts.push(segment.updated ? `out at its deadline after ${ms} ms` : `${ms} ms`);
+    }
     if (segment.cached) parts.push("from the cache");
-    if (segment.updated) parts.push("translated after its deadline");
+    if (segment.updated) parts.push("translated after it");
     if (segment.error) parts.push(`error: ${segment.error}`);
     row.querySelector(".meta").textContent = parts.join(" · ");
   }

@@ -16,22 +16,25 @@ export class SSEParser {
   }
 
   push(text) {
-    this.buffer += text;
-    let buffer = this.buffer;
+    const buffer = this.buffer + text;
+    let start = 0;
+    let lf = buffer.indexOf("\n");
+    let cr = buffer.indexOf("\r");
     for (;;) {
-      const lf = buffer.indexOf("\n");
-      const cr = buffer.indexOf("\r");
-      let end = lf < 0 ? cr : cr < 0 ? lf : Math.min(lf, cr);
-      if (end < 0) break;
+      // Each search runs from where the last line ended: one pass over the text.
+      if (lf !== -1 && lf < start) lf = buffer.indexOf("\n", start);
+      if (cr !== -1 && cr < start) cr = buffer.indexOf("\r", start);
+      const end = lf === -1 ? cr : cr === -1 ? lf : Math.min(lf, cr);
+      if (end === -1) break;
       let skip = 1;
-      if (buffer[end] === "\r") {
+      if (end === cr) {
         if (end === buffer.length - 1) break; // a LF may follow in the next chunk
         if (buffer[end + 1] === "\n") skip = 2;
       }
-      this.line(buffer.slice(0, end));
-      buffer = buffer.slice(end + skip);
+      this.line(buffer.slice(start, end));
+      start = end + skip;
     }
-    this.buffer = buffer;
+    this.buffer = buffer.slice(start);
   }
 
   line(line) {
@@ -53,18 +56,22 @@ export class SSEParser {
   }
 }
 
-// Read a text/event-stream response to its end, calling onEvent for each event; returns
-// when the server closes the stream, throws when the connection breaks or is aborted.
-export async function readEvents(response, onEvent) {
+// Read a text/event-stream response to its end, calling onEvent for each event and onBytes
+// whenever bytes come (keep-alives too); returns when the server closes the stream, throws
+// when the connection breaks or is aborted, or when onEvent throws (the connection is
+// cancelled then, not left open).
+export async function readEvents(response, onEvent, onBytes = () => {}) {
   const parser = new SSEParser(onEvent);
   const reader = response.body.pipeThrough(new TextDecoderStream()).getReader();
   try {
     for (;;) {
       const { value, done } = await reader.read();
       if (done) return;
+      onBytes();
       parser.push(value);
     }
-  } finally {
-    reader.releaseLock();
+  } catch (error) {
+    reader.cancel().catch(() => {});
+    throw error;
   }
 }
