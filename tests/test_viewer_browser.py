@@ -725,3 +725,18 @@ def test_the_markdown_export_never_renders_the_thinking(opened: Callable[..., Pa
         assert markdown.count(fence) == 2
         body = markdown.split(fence, 1)[1].split("\n`````", 1)[0]
         assert body == "Watch ```` this: <img src=x onerror=alert(1)> and **bold**."
+
+
+def test_a_stream_whose_first_events_are_gone_shows_what_is_kept(
+    opened: Callable[..., Page],
+) -> None:
+    with served(max_events_retained=16) as url, httpx.Client(base_url=url) as c:
+        post(c, "old", 0, " ".join(f"Sentence {i}." for i in range(30)))
+        c.post("/v1/streams/old/close")
+        view = opened(url)
+        page = view.open("#stream=old")
+        page.wait_for_selector("#state[data-state='ended']")
+        notice = page.text_content("#notice")
+        assert notice is not None and "no longer kept" in notice
+        rows = view.rows()
+        assert [r["index"] for r in rows] == list(range(15, 30))  # the last 15, and end

@@ -10,7 +10,7 @@ import { Rows } from "./rows.js";
 const LAYOUT_KEY = "thinktrans.layout";
 const LAYOUTS = ["side", "below", "only"];
 const LIST_EVERY_MS = 2000;
-const LIST_LIMIT = 500; // the newest streams listed
+const LIST_LIMIT = 200; // the newest streams listed (the filter looks among these)
 const OPS_EVERY_MS = 5000;
 const FOLLOW_SLACK_PX = 48; // this close to the bottom still counts as at the bottom
 

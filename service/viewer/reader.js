@@ -13,6 +13,9 @@ const SILENCE_MS = 40_000;
 // A connection that lasted this long was healthy: after it is cut, retry at once.
 const HEALTHY_MS = 10_000;
 
+const PARTIAL = "The stream's first events are no longer kept (THINKTRANS_MAX_EVENTS_RETAINED); "
+  + "showing those that are.";
+
 const seconds = (ms) => `${ms / 1000} s`;
 
 export class StreamReader {
@@ -23,6 +26,7 @@ export class StreamReader {
     this.onEvent = onEvent;
     this.onState = onState;
     this.lastId = -1; // the last event taken: where a new connection resumes
+    this.partial = false; // the first events were gone when it began
     this.stopped = false;
     this.done = false; // the stream's end was read, or it cannot be read
     this.connection = null;
@@ -72,7 +76,7 @@ export class StreamReader {
       if (this.stopped) return;
       const type = response.headers.get("content-type") || "";
       if (response.ok && type.startsWith("text/event-stream")) {
-        this.onState("live", "");
+        this.onState("live", this.partial ? PARTIAL : "", "warn");
         const opened = performance.now();
         if (await this.consume(response, connection)) return; // its end
         if (this.stopped) return;
@@ -90,7 +94,7 @@ export class StreamReader {
         return;
       }
       if (status === 410 && Number.isInteger(problem.resume_after) && problem.resume_after > this.lastId) {
-        this.onState("live", "The stream's first events are no longer kept; showing what is.", "warn");
+        this.partial = true;
         this.lastId = problem.resume_after;
         continue;
       }
