@@ -160,15 +160,33 @@ def as_now(found: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [out[i] for i in sorted(out)]
 
 
+def watching(opened: Callable[..., Page], url: str, c: httpx.Client, sid: str
+             ) -> tuple[Page, Any]:
+    """A stream opened, and a page on it that is reading it live."""
+    c.post("/v1/streams", json={"stream_id": sid})
+    view = opened(url)
+    page = view.open(f"#stream={sid}")
+    page.wait_for_selector("#state[data-state='live']")
+    return view, page
+
+
+def finished(opened: Callable[..., Page], url: str, c: httpx.Client, sid: str, text: str
+             ) -> tuple[Page, Any]:
+    """A stream of one chunk, closed, and a page on it that has read it to its end."""
+    post(c, sid, 0, text)
+    c.post(f"/v1/streams/{sid}/close")
+    view = opened(url)
+    page = view.open(f"#stream={sid}")
+    page.wait_for_selector("#state[data-state='ended']")
+    return view, page
+
+
 # -- a stream, live ------------------------------------------------------------------------
 
 
 def test_rows_appear_in_order_as_deltas_are_posted(opened: Callable[..., Page]) -> None:
     with served() as url, httpx.Client(base_url=url) as c:
-        c.post("/v1/streams", json={"stream_id": "live:1"})
-        view = opened(url)
-        page = view.open("#stream=live:1")
-        page.wait_for_selector("#state[data-state='live']")
+        view, page = watching(opened, url, c, "live:1")
         seq = 0
         for count, sentence in enumerate(TEXT, start=1):
             for i in range(0, len(sentence), 6):  # token-sized deltas
@@ -199,10 +217,7 @@ def test_a_late_update_replaces_its_row_in_place(opened: Callable[..., Page]) ->
     slow = FakeTranslator(delay_s=2.0)
     slow.answers.extend([lambda texts, s, t: ["短。" for _ in texts]])  # shorter than it
     with served(slow, deadline_ms=150) as url, httpx.Client(base_url=url) as c:
-        c.post("/v1/streams", json={"stream_id": "late"})
-        view = opened(url)
-        page = view.open("#stream=late")
-        page.wait_for_selector("#state[data-state='live']")
+        view, page = watching(opened, url, c, "late")
         post(c, "late", 0, "This sentence will be late, and it is a long one, isn't it. ")
         page.wait_for_selector(".row[data-status='deadline']")
         before = view.rows()[0]
@@ -231,11 +246,7 @@ def test_a_cached_translation_says_so_on_one_line(opened: Callable[..., Page]) -
         post(c, "twice", 0, "Say it once. ")
         c.post("/v1/streams/twice/close")
         events(c, "twice")
-        post(c, "again", 0, "Say it once. ")
-        c.post("/v1/streams/again/close")
-        view = opened(url)
-        page = view.open("#stream=again")
-        page.wait_for_selector("#state[data-state='ended']")
+        view, page = finished(opened, url, c, "again", "Say it once. ")
         row = view.rows()[0]
         assert row["cached"] and page.text_content(".row .status") == "cached"
         gutter = page.eval_on_selector(".row .gutter", "g => g.getBoundingClientRect().height")
@@ -329,10 +340,7 @@ def test_follow_mode_keeps_the_newest_row_in_view_until_the_reader_scrolls_up(
     opened: Callable[..., Page],
 ) -> None:
     with served() as url, httpx.Client(base_url=url) as c:
-        c.post("/v1/streams", json={"stream_id": "long"})
-        view = opened(url)
-        page = view.open("#stream=long")
-        page.wait_for_selector("#state[data-state='live']")
+        view, page = watching(opened, url, c, "long")
         seq = 0
         for i in range(40):
             seq = post(c, "long", seq, f"Sentence number {i} of a long stream. ")
@@ -472,11 +480,8 @@ def test_a_hostile_thought_runs_no_script(opened: Callable[..., Page]) -> None:
     fake = FakeTranslator()
     fake.answers.extend([lambda texts, s, t: [f"{x} <img src=y onerror=alert(4)>" for x in texts]])
     with served(fake) as url, httpx.Client(base_url=url) as c:
-        post(c, "evil", 0, HOSTILE + "```html\n<script>alert(5)</script>\n```\n")
-        c.post("/v1/streams/evil/close")
-        view = opened(url)
-        page = view.open("#stream=evil")
-        page.wait_for_selector("#state[data-state='ended']")
+        code = "```html\n<script>alert(5)</script>\n```\n"
+        view, page = finished(opened, url, c, "evil", HOSTILE + code)
         page.click("#layouts button[data-layout='only']")
         page.hover(".row .tran >> nth=0")
         page.click("#export-md")
@@ -713,11 +718,8 @@ def test_a_long_code_block_cut_in_parts_stays_code(opened: Callable[..., Page]) 
 
 def test_the_markdown_export_never_renders_the_thinking(opened: Callable[..., Page]) -> None:
     with served() as url, httpx.Client(base_url=url) as c:
-        post(c, "md", 0, "Watch ```` this: <img src=x onerror=alert(1)> and **bold**. ")
-        c.post("/v1/streams/md/close")
-        view = opened(url)
-        page = view.open("#stream=md")
-        page.wait_for_selector("#state[data-state='ended']")
+        text = "Watch ```` this: <img src=x onerror=alert(1)> and **bold**. "
+        _, page = finished(opened, url, c, "md", text)
         with page.expect_download() as got:
             page.click("#export-md")
         markdown = open(got.value.path(), encoding="utf-8").read()
@@ -731,11 +733,7 @@ def test_a_stream_whose_first_events_are_gone_shows_what_is_kept(
     opened: Callable[..., Page],
 ) -> None:
     with served(max_events_retained=16) as url, httpx.Client(base_url=url) as c:
-        post(c, "old", 0, " ".join(f"Sentence {i}." for i in range(30)))
-        c.post("/v1/streams/old/close")
-        view = opened(url)
-        page = view.open("#stream=old")
-        page.wait_for_selector("#state[data-state='ended']")
+        view, page = finished(opened, url, c, "old", " ".join(f"Sentence {i}." for i in range(30)))
         notice = page.text_content("#notice")
         assert notice is not None and "no longer kept" in notice
         rows = view.rows()
