@@ -213,11 +213,14 @@ def test_rows_appear_in_order_as_deltas_are_posted(opened: Callable[..., Page]) 
         assert page.locator(".row .tran code", has_text="`config.yaml`").count() == 1
 
 
-def test_a_late_update_replaces_its_row_in_place(opened: Callable[..., Page]) -> None:
+@pytest.mark.parametrize("layout", ["side", "below"])
+def test_a_late_update_replaces_its_row_in_place(opened: Callable[..., Page],
+                                                 layout: str) -> None:
     slow = FakeTranslator(delay_s=2.0)
     slow.answers.extend([lambda texts, s, t: ["短。" for _ in texts]])  # shorter than it
     with served(slow, deadline_ms=150) as url, httpx.Client(base_url=url) as c:
         view, page = watching(opened, url, c, "late")
+        page.click(f"#layouts button[data-layout='{layout}']")
         post(c, "late", 0, "This sentence will be late, and it is a long one, isn't it. ")
         page.wait_for_selector(".row[data-status='deadline']")
         before = view.rows()[0]

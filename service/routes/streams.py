@@ -118,7 +118,7 @@ async def list_streams(
     """The open streams and the ended ones still kept, newest first: ids, targets, states,
     segment counts and times; no text. At most THINKTRANS_MAX_STREAMS open plus
     THINKTRANS_MAX_ENDED_STREAMS ended ones; ``limit``: the newest that many."""
-    # Built as plain JSON (StreamsResponse's shape): a thousand models cost ten times more.
+    # Built as plain JSON in StreamsResponse's shape, not as a model per stream.
     body = json.dumps({"streams": streams.summaries(limit)}, ensure_ascii=False,
                       separators=(",", ":"))
     return Response(body, media_type="application/json")
