@@ -115,9 +115,7 @@ function onEvent(event, data) {
 }
 
 function onState(state, text, kind) {
-  if (state !== "live" || $("state").dataset.state !== "ended") {
-    setState(state, state === "waiting" ? "waiting" : state);
-  }
+  if (state !== "live" || $("state").dataset.state !== "ended") setState(state);
   notice(text, kind);
 }
 
