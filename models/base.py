@@ -15,6 +15,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import ClassVar
 
+from models.spans import Protected
+
 __all__ = ["Capabilities", "Job", "Translator", "first_line"]
 
 
@@ -58,6 +60,10 @@ class Job:
     # When the last of its segments is due out (``time.monotonic()``); None: one of them
     # has no deadline. Read by backends with ``capabilities.deadline``.
     due: float | None = None
+    # One per text, its protected spans and glossary (``models.spans``), or None: a text
+    # without any; None for the whole job when no text has any. A backend keeps each
+    # span's ``out`` in its output (the service checks it).
+    protected: Sequence[Protected | None] | None = None
 
     def seconds_left(self) -> float | None:
         """Seconds until ``due`` (negative once past); None without a deadline."""
@@ -107,9 +113,11 @@ class Translator(ABC):
     async def translate(
         self, texts: Sequence[str], *, source: str | None, target: str,
         model: str | None = None, contexts: Sequence[str | None] | None = None,
+        protected: Sequence[Protected | None] | None = None,
     ) -> list[str]:
         """``run`` on a job of these texts: for callers outside the batcher."""
-        return await self.run(Job(list(texts), source, target, model, contexts))
+        return await self.run(Job(list(texts), source, target, model, contexts,
+                                  protected=protected))
 
     # -- models: a request or stream may name one; the catalog is advice, not a whitelist --
 

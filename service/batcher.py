@@ -29,6 +29,7 @@ from models.errors import (
     Expired,
     UnsupportedLanguage,
 )
+from models.spans import Protected
 from service.batching import Cutoff, GroupedQueue, Pair, check_outputs
 from service.errors import Overloaded
 from service.logs import text_fields
@@ -56,6 +57,7 @@ class _Item:
     future: asyncio.Future[Translation]
     context: str | None = None  # the text before it, for backends that use it
     due: float | None = None  # when its segment is due out (monotonic); None: no deadline
+    protected: Protected | None = None  # its protected spans and glossary, if any
     enqueued: float = field(default_factory=time.monotonic)
     queued: bool = True  # counted in the queue's size (False once taken or cancelled)
     chars: int = 0  # len(text), counted once: batches are formed by it
@@ -198,6 +200,7 @@ class Batcher:
     def submit(
         self, text: str, source: str | None, target: str, context: str | None = None,
         *, model: str | None = None, force: bool = False, due: float | None = None,
+        protected: Protected | None = None,
     ) -> asyncio.Future[Translation]:
         """Queue one text; the future gets its Translation or a BackendError.
 
@@ -206,7 +209,7 @@ class Batcher:
         it). A caller that no longer wants the answer cancels the future; its place in
         the queue is freed on the loop's next turn and the item is dropped unrun. ``due``
         is when the text's segment is due out (monotonic), for backends that take a
-        deadline. O(1) amortised.
+        deadline; ``protected``, its spans and glossary. O(1) amortised.
         """
         if self._closed:
             raise BackendUnavailable(f"backend {self.name!r} is shutting down")
@@ -218,7 +221,8 @@ class Batcher:
             )
         future: asyncio.Future[Translation] = asyncio.get_running_loop().create_future()
         pair: Pair = (source, target, model)
-        item = _Item(text, pair, future, context=context, due=due, chars=len(text))
+        item = _Item(text, pair, future, context=context, due=due, protected=protected,
+                     chars=len(text))
         self._queue.push(item)
         future.add_done_callback(functools.partial(self._on_done, item))
         self._gauge()
@@ -339,7 +343,9 @@ class Batcher:
                     else None)
         dues = [item.due for item in live]
         due = None if None in dues else max(d for d in dues if d is not None)
-        return Job(texts, source, target, model, contexts, due)
+        protected = [item.protected for item in live]
+        return Job(texts, source, target, model, contexts, due,
+                   protected if any(p is not None for p in protected) else None)
 
     def _fail_all(self, items: Sequence[_Item], exc: BackendError, *,
                   counted: bool = True) -> None:

@@ -2,8 +2,9 @@
 
 A backend is passed over when it cannot serve the model the request named, is not
 ready, has its circuit breaker open, or cannot serve the pair; a failed batch, or an
-answer reliably detected in another language than the target, sends the segment on to
-the next backend of the chain. Every backend of the service has one batcher, shared by
+answer reliably detected in another language than the target, or one that lost a
+protected span (``models.spans``: code, paths, URLs, glossary terms...), sends the segment
+on to the next backend of the chain. Every backend of the service has one batcher, shared by
 every stream and one-shot request.
 
 The translation cache sits in front of each backend: a segment whose translation by
@@ -29,6 +30,7 @@ from typing import Any
 
 from models.base import Translator
 from models.errors import BackendError, BadOutput
+from models.spans import Protected
 from service.batcher import Batcher, Translation
 from service.cache import CacheKey, TranslationCache, context_mark
 from service.detect import Detector
@@ -54,6 +56,7 @@ class _Attempt:
     key: CacheKey | None = None  # the cache key of that work (None: not cached)
     held: Batcher | None = None  # joined identical work there: holds a place in its queue
     due: float | None = None  # when the segment is due out (monotonic), for the batcher
+    protected: Protected | None = None  # its protected spans and glossary, if any
 
     def __post_init__(self) -> None:
         self.result.add_done_callback(self._on_result)
@@ -175,8 +178,10 @@ class Dispatcher:
     def submit(
         self, text: str, source: str | None, target: str, chain: Sequence[str],
         context: str | None = None, model: str | None = None, due: float | None = None,
+        protected: Protected | None = None,
     ) -> asyncio.Future[Translation]:
-        """Start one segment's text down the chain; the future gets the first good answer.
+        """Start one segment's text down the chain; the future gets the first good answer:
+        one that keeps every protected span of ``protected`` (``models.spans``).
 
         The segment is accepted work (its caller checked ``room`` before accepting the
         text), so it is never refused: it goes to the first usable backend with room, else
@@ -186,7 +191,8 @@ class Dispatcher:
         by callbacks, not a task: a segment costs no coroutine of its own.
         """
         attempt = _Attempt(text, source, target, context, model, list(chain),
-                           asyncio.get_running_loop().create_future(), due=due)
+                           asyncio.get_running_loop().create_future(), due=due,
+                           protected=protected)
         self._next(attempt)
         return attempt.result
 
@@ -210,6 +216,7 @@ class Dispatcher:
             answer = future.result()
             if not answer.cached:
                 self._check_language(answer, attempt.target)
+                _check_spans(answer, attempt.protected)
         except BackendError as exc:
             attempt.errors.append(f"{name}: {exc.detail}")
             self._next(attempt)
@@ -261,6 +268,8 @@ class Dispatcher:
             return None
         if translator.capabilities.context:  # the batcher sends it the context: its input
             identity = f"{identity}|{context_mark(attempt.context)}"
+        if attempt.protected is not None:  # the spans and glossary decide the output too
+            identity = f"{identity}|{attempt.protected.digest}"
         return (identity, attempt.source, attempt.target, attempt.text)
 
     def _found(self, name: str, attempt: _Attempt, key: CacheKey | None) -> _Work | None:
@@ -290,7 +299,7 @@ class Dispatcher:
                force: bool) -> _Work:
         future = self.batchers[name].submit(attempt.text, attempt.source, attempt.target,
                                             attempt.context, model=attempt.model, force=force,
-                                            due=attempt.due)
+                                            due=attempt.due, protected=attempt.protected)
         attempt.backend, attempt.key = name, key
         work = _Work(future)
         if key is not None:
@@ -334,3 +343,16 @@ class Dispatcher:
         det = self.detector.detect(result.text)
         if det.reliable and det.lang is not None and not same_language(det.lang, target):
             raise BadOutput(f"output is in {det.lang}, not {target}")
+
+
+def _check_spans(result: Translation, protected: Protected | None) -> None:
+    """A translation that lost a protected span, or did not render a glossary term, is bad:
+    the segment goes on down the chain. The reason names kinds and counts, never text."""
+    if protected is None:
+        return
+    lost = protected.missing(result.text)
+    if lost:
+        kinds = ", ".join(sorted({span.kind for span in lost}))
+        noun = "span" if len(lost) == 1 else "spans"
+        raise BadOutput(f"lost {len(lost)} protected {noun} of {len(protected.spans)} "
+                        f"({kinds})")
