@@ -327,7 +327,7 @@ class SpanFinder:
             return []
         cached = self._terms.get(glossary)
         if cached is None:
-            entries = [(src, tgt) for src, tgt in glossary.terms]
+            entries: list[tuple[str, str | None]] = list(glossary.terms)
             entries += [(term, None) for term in glossary.keep]
             entries.sort(key=lambda e: -len(e[0]))
             cached = [(src, _term_pattern(src), tgt) for src, tgt in entries]
