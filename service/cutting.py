@@ -26,6 +26,7 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Protocol
 
+from models.spans import Protected
 from service.batcher import Translation
 from service.decide import decide, leans_on_memory, settled_memory, wants_detection
 from service.detect import Detection, Detector
@@ -63,7 +64,8 @@ class Submit(Protocol):
 
     def __call__(self, text: str, source: str | None, target: str, chain: Sequence[str],
                  context: str | None = None, model: str | None = None,
-                 due: float | None = None) -> asyncio.Future[Translation]: ...
+                 due: float | None = None,
+                 protected: Protected | None = None) -> asyncio.Future[Translation]: ...
 
 
 class Context:
@@ -104,7 +106,8 @@ class Cutter:
                  source: str | None, model: str | None, policy: Policy, deadline_s: float,
                  memory_wait_s: float, context_max_chars: int, cut: Callable[[int], None],
                  on_memory: Callable[[str], None], busy: Callable[[], bool],
-                 deferred: bool = False) -> None:
+                 deferred: bool = False,
+                 protect: Callable[[str], Protected | None] | None = None) -> None:
         self.segmenter = segmenter
         self._detector = detector
         self._emitter = emitter
@@ -121,6 +124,7 @@ class Cutter:
         self._on_memory = on_memory
         self._busy = busy
         self._done = emitter.on_task_done
+        self._protect = protect  # a segment's text -> its protected spans (None: none)
         self.recent_lang: str | None = None
         # At most one segment waits for the next one to settle its language (memory).
         self._held: Segment | None = None
@@ -273,9 +277,11 @@ class Cutter:
         if self._emitter.ended:
             return
         assert self.target is not None
+        text = seg.piece.text.strip()
         seg.task = self._submit(
-            seg.piece.text.strip(), seg.decision.send_source, self.target, self._chain,
-            seg.context, self.model, due=seg.ready_at + self._deadline_s)
+            text, seg.decision.send_source, self.target, self._chain,
+            seg.context, self.model, due=seg.ready_at + self._deadline_s,
+            protected=None if self._protect is None else self._protect(text))
         seg.task.add_done_callback(functools.partial(self._done, seg))
 
     def drop(self) -> None:

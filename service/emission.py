@@ -20,8 +20,10 @@ from __future__ import annotations
 import asyncio
 import bisect
 import itertools
+import re
 import sys
 import time
+import unicodedata
 from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -58,14 +60,34 @@ def _event_id(event: Event) -> int:
     return event[0]
 
 
-def keep_whitespace(original: str, translated: str) -> str:
-    """The translation with the original's leading and trailing whitespace."""
+# Targets written without spaces between sentences (nor, mostly, between words).
+TIGHT_LANGUAGES = frozenset({"zh", "ja", "yue", "wuu", "lzh"})
+# Spaces after a full-width sentence end, before more text: "。 然后" is "。然后" there.
+_SPACE_AFTER_WIDE_END = re.compile(r"(?<=[。！？．…」』）】])[ \t\u3000]+(?=\S)")
+
+
+def is_tight(target: str | None) -> bool:
+    """Whether ``target`` puts no space between sentences (Chinese, Japanese)."""
+    return target is not None and target.split("-", 1)[0].lower() in TIGHT_LANGUAGES
+
+
+def keep_whitespace(original: str, translated: str, *, tight: bool = False) -> str:
+    """The translation with the original's leading and trailing whitespace; for a
+    ``tight`` target (``is_tight``) without the spaces between sentences: spaces after a
+    full-width sentence end go, and so do the original's trailing spaces (not its line
+    breaks) after a translation that ends in a wide character ("。", "的"); after Latin
+    text ("config.yaml") they stay."""
     core = original.strip()
     if not core:
         return original
     start = original.index(core[0])
     end = len(original.rstrip())
-    return original[:start] + translated.strip() + original[end:]
+    body, trail = translated.strip(), original[end:]
+    if tight:
+        body = _SPACE_AFTER_WIDE_END.sub("", body)
+        if body and unicodedata.east_asian_width(body[-1]) in "WF":
+            trail = trail.lstrip(" \t\u3000")  # "。 " before the next sentence: "。"
+    return original[:start] + body + trail
 
 
 def _reason(exc: BaseException) -> str:
@@ -291,6 +313,7 @@ class Emitter:
                  deferred: bool = False) -> None:
         self.log = log
         self.target = target
+        self.tight = is_tight(target)  # no spaces between its sentences
         self.deadline_s = deadline_s
         self._on_result = on_result
         self._on_end = on_end
@@ -426,7 +449,7 @@ class Emitter:
         else:
             tr = task.result()
             status, backend, queued_ms = "translated", tr.backend, tr.queued_ms
-            text = keep_whitespace(original, tr.text)
+            text = keep_whitespace(original, tr.text, tight=self.tight)
             model, cached = tr.model, tr.cached
         result = SegmentResult(
             index=seg.index, original=original, text=text,
@@ -452,7 +475,8 @@ class Emitter:
                                    backend=None, error=_reason(exc))
         else:
             tr = task.result()
-            update = SegmentUpdate(index=seg.index, text=keep_whitespace(original, tr.text),
+            text = keep_whitespace(original, tr.text, tight=self.tight)
+            update = SegmentUpdate(index=seg.index, text=text,
                                    status="translated", backend=tr.backend, model=tr.model,
                                    cached=tr.cached)
         self.log.publish(update)

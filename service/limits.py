@@ -13,7 +13,7 @@ PUBLISHED = (
     "max_request_bytes", "max_texts", "max_text_chars", "max_segment_chars", "max_chunk_chars",
     "max_chunks_per_request", "max_gap", "max_stream_buffer_chars", "max_streams",
     "max_events_retained", "max_queue_size", "max_wait_poll_ms", "deadline_ms",
-    "flush_idle_ms", "stream_idle_expire_s",
+    "flush_idle_ms", "stream_idle_expire_s", "max_glossary_terms", "max_glossary_term_chars",
 )
 
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from contextlib import AsyncExitStack
 from types import TracebackType
 from typing import Any
@@ -194,6 +194,7 @@ class Runtime:
         backend: str | None = None,
         model: str | None = None,
         policy: Policy | None = None,
+        glossary: Mapping[str, Any] | None = None,
     ) -> list[TextResult]:
         """Translate whole texts: one result (text and segments) per input, in order.
 
@@ -205,8 +206,9 @@ class Runtime:
         resolved = self.streams.resolve(target)
         chain = self.dispatcher.chain(backend)
         src = canonicalize(source) if source else None
-        streams = [self.streams.oneshot(resolved, chain, src, model=model, policy=policy)
-                   for _ in texts]
+        glossed = self.streams.glossary_for(resolved, glossary)
+        streams = [self.streams.oneshot(resolved, chain, src, model=model, policy=policy,
+                                        glossary=glossed) for _ in texts]
         try:
             pacer = Pacer()
             for stream, text in zip(streams, texts, strict=True):

@@ -121,6 +121,22 @@ _POLICY = ("What becomes of segments not in the target language: `translate`, or
            "THINKTRANS_POLICY.")
 
 
+class GlossaryIn(_Strict):
+    """A request's or stream's glossary; the server's (THINKTRANS_GLOSSARY_FILE) applies too,
+    and this one wins a source term both name."""
+
+    terms: dict[str, str] = Field(
+        default_factory=dict,
+        description="Source term -> target term: each occurrence (any case, a whole word) is "
+        "rendered as given.")
+    keep: list[str] = Field(
+        default_factory=list, description="Terms kept as they are (protected spans).")
+
+
+_GLOSSARY = ("Terms rendered as given and terms kept as they are; limits at GET /v1/limits "
+             "(max_glossary_terms, max_glossary_term_chars).")
+
+
 class TranslateRequest(_Strict):
     target: str | None = Field(None, description="BCP 47 target, e.g. 'zh-CN'.", max_length=256)
     source: str | None = Field(
@@ -131,6 +147,7 @@ class TranslateRequest(_Strict):
     )
     model: str | None = Field(None, min_length=1, max_length=256, description=_MODEL)
     policy: Policy | None = Field(None, description=_POLICY)
+    glossary: GlossaryIn | None = Field(None, description=_GLOSSARY)
     texts: list[str] = Field(..., description="Texts to translate, each whole.")
 
 
@@ -169,6 +186,7 @@ class OpenStreamRequest(_Strict):
     backend: str | None = Field(None, max_length=256, description="Backend or chain.")
     model: str | None = Field(None, min_length=1, max_length=256, description=_MODEL)
     policy: Policy | None = Field(None, description=_POLICY)
+    glossary: GlossaryIn | None = Field(None, description=_GLOSSARY)
     user_text: str | None = Field(
         None, max_length=100_000,
         description="The user's own message; its language is the target when none is given.",

@@ -37,6 +37,7 @@ from models.deepl import DeepLConfig
 from models.llm import LLMConfig
 from models.local import LocalConfig
 from models.pool import PoolConfig
+from models.spans import KINDS
 from service.errors import ConfigError, InvalidLocale, ThinktransError
 from service.locale import base_language, canonicalize, check_allowed
 
@@ -270,6 +271,43 @@ class StreamsSection(BaseModel):
     context_max_chars: int = Field(
         1000, ge=0, description="Most characters of a stream's preceding segments passed as "
         "context to backends that use it (`deepl_context`, `llm_context`)."
+    )
+
+
+class SpansSection(BaseModel):
+    """Protected spans and glossaries: what every translation keeps byte for byte."""
+
+    title: ClassVar[str] = "protected spans and glossaries"
+
+    protect_spans: bool = Field(
+        True, description="Find protected spans in each prose segment (inline code, "
+        "identifiers, paths, URLs, e-mail addresses, versions, numbers with units, math, "
+        "expressions, CLI flags, quoted errors) and mark a segment `translated` only when "
+        "its translation keeps each of them byte for byte; off: glossaries still apply."
+    )
+    span_kinds: CommaList = Field(
+        default_factory=list,
+        description="The span kinds protected, e.g. `code,url,path`; empty: all of them "
+        "(`code`, `math`, `url`, `email`, `error`, `path`, `flag`, `version`, `expr`, "
+        "`identifier`, `number`; see docs/API.md).",
+    )
+    span_patterns: list[str] = Field(
+        default_factory=list,
+        description="Extra regular expressions whose matches are protected too (kind "
+        "`pattern`), as a YAML list or a JSON array, e.g. `[\"JIRA-\\\\d+\"]`.",
+    )
+    glossary_file: str | None = Field(
+        None, description="A YAML file of glossaries every stream shares, per target "
+        "language (`*`, a language such as `zh`, or a tag such as `zh-TW`), each "
+        "`{terms: {source: target}, keep: [term, ...]}`; see docs/API.md."
+    )
+    max_glossary_terms: int = Field(
+        256, ge=1, le=100_000,
+        description="Most entries (`terms` and `keep` together) in one glossary, a request's "
+        "or the file's for one target; 422 past it.",
+    )
+    max_glossary_term_chars: int = Field(
+        200, ge=1, le=10_000, description="Most characters in one glossary term or rendering.",
     )
 
 
@@ -522,8 +560,8 @@ class PricesSection(BaseModel):
 
 class Settings(
     BaseSettings, ServingSection, BackendsSection, LocaleSection, CacheSection, BatchingSection,
-    LimitsSection, StreamsSection, LocalSection, DeepLSection, LLMSection, PoolSection,
-    PricesSection,
+    LimitsSection, StreamsSection, SpansSection, LocalSection, DeepLSection, LLMSection,
+    PoolSection, PricesSection,
 ):
     """Every knob of the service, one section each. Environment variables win over the YAML
     file; a section's fields keep their flat names (``THINKTRANS_LOCAL_MODEL``,
@@ -535,7 +573,7 @@ class Settings(
     )
 
     @field_validator("backend", "extra_backends", "allowed_locales", "local_marian_models",
-                     "local_models", "detect_languages",
+                     "local_models", "detect_languages", "span_kinds",
                      mode="before")
     @classmethod
     def _lists(cls, value: Any) -> Any:
@@ -596,6 +634,28 @@ class Settings(
             raise ValueError(f"unknown languages {', '.join(unknown)}; detection knows "
                              f"{', '.join(sorted(KNOWN_LANGUAGES))}")
         return out
+
+    @field_validator("span_kinds")
+    @classmethod
+    def _span_kinds(cls, value: list[str]) -> list[str]:
+        unknown = [kind for kind in value if kind not in KINDS]
+        if unknown:
+            raise ValueError(f"unknown span kinds {', '.join(unknown)}; choose from "
+                             f"{', '.join(KINDS)}")
+        return value
+
+    @field_validator("span_patterns")
+    @classmethod
+    def _span_patterns(cls, value: list[str]) -> list[str]:
+        for i, pattern in enumerate(value):
+            try:
+                compiled = re.compile(pattern)
+            except re.error as exc:
+                raise ValueError(f"pattern {i} ({pattern!r}) is not a valid regular "
+                                 f"expression: {exc}") from None
+            if compiled.match(""):
+                raise ValueError(f"pattern {i} ({pattern!r}) matches the empty string")
+        return value
 
     @field_validator("allowed_locales")
     @classmethod
@@ -684,8 +744,8 @@ class Settings(
 # The sections in the order docs/configuration.md lists them.
 SECTIONS: tuple[type[BaseModel], ...] = (
     ServingSection, BackendsSection, LocaleSection, CacheSection, BatchingSection,
-    LimitsSection, StreamsSection, LocalSection, DeepLSection, LLMSection, PoolSection,
-    PricesSection,
+    LimitsSection, StreamsSection, SpansSection, LocalSection, DeepLSection, LLMSection,
+    PoolSection, PricesSection,
 )
 
 

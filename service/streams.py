@@ -19,14 +19,16 @@ and forgets them, and keeps ended ones for late readers within bounds.
 from __future__ import annotations
 
 import asyncio
+import functools
 import heapq
 import logging
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from models.spans import Glossary, Protected, SpanFinder
 from service.admission import Admission
 from service.cutting import FEED_BATCH_CHARS, Cutter, Pacer, Submit
 from service.detect import Detector
@@ -40,6 +42,7 @@ from service.errors import (
     ThinktransError,
     TooManyStreams,
 )
+from service.glossary import GlossaryBook
 from service.intake import ChunkIntake
 from service.limits import check_chunks, check_encodable
 from service.locale import ResolvedTarget, resolve_target
@@ -108,6 +111,8 @@ class Stream:
         max_events: int | None = None,
         deferred: bool = False,
         release: Callable[[], None] | None = None,
+        glossary: Glossary | None = None,
+        protect: Callable[[str], Protected | None] | None = None,
     ) -> None:
         self.stream_id = stream_id
         # Called once, when the stream ends or is dropped: its model may be evicted then.
@@ -118,6 +123,7 @@ class Stream:
         self.backend_name = backend_name
         self.model = model  # the model it named for its chain's backends (None: theirs)
         self.policy: Policy = policy
+        self.glossary = glossary  # the glossary it runs with (the file's and its own)
         self.started_at = time.time()  # wall clock, for GET /v1/streams
         self.last_activity = time.monotonic()
         self.idle_timer: asyncio.TimerHandle | None = None
@@ -135,6 +141,7 @@ class Stream:
             memory_wait_s=config.stream_memory_wait_ms / 1000.0,
             context_max_chars=config.context_max_chars if uses_context else 0,
             cut=admission.cut, on_memory=on_memory, busy=self._busy, deferred=deferred,
+            protect=protect,
         )
         self.intake = ChunkIntake(stream_id, max_gap=config.max_gap,
                                   max_buffer_chars=config.max_stream_buffer_chars,
@@ -336,6 +343,10 @@ class StreamManager:
     ) -> None:
         self.settings = settings
         self.config = StreamConfig.from_settings(settings)
+        # Protected spans are found once per segment, before its chain (models/spans.py).
+        self.finder = (SpanFinder(settings.span_patterns, settings.span_kinds or None)
+                       if settings.protect_spans else SpanFinder(kinds=()))
+        self.glossaries = GlossaryBook(settings)
         self.detector = detector
         self.dispatcher = dispatcher
         self.admission = admission
@@ -443,9 +454,11 @@ class StreamManager:
     def _new(self, stream_id: str, target: ResolvedTarget, chain: list[str], *,
              policy: Policy, model: str | None, backend_name: str | None = None,
              source: str | None = None, max_events: int | None = None,
-             deferred: bool = False) -> Stream:
+             deferred: bool = False, glossary: Glossary | None = None) -> Stream:
         """A stream on this manager's parts: its settings, detector, dispatcher, admission
-        and metrics."""
+        and metrics; its segments' spans found with ``glossary``."""
+        protect = (None if not self.settings.protect_spans and not glossary
+                   else functools.partial(self.finder.find, glossary=glossary))
         return Stream(
             stream_id, self.config, target=target, chain=chain, detector=self.detector,
             submit=self.dispatcher.submit, admission=self.admission, on_result=self.count,
@@ -453,24 +466,36 @@ class StreamManager:
             source=source, model=model, policy=policy,
             uses_context=self.dispatcher.uses_context(chain), max_events=max_events,
             deferred=deferred, release=self.dispatcher.use_model(chain, model),
+            glossary=glossary, protect=protect,
         )
 
     def oneshot(self, target: ResolvedTarget, chain: list[str], source: str | None, *,
-                model: str | None = None, policy: Policy | None = None) -> Stream:
-        """An unnamed stream for one text of a one-shot request: fed once, then closed."""
+                model: str | None = None, policy: Policy | None = None,
+                glossary: Glossary | None = None) -> Stream:
+        """An unnamed stream for one text of a one-shot request: fed once, then closed;
+        ``glossary`` as ``glossary_for`` resolved it."""
         return self._new("-", target, chain, source=source, model=model,
-                         policy=policy or self.settings.policy, deferred=True)
+                         policy=policy or self.settings.policy, deferred=True,
+                         glossary=glossary)
+
+    def glossary_for(self, target: ResolvedTarget,
+                     own: Mapping[str, Any] | None) -> Glossary | None:
+        """The glossary a stream or request with ``target`` runs with: the glossary file's
+        for it, then ``own`` (as the request gave it; 422 when it is bad)."""
+        return self.glossaries.resolve(target.target, own)
 
     # -- named streams -----------------------------------------------------------------------
 
     def open(self, stream_id: str, target: str | None, backend: str | None,
              user_text: str | None = None, *, model: str | None = None,
-             policy: Policy | None = None) -> tuple[Stream, bool]:
+             policy: Policy | None = None,
+             glossary: Mapping[str, Any] | None = None) -> tuple[Stream, bool]:
         """Open a stream, or return the one already open with the same choices."""
         if user_text is not None:
             check_encodable(user_text, "user_text")
         resolved = self.resolve(target, user_text)
         policy = policy or self.settings.policy
+        glossed = self.glossary_for(resolved, glossary)
         existing = self.streams.get(stream_id)
         if existing is not None:
             if (existing.target, existing.backend_name, existing.model, existing.policy) != (
@@ -480,6 +505,9 @@ class StreamManager:
                     f"backend {existing.backend_name!r}, model {existing.model!r} and policy "
                     f"{existing.policy!r}; open it with the same, or use another stream id"
                 )
+            if existing.glossary != glossed:
+                raise Conflict(f"stream {stream_id!r} is already open with another glossary; "
+                               "open it with the same, or use another stream id")
             existing.touch()
             return existing, False
         if self.draining:
@@ -493,7 +521,8 @@ class StreamManager:
             )
         chain = self.dispatcher.chain(backend)
         stream = self._new(stream_id, resolved, chain, backend_name=backend, model=model,
-                           policy=policy, max_events=self.settings.max_events_retained)
+                           policy=policy, max_events=self.settings.max_events_retained,
+                           glossary=glossed)
         self.streams[stream_id] = stream
         self._evicted.pop(stream_id, None)  # the id names this new stream now
         self._gauge()

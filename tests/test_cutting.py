@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from models.spans import Protected
 from service.batcher import Translation
 from service.cutting import Context, Cutter, Pacer
 from service.detect import Detection, Detector
@@ -44,6 +45,7 @@ class Submitted:
     model: str | None
     due: float | None
     future: asyncio.Future[Translation]
+    protected: Protected | None = None
 
 
 class FakeSubmit:
@@ -52,9 +54,11 @@ class FakeSubmit:
 
     def __call__(self, text: str, source: str | None, target: str, chain: Sequence[str],
                  context: str | None = None, model: str | None = None,
-                 due: float | None = None) -> asyncio.Future[Translation]:
+                 due: float | None = None,
+                 protected: Protected | None = None) -> asyncio.Future[Translation]:
         future: asyncio.Future[Translation] = asyncio.get_running_loop().create_future()
-        self.calls.append(Submitted(text, source, target, chain, context, model, due, future))
+        self.calls.append(Submitted(text, source, target, chain, context, model, due, future,
+                                    protected))
         return future
 
 

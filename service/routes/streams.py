@@ -102,7 +102,9 @@ router.add_api_route(
 async def open_stream(body: OpenStreamRequest, streams: StreamsDep) -> JSONResponse:
     """Open a stream; opening it again with the same choices is a no-op (200)."""
     stream, created = streams.open(body.stream_id, body.target, body.backend, body.user_text,
-                                   model=body.model, policy=body.policy)
+                                   model=body.model, policy=body.policy,
+                                   glossary=None if body.glossary is None
+                                   else body.glossary.model_dump())
     answer = OpenStreamResponse(stream_id=stream.stream_id, target=stream.target,
                                 target_source=stream.target_source, model=stream.model,
                                 policy=stream.policy)

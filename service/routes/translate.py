@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from fastapi import APIRouter
 from fastapi.responses import Response
 
@@ -11,9 +13,15 @@ from service.schemas import (
     DetectRequest,
     DetectResponse,
     DetectResult,
+    GlossaryIn,
     TranslateRequest,
     TranslateResponse,
 )
+
+
+def _glossary(glossary: GlossaryIn | None) -> dict[str, Any] | None:
+    return None if glossary is None else glossary.model_dump()
+
 
 router = APIRouter(prefix="/v1", responses=problem_responses(401, 408, 413, 415, 422))
 
@@ -23,7 +31,8 @@ async def translate(body: TranslateRequest, runtime: RuntimeDep) -> Response:
     """Translate whole texts; segments not in the target language go to the backend."""
     results = await runtime.translate(body.texts, target=body.target, source=body.source,
                                       backend=body.backend, model=body.model,
-                                      policy=body.policy)
+                                      policy=body.policy,
+                                      glossary=_glossary(body.glossary))
     # Serialised here: the results are built as the response model already, and FastAPI
     # would validate them again on the way out.
     answer = TranslateResponse(results=results).model_dump_json(exclude_defaults=True)
