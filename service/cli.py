@@ -98,6 +98,7 @@ def serve(
     from service.app import create_app
     from service.cache import check_file
     from service.detect import get_detector
+    from service.glossary import GlossaryBook
     from service.logs import configure
     from service.runtime import build_backends
 
@@ -118,6 +119,7 @@ def serve(
         if settings.cache_path is not None and settings.cache_mb > 0:
             check_file(settings.cache_path)
         get_detector(settings.detector, settings.detect_languages)
+        GlossaryBook(settings)  # the glossary file reads and is valid
         application = create_app(settings, backends=build_backends(settings), freeze_gc=True)
     except (ThinktransError, BackendError) as exc:
         raise _fail(exc.detail, _exit_code(exc)) from None

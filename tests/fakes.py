@@ -34,6 +34,7 @@ class FakeTranslator(Translator):
         default_factory=deque
     )
     calls: list[Call] = field(default_factory=list)
+    jobs: list[Job] = field(default_factory=list)  # every job as the batcher handed it
     concurrency: int | None = None
     started: asyncio.Event = field(default_factory=asyncio.Event)
     uses_context: bool = False  # when True, the batcher passes each text's preceding text
@@ -54,6 +55,7 @@ class FakeTranslator(Translator):
                                                   job.contexts, job.model)
         self.calls.append(Call(list(texts), source, target,
                                None if contexts is None else list(contexts), model))
+        self.jobs.append(job)
         self.started.set()
         if self.gate is not None:
             await self.gate.wait()
