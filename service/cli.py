@@ -383,9 +383,13 @@ def compare(
     price: Annotated[list[str] | None, typer.Option(
         "--price", help="BACKEND=USD per million characters, e.g. deepl=25 (repeatable).")
     ] = None,
+    glossary: Annotated[Path | None, typer.Option(
+        help="A YAML file of one glossary, {terms: {source: target}, keep: [term]}, sent "
+             "with every text.")] = None,
     config: ConfigOpt = None,
 ) -> None:
-    """Run one corpus through several backends in-process; latency, throughput, cost, chrF/BLEU."""
+    """Run one corpus through several backends in-process; latency, throughput, cost,
+    chrF/BLEU, and how many segments kept their protected spans and glossary terms."""
     from service.tools import compare as cmp
     from service.tools import report as rep
 
@@ -394,7 +398,7 @@ def compare(
     try:
         cfg = cmp.make_config(settings, target=to, labels=backend, corpus=corpus, refs=refs,
                               concurrency=concurrency, deadline_ms=deadline_ms,
-                              prices=price or [])
+                              prices=price or [], glossary=glossary)
         if plot is not None:
             rep.check_plot(plot)
         runs = _measure(settings, cfg)

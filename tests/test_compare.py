@@ -100,6 +100,52 @@ def test_json_shape_and_counts(corpus: Path) -> None:
     assert b["chrf"] is None and b["bleu"] is None
 
 
+def test_span_survival_and_glossary_terms_per_backend(tmp_path: Path) -> None:
+    corpus = tmp_path / "spans.txt"
+    corpus.write_text("Open a pull request for config.yaml now.\nHello there, my friend.\n",
+                      encoding="utf-8")
+    glossary = tmp_path / "glossary.yaml"
+    glossary.write_text("terms: {pull request: 拉取请求}\nkeep: [now]\n", encoding="utf-8")
+    report = compare_json("--to", "zh-CN", "--backend", "passthrough", "--corpus", str(corpus),
+                          "--glossary", str(glossary))
+    (b,) = report["backends"]
+    assert (b["span_segments"], b["spans_intact"]) == (1, 1.0)
+    assert (b["glossary_terms"], b["glossary_applied"]) == (1, 1.0)
+    table = compare("--to", "zh-CN", "--backend", "passthrough", "--corpus", str(corpus),
+                    "--glossary", str(glossary)).stdout
+    assert "spans intact (%)" in table and "applied (%)" in table
+
+
+def test_span_survival_counts_what_lost_a_span_or_a_term() -> None:
+    from service.schemas import SegmentResult
+    from service.tools.compare import CompareConfig, span_survival
+
+    def seg(original: str, text: str, status: str = "translated") -> SegmentResult:
+        return SegmentResult(index=0, original=original, text=text, source_lang="en",
+                             target="zh-CN", status=status, backend="x", queued_ms=0,
+                             latency_ms=0)
+
+    config = CompareConfig(target="zh-CN", labels=["x"], items=[], refs=[],
+                           glossary={"terms": {"merge": "合并"}, "keep": []})
+    figures = span_survival([
+        seg("Read config.yaml first. ", "先读 config.yaml。"),
+        seg("Merge main.py now. ", "现在 main.py 合并。"),
+        seg("Merge main.py now. ", "现在合并。"),  # lost main.py (the service: an error)
+        seg("Merge it now. ", "Merge it now. ", status="error"),
+        seg("No spans here. ", "这里没有。"),
+    ], config)
+    assert figures == {"span_segments": 4, "spans_intact": 0.5, "glossary_terms": 3,
+                       "glossary_applied": round(2 / 3, 4)}
+
+
+def test_a_bad_glossary_file_fails_before_anything_runs(tmp_path: Path) -> None:
+    bad = tmp_path / "glossary.yaml"
+    bad.write_text("terms: {a: ''}\n", encoding="utf-8")
+    result = compare("--to", "de", "--backend", "passthrough", "--glossary", str(bad))
+    assert result.exit_code == 3, result.output  # bad input, as a missing corpus
+    assert "blank" in result.stderr
+
+
 def test_builtin_corpus_by_default() -> None:
     report = compare_json("--to", "de", "--backend", "passthrough")
     assert report["corpus"] == "built-in sample"

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from models.errors import BackendUnavailable
+from models.spans import Glossary, SpanFinder
 from service.errors import ConfigError, InputError
 from service.locale import canonicalize
 from service.metrics import percentile
@@ -93,6 +94,10 @@ class CompareConfig:
     concurrency: int = 4
     deadline_ms: float = COMPARE_DEADLINE_MS
     prices: dict[str, float] = field(default_factory=dict)
+    # The glossary every text is sent with ({"terms", "keep"}, as a request gives it).
+    glossary: dict[str, Any] | None = None
+    # Finds each segment's protected spans again, to judge what came back (the settings').
+    finder: SpanFinder = field(default_factory=SpanFinder)
 
 
 @dataclass
@@ -137,6 +142,7 @@ def make_config(
     concurrency: int = 4,
     deadline_ms: float | None = None,
     prices: Sequence[str] = (),
+    glossary: Path | None = None,
 ) -> CompareConfig:
     """A checked ``CompareConfig`` from the command's options; raises before anything loads
     when a backend, the corpus, the references or a price is wrong."""
@@ -153,7 +159,33 @@ def make_config(
         concurrency=concurrency,
         deadline_ms=deadline_ms if deadline_ms is not None else COMPARE_DEADLINE_MS,
         prices={**settings.price_per_million_chars, **parse_prices(prices)},
+        glossary=None if glossary is None else load_glossary(glossary, settings),
+        finder=SpanFinder(settings.span_patterns if settings.protect_spans else (),
+                          (settings.span_kinds or None) if settings.protect_spans else ()),
     )
+
+
+def load_glossary(path: Path, settings: Settings) -> dict[str, Any]:
+    """``--glossary``: a YAML or JSON file of one glossary, ``{terms: {...}, keep: [...]}``,
+    checked as a request's would be."""
+    import yaml
+
+    from service.glossary import GlossaryProblem, build
+
+    try:
+        data = yaml.safe_load("\n".join(read_lines(path, "glossary file")))
+    except yaml.YAMLError as exc:
+        raise InputError(f"glossary file {str(path)!r} is not valid YAML: "
+                         f"{str(exc).splitlines()[0]}") from None
+    if not isinstance(data, dict) or set(data) - {"terms", "keep"}:
+        raise InputError(f"glossary file {str(path)!r} must hold {{terms: {{source: target}}, "
+                         "keep: [term, ...]}")
+    try:
+        build(data.get("terms"), data.get("keep"), max_terms=settings.max_glossary_terms,
+              max_chars=settings.max_glossary_term_chars)
+    except GlossaryProblem as exc:
+        raise InputError(f"glossary file {str(path)!r}: {exc}") from None
+    return {"terms": data.get("terms") or {}, "keep": data.get("keep") or []}
 
 
 def parse_prices(items: Sequence[str]) -> dict[str, float]:
@@ -287,7 +319,8 @@ async def _run_one(runtime: Runtime, run: BackendRun, config: CompareConfig,
     async def one(i: int, text: str) -> None:
         async with sem:
             t0 = time.perf_counter()
-            [results[i]] = await runtime.translate([text], target=config.target)
+            [results[i]] = await runtime.translate([text], target=config.target,
+                                                   glossary=config.glossary)
             latencies[i] = (time.perf_counter() - t0) * 1000.0
         progress.advance(run.label)
 
@@ -391,12 +424,41 @@ def summarize(run: BackendRun, config: CompareConfig) -> dict[str, Any]:
         "chrf": None,
         "bleu": None,
         "bleu_tokenize": None,
+        **span_survival(sent, config),
     }
     pairs = [(r.text, ref) for r, ref in zip(run.results, config.refs, strict=True)
              if ref is not None]
     if pairs:
         out.update(score([h for h, _ in pairs], [ref for _, ref in pairs], config.target))
     return out
+
+
+def span_survival(sent: Sequence[Any], config: CompareConfig) -> dict[str, Any]:
+    """Of the segments sent to the chain whose original has protected spans, the share
+    that came back translated with every span byte for byte (the service turns one that
+    lost a span into an error with the original); of the glossary terms in them, the share
+    rendered as given. Spans are found again here, as the service found them."""
+    glossary = None
+    if config.glossary is not None:
+        glossary = Glossary.of(config.glossary["terms"], config.glossary["keep"]) or None
+    with_spans = intact = terms = applied = 0
+    for seg in sent:
+        protected = config.finder.find(seg.original.strip(), glossary)
+        if protected is None:
+            continue
+        with_spans += 1
+        kept = seg.status == "translated" and not protected.missing(seg.text)
+        intact += kept
+        wanted = [s for s in protected.spans if s.kind == "term"]
+        terms += len(wanted)
+        if seg.status == "translated":
+            applied += len(wanted) - sum(s.kind == "term" for s in protected.missing(seg.text))
+    return {
+        "span_segments": with_spans,
+        "spans_intact": round(intact / with_spans, 4) if with_spans else None,
+        "glossary_terms": terms,
+        "glossary_applied": round(applied / terms, 4) if terms else None,
+    }
 
 
 def build_report(runs: Sequence[BackendRun], config: CompareConfig) -> dict[str, Any]:

@@ -73,6 +73,10 @@ def _fmt(value: Any, digits: int = 1) -> str:
     return str(value)
 
 
+def _pct(share: float | None) -> str:
+    return "-" if share is None else f"{share * 100:.1f}"
+
+
 def rows(report: dict[str, Any]) -> list[tuple[str, list[str]]]:
     """Metric rows, one column per backend (a few backends fit; many metrics would not)."""
     backends = report["backends"]
@@ -97,7 +101,12 @@ def rows(report: dict[str, Any]) -> list[tuple[str, list[str]]]:
         ("characters/s", [_fmt(b["characters_per_s"], 0) for b in backends]),
         ("billed characters", [_fmt(b["billed_characters"]) for b in backends]),
         ("est. cost (USD)", [cost(b) for b in backends]),
+        ("segments with spans", [_fmt(b["span_segments"]) for b in backends]),
+        ("  spans intact (%)", [_pct(b["spans_intact"]) for b in backends]),
     ]
+    if any(b["glossary_terms"] for b in backends):
+        out.append(("glossary terms", [_fmt(b["glossary_terms"]) for b in backends]))
+        out.append(("  applied (%)", [_pct(b["glossary_applied"]) for b in backends]))
     if report["references"]:
         out.append(("chrF", [_fmt(b["chrf"], 2) for b in backends]))
         tokenize = backends[0]["bleu_tokenize"] if backends else None
