@@ -346,6 +346,27 @@ async def test_model_and_policy_are_sent_only_when_set(sidecar: Server) -> None:
     assert "hidden" in {s.status for s in hid.segments}
 
 
+async def test_a_glossary_is_sent_only_when_set_and_rendered(sidecar: Server) -> None:
+    transport = Scripted()
+    glossary = {"terms": {"user": "用户"}, "keep": ["hello"]}
+    text = "Hmm, the user said hello. "
+    async with ThinktransClient(sidecar.url, transport=transport) as client:
+        items = await run_stream(client.stream("t:glossary", target="zh-CN",
+                                               glossary=glossary), [text])
+        [one] = await client.translate([text], target="zh-CN", glossary=glossary,
+                                       fallback=False)
+        [plain] = await client.translate([text], target="zh-CN", fallback=False)
+        with pytest.raises(ValueError, match="glossary must be"):
+            client.stream("t:bad", glossary={"term": {}})
+    [opened] = [transport.bodies[i] for i in transport.paths("POST", "/v1/streams")]
+    assert opened["glossary"] == glossary
+    posts = [transport.bodies[i] for i in transport.paths("POST", "/v1/translate")]
+    assert posts[0]["glossary"] == glossary and "glossary" not in posts[1]
+    # The sidecar serves passthrough: the terms rendered, the rest as it was.
+    assert [s.text for s in segments(items)] == ["Hmm, the 用户 said hello. "]
+    assert one.text == "Hmm, the 用户 said hello. " and plain.text == text
+
+
 async def test_hide_policy_on_a_mixed_stream(sidecar: Server) -> None:
     async with ThinktransClient(sidecar.url) as client:
         stream = client.stream("t:hide", target="zh-CN", policy="hide")

@@ -154,6 +154,17 @@ def _choices(model: str | None, policy: str | None) -> dict[str, str]:
     return {name: value for name, value in fields.items() if value is not None}
 
 
+def _glossary(glossary: Mapping[str, Any] | None) -> dict[str, Any]:
+    """The request field for a glossary (``{"terms": {source: target}, "keep": [term]}``),
+    only when set: a sidecar that predates it refuses the field. The sidecar checks it."""
+    if glossary is None:
+        return {}
+    if not isinstance(glossary, Mapping) or set(glossary) - {"terms", "keep"}:
+        raise ValueError('glossary must be {"terms": {source: target}, "keep": [term, ...]}')
+    return {"glossary": {"terms": dict(glossary.get("terms") or {}),
+                         "keep": list(glossary.get("keep") or [])}}
+
+
 def _retry_after(response: httpx.Response) -> float | None:
     value = response.headers.get("retry-after", "")
     try:
@@ -316,12 +327,15 @@ class ThinktransClient:
         model: str | None = None,
         policy: Policy | None = None,
         fallback: bool = True,
+        glossary: Mapping[str, Any] | None = None,
     ) -> list[TranslatedText]:
         """Translate whole texts; on failure, the originals (status ``error``) if ``fallback``.
 
         ``model``: a model for the backends to use (``models()`` lists what they offer; a
         name not listed is tried too); ``policy``: ``"hide"`` answers segments not in the
-        target language with status ``hidden`` and empty text. Both are sent only when set.
+        target language with status ``hidden`` and empty text; ``glossary``: ``{"terms":
+        {source: target}, "keep": [term, ...]}``, terms rendered as given and kept as they
+        are. Each is sent only when set.
 
         The fallback is the same under ``policy="hide"``: the originals, shown, with status
         ``error``. Only the sidecar knows which segments are foreign, and hiding everything
@@ -330,7 +344,7 @@ class ThinktransClient:
         texts = list(texts)
         if not texts:
             return []
-        choices = _choices(model, policy)
+        choices = {**_choices(model, policy), **_glossary(glossary)}
         try:
             if not self.available:
                 raise Skipped()
@@ -424,14 +438,15 @@ class ThinktransClient:
         backend: str | None = None,
         model: str | None = None,
         policy: Policy | None = None,
+        glossary: Mapping[str, Any] | None = None,
         flush_interval_s: float = 0.05,
         flush_chars: int = 256,
         close_wait_s: float | None = None,
     ) -> ThinkingStream:
         """A stream for one thinking part; nothing goes over the network before its first push.
 
-        ``model`` and ``policy`` as in ``translate``, sent when the stream opens, only when
-        set; the fallback under ``policy="hide"`` shows the originals too (status ``error``).
+        ``model``, ``policy`` and ``glossary`` as in ``translate``, sent when the stream
+        opens, only when set; the fallback under ``policy="hide"`` shows the originals too (status ``error``).
         ``close_wait_s``: once the stream is closed, how long ``results`` waits for the rest;
         then what no result covered comes out as it was pushed, status ``deadline`` (None:
         as long as the sidecar's own deadline and the client's budgets allow). For readers
@@ -446,8 +461,9 @@ class ThinktransClient:
         if close_wait_s is not None and not 0 <= close_wait_s < float("inf"):
             raise ValueError(f"close_wait_s must be >= 0 or None, got {close_wait_s}")
         _choices(model, policy)  # a bad value is the caller's bug: say so now, not in a log
+        _glossary(glossary)
         return ThinkingStream(self, stream_id, target=target, user_text=user_text,
-                              backend=backend, model=model, policy=policy,
+                              backend=backend, model=model, policy=policy, glossary=glossary,
                               flush_interval_s=flush_interval_s, flush_chars=flush_chars,
                               close_wait_s=close_wait_s)
 
@@ -467,8 +483,10 @@ class ThinkingStream:
     def __init__(self, client: ThinktransClient, stream_id: str, *, target: str | None,
                  user_text: str | None, backend: str | None, flush_interval_s: float,
                  flush_chars: int, model: str | None = None,
-                 policy: Policy | None = None, close_wait_s: float | None = None) -> None:
+                 policy: Policy | None = None, close_wait_s: float | None = None,
+                 glossary: Mapping[str, Any] | None = None) -> None:
         self.client = client
+        self._glossary = glossary
         self.stream_id = stream_id
         self.target = target  # as asked; the resolved one once the stream is open
         self.target_source: str | None = None
@@ -556,7 +574,8 @@ class ThinkingStream:
 
     def _open_body(self) -> dict[str, Any]:
         return {"stream_id": self.stream_id, "target": self.target, "backend": self._backend,
-                **_choices(self.model, self.policy), "user_text": self._user_text}
+                **_choices(self.model, self.policy), **_glossary(self._glossary),
+                "user_text": self._user_text}
 
     def _opened_as(self, data: Any) -> None:
         """Take the sidecar's answer to open; KeyError or TypeError when it is malformed."""
