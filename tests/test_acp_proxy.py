@@ -538,3 +538,20 @@ def test_a_bad_deadline_names_the_variable() -> None:
     out = subprocess.run([PROXY, "--", "true"], stdin=subprocess.DEVNULL, env=env,
                          capture_output=True, text=True, timeout=30)
     assert out.returncode == 2 and "THINKTRANS_ACP_DEADLINE_MS" in out.stderr
+
+
+def test_a_glossary_file_goes_to_every_stream_and_a_bad_one_is_a_usage_error(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from thinktrans_client.proxy import _parser
+
+    good = tmp_path / "glossary.json"
+    good.write_text('{"terms": {"pull request": "拉取请求"}, "keep": ["PyTorch"]}',
+                    encoding="utf-8")
+    args = _parser().parse_args(["--glossary", str(good), "--", "true"])
+    assert args.glossary == {"terms": {"pull request": "拉取请求"}, "keep": ["PyTorch"]}
+    for text, words in (("[1]", "must hold"), ("{nope", "is not JSON")):
+        bad = tmp_path / "bad.json"
+        bad.write_text(text, encoding="utf-8")
+        with pytest.raises(SystemExit) as info:
+            _parser().parse_args(["--glossary", str(bad), "--", "true"])
+        assert info.value.code == 2 and words in capsys.readouterr().err

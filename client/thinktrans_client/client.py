@@ -446,7 +446,8 @@ class ThinktransClient:
         """A stream for one thinking part; nothing goes over the network before its first push.
 
         ``model``, ``policy`` and ``glossary`` as in ``translate``, sent when the stream
-        opens, only when set; the fallback under ``policy="hide"`` shows the originals too (status ``error``).
+        opens, only when set; the fallback under ``policy="hide"`` shows the originals too
+        (status ``error``).
         ``close_wait_s``: once the stream is closed, how long ``results`` waits for the rest;
         then what no result covered comes out as it was pushed, status ``deadline`` (None:
         as long as the sidecar's own deadline and the client's budgets allow). For readers

@@ -1,7 +1,7 @@
 """``thinktrans-acp``: any ACP agent's thinking translated in the editor, the agent unchanged.
 
     thinktrans-acp [--url URL] [--target LOCALE] [--model M] [--policy P]
-                   [--deadline-ms MS] -- AGENT [ARGS...]
+                   [--glossary FILE.json] [--deadline-ms MS] -- AGENT [ARGS...]
     thinktrans-acp --version
 
 The editor launches this command instead of the agent. It starts the agent as a child
@@ -443,6 +443,24 @@ async def _cancel(task: asyncio.Task[None]) -> None:
         await task
 
 
+def _glossary_file(path: str) -> dict[str, Any]:
+    """``--glossary FILE``: a JSON glossary, read and given its shape's check here; the
+    sidecar checks its terms when a stream opens."""
+    try:
+        with open(path, encoding="utf-8") as file:
+            data = json.load(file)
+    except OSError as exc:
+        raise argparse.ArgumentTypeError(f"cannot read {path!r}: {exc.strerror}") from None
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"{path!r} is not JSON: {exc}") from None
+    if (not isinstance(data, dict) or set(data) - {"terms", "keep"}
+            or not isinstance(data.get("terms", {}), dict)
+            or not isinstance(data.get("keep", []), list)):
+        raise argparse.ArgumentTypeError(
+            f'{path!r} must hold {{"terms": {{"source": "target"}}, "keep": ["term"]}}')
+    return data
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="thinktrans-acp", usage="%(prog)s [options] -- AGENT_COMMAND [ARGS...]",
@@ -460,6 +478,9 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--policy", choices=("translate", "hide"),
                         help="translate foreign thoughts, or hide them (originals kept in "
                              "_meta.thinktrans.original)")
+    parser.add_argument("--glossary", type=_glossary_file, metavar="FILE",
+                        help='a JSON file of one glossary for every stream: {"terms": '
+                             '{"source": "target"}, "keep": ["term"]}')
     parser.add_argument("--timeout", type=_seconds, default=2.0, metavar="S",
                         help="seconds a sidecar request may take before thoughts pass "
                              "through untranslated (default: 2)")
@@ -528,7 +549,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         except InvalidLocale as exc:
             print(f"thinktrans-acp: --target: {exc}", file=sys.stderr)
             return 2
-    options: dict[str, Any] = {key: value for key in ("model", "policy")
+    options: dict[str, Any] = {key: value for key in ("model", "policy", "glossary")
                                if (value := getattr(args, key)) is not None}
     options["close_wait_s"] = args.deadline_ms / 1000
     token = args.token or os.environ.get("THINKTRANS_API_TOKEN") or None
