@@ -547,11 +547,11 @@ def test_a_glossary_file_goes_to_every_stream_and_a_bad_one_is_a_usage_error(
     good = tmp_path / "glossary.json"
     good.write_text('{"terms": {"pull request": "拉取请求"}, "keep": ["PyTorch"]}',
                     encoding="utf-8")
-    args = _parser().parse_args(["--glossary", str(good), "--", "true"])
+    args = _parser().parse_args(["--glossary", str(good)])
     assert args.glossary == {"terms": {"pull request": "拉取请求"}, "keep": ["PyTorch"]}
     for text, words in (("[1]", "must hold"), ("{nope", "is not JSON")):
         bad = tmp_path / "bad.json"
         bad.write_text(text, encoding="utf-8")
         with pytest.raises(SystemExit) as info:
-            _parser().parse_args(["--glossary", str(bad), "--", "true"])
+            _parser().parse_args(["--glossary", str(bad)])
         assert info.value.code == 2 and words in capsys.readouterr().err
