@@ -26,9 +26,9 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Protocol
 
-from models.spans import Protected
+from models.spans import Protected, Span, needs_words
 from service.batcher import Translation
-from service.decide import decide, leans_on_memory, settled_memory, wants_detection
+from service.decide import Decision, decide, leans_on_memory, settled_memory, wants_detection
 from service.detect import Detection, Detector
 from service.emission import Emitter, Segment
 from service.schemas import Policy
@@ -251,6 +251,13 @@ class Cutter:
     # -- starting ----------------------------------------------------------------------------
 
     def _begin(self, seg: Segment) -> None:
+        """A segment to translate: its spans found; one that is all spans (nothing but code,
+        paths, ... and punctuation; no glossary term to render) is skipped instead."""
+        if self._protect is not None:
+            seg.protected = self._protect(seg.piece.text.strip())
+            if seg.protected is not None and _all_spans(seg.protected):
+                seg.decision = Decision("skipped", seg.decision.source_lang, None)
+                return
         if self._unstarted is not None:
             self._unstarted.append(seg)
         else:
@@ -277,14 +284,19 @@ class Cutter:
         if self._emitter.ended:
             return
         assert self.target is not None
-        text = seg.piece.text.strip()
         seg.task = self._submit(
-            text, seg.decision.send_source, self.target, self._chain,
+            seg.piece.text.strip(), seg.decision.send_source, self.target, self._chain,
             seg.context, self.model, due=seg.ready_at + self._deadline_s,
-            protected=None if self._protect is None else self._protect(text))
+            protected=seg.protected)
         seg.task.add_done_callback(functools.partial(self._done, seg))
 
     def drop(self) -> None:
         """Stop the held segment's wait: nothing is cut or started after this."""
         if self._held_timer is not None:
             self._held_timer.cancel()
+
+
+def _all_spans(protected: Protected) -> bool:
+    """Nothing to translate: no glossary term to render, and no words between the spans."""
+    return not any(part.kind == "term" if isinstance(part, Span) else needs_words(part)
+                   for part in protected.runs())

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from typing import TypeAlias
 
 from models.errors import BackendError
+from models.spans import Protected
 from service.batcher import Translation
 from service.decide import Decision
 from service.detect import Detection
@@ -108,6 +109,7 @@ class Segment:
     held: bool = False
     detection: Detection | None = None
     memory: str | None = None
+    protected: Protected | None = None  # its protected spans and glossary terms, if any
 
 
 def _time_up(waiter: asyncio.Future[None]) -> None:

@@ -278,3 +278,16 @@ async def test_chinese_and_japanese_output_has_no_space_between_sentences() -> N
 def test_finding_spans_changes_no_text() -> None:
     protected = SpanFinder().find(TEXT)
     assert protected is not None and protected.text == TEXT
+
+
+async def test_a_segment_of_spans_alone_is_skipped_unless_a_term_is_in_it() -> None:
+    fake = FakeTranslator(answers=deque([keeping]))
+    async with chain_app(fake, backend="fake,passthrough") as app:
+        [result] = await translate(app.client, ["`load_config()` -> src/app.py\n"])
+        [term] = await translate(app.client, ["pull request: src/app.py\n"],
+                                 glossary={"terms": {"pull request": "拉取请求"}})
+    [seg] = result["segments"]
+    assert (seg["status"], seg["text"]) == ("skipped", seg["original"])
+    assert [(s["status"], s["text"]) for s in term["segments"]] == [
+        ("translated", "拉取请求: src/app.py\n")]
+    assert len(fake.jobs) == 1  # only the one with a term (the fake ignored it)
