@@ -14,7 +14,8 @@ A request may name a model; ``catalog`` lists the endpoint's ``GET /models``.
 A segment with protected spans (``Job.protected``, ``models.spans``) names them in its
 item: ``keep``, the strings it must copy exactly, and ``terms``, the glossary terms of its
 text with their renderings (``span_fields``); they are data in the user message like the
-text, and the system prompt says only what the fields mean.
+text, and the system prompt of a request with them (``SPANS_PROMPT``) says only what the
+fields mean.
 
 An answer is checked before it is used: same count, same ids, non-empty texts, each
 protected span kept (always), and (unless ``LLMConfig.check_items`` is off) each text must
@@ -50,6 +51,7 @@ from models.llm.prompt import (
     LANGUAGE_NAMES,
     MAX_CONTEXT_CHARS,
     PROMPT_ID,
+    SPANS_PROMPT,
     SYSTEM_PROMPT,
     context_fields,
     language_name,
@@ -61,6 +63,7 @@ __all__ = [
     "LANGUAGE_NAMES",
     "MAX_CONTEXT_CHARS",
     "PROMPT_ID",
+    "SPANS_PROMPT",
     "SPAN_PROBLEM",
     "SYSTEM_PROMPT",
     "LLMConfig",
