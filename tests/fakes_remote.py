@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import random
+import re
 import socket
 import threading
 import time
@@ -250,7 +252,7 @@ class FakeDeepL(_Fake):
 CHAT_MODES = {
     "good", "fenced", "malformed", "wrong_count", "wrong_ids", "empty", "short", "long",
     "one_empty", "swapped", "obey", "echo_context", "500", "401", "403", "429", "timeout",
-    "no_content",
+    "no_content", "drop_span", "alter_span", "ignore_terms", "drop_some",
 }  # fmt: skip
 # What a model that follows the text instead of translating it says: fluent, no numbers.
 OBEYED = (
@@ -263,6 +265,35 @@ def _segments_of(body: dict[str, Any]) -> tuple[str, list[dict[str, Any]]]:
     user = next(m["content"] for m in body["messages"] if m["role"] == "user")
     payload = json.loads(user)
     return payload["target_language"], payload["segments"]
+
+
+def _render_terms(text: str, terms: dict[str, str]) -> str:
+    """``text`` with each term of an item's ``terms`` written as its rendering."""
+    for source, target in sorted(terms.items(), key=lambda t: -len(t[0])):
+        text = text.replace(source, target)
+    return text
+
+
+# How a careless model mangles what it was told to keep: it translates a file name's stem,
+# "fixes" a URL, shortens a version, regroups a number, drops backticks; else it puts a
+# space inside the string.
+_ALTERATIONS = [
+    (re.compile(r"config"), "配置"),
+    (re.compile(r"^https://"), "http://"),
+    (re.compile(r"^(v?\d+\.\d+)\.\d+"), r"\1"),
+    (re.compile(r"^(\d+),(\d{3})$"), r"\1\2"),
+    (re.compile(r"^`(.*)`$"), r"\1"),
+]
+
+
+def altered(keep: str) -> str:
+    """``keep`` as a careless model writes it: never ``keep`` itself."""
+    for pattern, replacement in _ALTERATIONS:
+        changed = pattern.sub(replacement, keep, count=1)
+        if changed != keep:
+            return changed
+    middle = max(1, len(keep) // 2)
+    return f"{keep[:middle]} {keep[middle:]}"
 
 
 def _model_not_found(model: object) -> dict[str, Any]:
@@ -286,7 +317,16 @@ class FakeChat(_Fake):
     ``swapped`` swaps the first two items' texts; ``obey`` answers every item with
     ``OBEYED``; ``echo_context`` puts an item's ``context`` before its good answer;
     ``timeout`` sleeps ``slow_s``. ``replies`` maps a segment's text to the text answered
-    for it in the modes that answer per item (the good answer otherwise). ``usage``, when
+    for it in the modes that answer per item (the good answer otherwise).
+
+    A good answer renders an item's ``terms`` (each key written as its value) and keeps
+    its ``keep`` strings, as the text has them. ``drop_span`` removes each item's first
+    ``keep`` string from its answer; ``alter_span`` writes every ``keep`` string as a
+    careless model would (``altered``: ``config.yaml`` as ``配置.yaml``, ``https://`` as
+    ``http://``, ``v2.13.0`` as ``v2.13``, ``1,250`` as ``1250``, backticks dropped);
+    ``ignore_terms`` leaves each term as the text has it; ``drop_some`` drops an item's
+    first ``keep`` string with probability ``drop_rate`` (``rng``, seeded by ``reset``).
+    ``dropped`` counts the items answered without a ``keep`` string or a term. ``usage``, when
     set, is raw JSON text sent as the answer's ``usage`` (so tests can send what
     ``json.dumps`` would not write, like ``1e400``).
 
@@ -305,6 +345,9 @@ class FakeChat(_Fake):
         self.list_models = True
         self.only_listed = False
         self.chat_models: list[str | None] = []
+        self.drop_rate = 0.0
+        self.rng = random.Random(0)
+        self.dropped = 0
 
     def reset(self) -> None:
         super().reset()
@@ -315,6 +358,29 @@ class FakeChat(_Fake):
         self.list_models = True
         self.only_listed = False
         self.chat_models.clear()
+        self.drop_rate = 0.0
+        self.rng = random.Random(0)
+        self.dropped = 0
+
+    def _item_text(self, mode: str, target: str, segment: dict[str, Any]) -> str:
+        """One item's answer: the good one, or its spans mangled as ``mode`` says."""
+        text = segment["text"]
+        if text in self.replies:
+            return self.replies[text]
+        keep: list[str] = segment.get("keep") or []
+        terms: dict[str, str] = segment.get("terms") or {}
+        if terms and mode != "ignore_terms":
+            text = _render_terms(text, terms)
+        if keep and (mode == "drop_span"
+                     or (mode == "drop_some" and self.rng.random() < self.drop_rate)):
+            text = text.replace(keep[0], "", 1)
+        elif keep and mode == "alter_span":
+            for each in keep:
+                text = text.replace(each, altered(each))
+        lost = (any(text.count(each) < segment["text"].count(each) for each in keep)
+                or any(rendering not in text for rendering in terms.values()))
+        self.dropped += lost
+        return f"{target}: {text}"
 
     @property
     def chat_requests(self) -> list[Recorded]:
@@ -322,10 +388,7 @@ class FakeChat(_Fake):
 
     def _answer(self, mode: str, body: dict[str, Any]) -> str:
         target, segments = _segments_of(body)
-        items = [
-            {"id": s["id"], "text": self.replies.get(s["text"], f"{target}: {s['text']}")}
-            for s in segments
-        ]
+        items = [{"id": s["id"], "text": self._item_text(mode, target, s)} for s in segments]
         if mode == "echo_context":
             contexts = [s.get("context") for s in segments]
             items = [

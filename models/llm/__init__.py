@@ -11,10 +11,17 @@ translated or returned. Items of one stream that follow each other in a request 
 it: only the first carries it, since the list already shows the rest (``context_fields``).
 A request may name a model; ``catalog`` lists the endpoint's ``GET /models``.
 
-An answer is checked before it is used: same count, same ids, non-empty texts, and
-(unless ``LLMConfig.check_items`` is off) each text must keep its source's numbers,
-inline code and URLs and have a length plausible for a translation of it: cheap checks
-that an answer which obeys or answers the text, or swaps items, rarely passes. A
+A segment with protected spans (``Job.protected``, ``models.spans``) names them in its
+item: ``keep``, the strings it must copy exactly, and ``terms``, the glossary terms of its
+text with their renderings (``span_fields``); they are data in the user message like the
+text, and the system prompt of a request with them (``SPANS_PROMPT``) says only what the
+fields mean.
+
+An answer is checked before it is used: same count, same ids, non-empty texts, each
+protected span kept (always), and (unless ``LLMConfig.check_items`` is off) each text must
+keep its source's numbers, inline code and URLs (the spans decide the last two where a
+text has them) and have a length plausible for a translation of it: cheap checks that an
+answer which obeys or answers the text, or swaps items, rarely passes. A
 malformed answer is retried once as a whole; a well-formed answer with a few bad items
 has only those items retried once. Whatever is still bad after that fails the batch
 with BadOutput (the batch contract is all-or-nothing; the pipeline then returns the
@@ -28,12 +35,14 @@ model list, error mapping), ``translator`` (``LLMTranslator``).
 from __future__ import annotations
 
 from models.llm.answers import (
+    SPAN_PROBLEM,
     MalformedAnswer,
     code_spans,
     context_problem,
     item_problem,
     number_forms,
     parse_answer,
+    span_problem,
     text_weight,
     urls,
 )
@@ -42,9 +51,11 @@ from models.llm.prompt import (
     LANGUAGE_NAMES,
     MAX_CONTEXT_CHARS,
     PROMPT_ID,
+    SPANS_PROMPT,
     SYSTEM_PROMPT,
     context_fields,
     language_name,
+    span_fields,
 )
 from models.llm.translator import LLMConfig, LLMTranslator
 
@@ -52,6 +63,8 @@ __all__ = [
     "LANGUAGE_NAMES",
     "MAX_CONTEXT_CHARS",
     "PROMPT_ID",
+    "SPANS_PROMPT",
+    "SPAN_PROBLEM",
     "SYSTEM_PROMPT",
     "LLMConfig",
     "LLMTranslator",
@@ -65,6 +78,8 @@ __all__ = [
     "model_missing",
     "number_forms",
     "parse_answer",
+    "span_fields",
+    "span_problem",
     "text_weight",
     "urls",
     "usage_count",

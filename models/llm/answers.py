@@ -4,6 +4,15 @@ An answer is checked before it is used: same count, same ids, non-empty texts, a
 the checks are off) each text keeps its source's numbers, inline code and URLs at a length
 plausible for a translation of it: cheap checks that an answer which obeys or answers the
 text, or swaps items, rarely passes.
+
+A text with protected spans (``models.spans.Protected``) must keep every span's ``out``
+(its own text, or a glossary term's rendering) as often as the text has it, byte for
+byte, whether or not the other checks are on: the service checks every answer so
+(``Protected.missing``), and an item caught here is asked again before the batch fails.
+Those spans are then what decides inline code and URLs, in place of the looser checks
+used without them: every inline code span counts, backticks included (`Save` too, which
+the check without spans lets a translator translate), and a URL is what the span table
+calls one. Numbers are still checked in any form ("1,000" or "1000") besides.
 """
 
 from __future__ import annotations
@@ -11,7 +20,10 @@ from __future__ import annotations
 import json
 import re
 import unicodedata
+from collections.abc import Iterable, Sequence
 from typing import Any
+
+from models.spans import Protected, Span
 
 # An answer item holding the last this-many characters of its context returned the context.
 CONTEXT_PROBE_CHARS = 40
@@ -92,27 +104,60 @@ def urls(text: str) -> list[str]:
     return [m.group().rstrip(_URL_TAIL) for m in _URL.finditer(text)]
 
 
-def item_problem(source: str, translated: object, *, checks: bool = True) -> str | None:
+SPAN_PROBLEM = "a protected span missing"
+
+
+def span_problem(lost: Sequence[Span]) -> str | None:
+    """The reason for spans an answer lost, naming their kinds (never their text)."""
+    if not lost:
+        return None
+    kinds = ", ".join(sorted({span.kind for span in lost}))
+    return f"{SPAN_PROBLEM} ({kinds})"
+
+
+def summary(problems: Iterable[str]) -> str:
+    """Items' problems in one phrase: each once, the missing spans' kinds together."""
+    kinds: set[str] = set()
+    others: set[str] = set()
+    head = f"{SPAN_PROBLEM} ("
+    for problem in problems:
+        if problem.startswith(head) and problem.endswith(")"):
+            kinds.update(problem[len(head):-1].split(", "))
+        else:
+            others.add(problem)
+    if kinds:
+        others.add(f"{head}{', '.join(sorted(kinds))})")
+    return ", ".join(sorted(others))
+
+
+def item_problem(source: str, translated: object, *, checks: bool = True,
+                 protected: Protected | None = None) -> str | None:
     """Why ``translated`` cannot be a translation of ``source``, or None when it can.
 
     Cheap structural checks, not a judgement of quality: an answer that obeys or answers
     the text, or another item's translation, rarely keeps the source's numbers, code and
     URLs and its length. The reasons name what failed, never the text. With ``checks``
-    off only emptiness is checked.
+    off only emptiness and ``protected``'s spans are checked. With ``protected`` its
+    spans stand for the inline code and URL checks (see the module's notes).
     """
     if not isinstance(translated, str) or not translated.strip():
         return "empty"
     if not checks:
-        return None
+        return None if protected is None else span_problem(protected.missing(translated))
     src, out = text_weight(source), text_weight(translated)
     if out > max(MAX_RATIO * src, src + LONG_SLACK):
         return "far too long"
     if src >= MIN_CHECKED_WEIGHT and out < MIN_RATIO * src:
         return "far too short"
-    if any(url not in translated for url in urls(source)):
-        return "a URL missing"
-    if any(span not in translated for span in code_spans(source)):
-        return "inline code missing"
+    if protected is not None:
+        problem = span_problem(protected.missing(translated))
+        if problem is not None:
+            return problem
+    else:
+        if any(url not in translated for url in urls(source)):
+            return "a URL missing"
+        if any(span not in translated for span in code_spans(source)):
+            return "inline code missing"
     kept = set().union(*number_forms(translated))
     if any(not forms & kept for forms in number_forms(source)):
         return "a number missing"
@@ -201,14 +246,17 @@ def judge(
     answer: dict[int, object],
     *,
     checks: bool = True,
+    protected: Sequence[Protected | None] | None = None,
 ) -> tuple[dict[int, str], dict[int, str]]:
     """Split ``ids`` into accepted translations and the problem with each rejected one;
-    ``contexts`` are those sent with the items, which no answer may hold."""
+    ``contexts`` are those sent with the items, which no answer may hold; ``protected``
+    (one per core, or None) the spans each must keep."""
     good: dict[int, str] = {}
     bad: dict[int, str] = {}
     for k in ids:
         value = answer.get(k)
-        problem = item_problem(cores[k - 1], value, checks=checks)
+        spans = protected[k - 1] if protected is not None else None
+        problem = item_problem(cores[k - 1], value, checks=checks, protected=spans)
         if problem is None and isinstance(value, str):
             problem = context_problem(contexts[k - 1], cores[k - 1], value)
             if problem is None:

@@ -120,6 +120,9 @@ class Usage:
     context_characters: int = 0
     requests: int = 0
     retries: int = 0
+    # Items asked again for a protected span missing, and those still missing it after.
+    span_retries: int = 0
+    span_failures: int = 0
     prompt_tokens: int = 0
     completion_tokens: int = 0
 

@@ -14,7 +14,14 @@ import httpx
 from models.base import Capabilities, Job
 from models.errors import BadOutput, UnsupportedLanguage
 from models.languages import canonical
-from models.llm.answers import MalformedAnswer, judge, parse_answer, rewrap
+from models.llm.answers import (
+    SPAN_PROBLEM,
+    MalformedAnswer,
+    judge,
+    parse_answer,
+    rewrap,
+    summary,
+)
 from models.llm.endpoint import ChatEndpoint, ModelList, safe_url
 from models.llm.prompt import (
     PROMPT_ID,
@@ -25,6 +32,7 @@ from models.llm.prompt import (
     language_name,
 )
 from models.remote import RemoteTranslator
+from models.spans import Protected
 
 log = logging.getLogger("models.llm")
 
@@ -43,7 +51,8 @@ class LLMConfig:
     # Not every server has response_format; on only where a setting asks for it.
     json_mode: bool = False
     # Each item must keep its source's numbers, inline code and URLs, at a plausible
-    # length (item_problem). Off: only non-empty items are required.
+    # length (item_problem). Off: only non-empty items are required, that keep their
+    # protected spans (which are checked either way).
     check_items: bool = True
     # Send each segment's preceding stream text as its item's "context" (capabilities.context).
     context: bool = True
@@ -160,9 +169,11 @@ class LLMTranslator(RemoteTranslator):
         """Translate in requests of a few segments each, run concurrently, with the job's
         model (None: THINKTRANS_LLM_MODEL) and, with ``context`` on, its contexts."""
         self._refuse_if_unusable()
-        texts, contexts = job.texts, job.contexts
+        texts, contexts, protected = job.texts, job.contexts, job.protected
         if contexts is not None and len(contexts) != len(texts):
             raise ValueError(f"{len(contexts)} contexts for {len(texts)} texts")
+        if protected is not None and len(protected) != len(texts):
+            raise ValueError(f"{len(protected)} protected for {len(texts)} texts")
         request = self._request(job.source, job.target, job.model)
         out = list(texts)
         todo = [i for i, text in enumerate(texts) if text.strip()]
@@ -171,7 +182,8 @@ class LLMTranslator(RemoteTranslator):
         tasks = [
             asyncio.ensure_future(self._translate_group(
                 request, [texts[todo[j]] for j in group],
-                [wanted[todo[j]] if wanted is not None else None for j in group]))
+                [wanted[todo[j]] if wanted is not None else None for j in group],
+                [protected[todo[j]] if protected is not None else None for j in group]))
             for group in groups
         ]
         try:
@@ -213,60 +225,71 @@ class LLMTranslator(RemoteTranslator):
             groups.append(current)
         return groups
 
-    async def _complete(self, request: Request, cores: list[str],
-                        contexts: list[str | None]) -> str | None:
-        body = chat_body(request, cores, contexts, json_mode=self.config.json_mode)
+    async def _complete(self, request: Request, cores: list[str], contexts: list[str | None],
+                        protected: list[Protected | None]) -> str | None:
+        body = chat_body(request, cores, contexts, json_mode=self.config.json_mode,
+                         protected=protected)
         return await self._endpoint.complete(
             body, chars=sum(map(len, cores)),
             context_chars=sum(len(c) for c in contexts if c is not None))
 
     async def _translate_group(
-        self, request: Request, texts: list[str], contexts: list[str | None]
+        self, request: Request, texts: list[str], contexts: list[str | None],
+        protected: list[Protected | None],
     ) -> list[str]:
-        """One request for ``texts``, and at most one retry of what came back bad."""
+        """One request for ``texts``, and at most one retry of what came back bad. No
+        item comes back without each of its protected spans: one still without them after
+        the retry fails the group (and the batch, which the chain's next backend takes)."""
         cores = [text.strip() for text in texts]
         sent = context_fields(cores, contexts)
         retried = False
         try:
-            answer = parse_answer(await self._complete(request, cores, sent), len(cores))
+            answer = parse_answer(await self._complete(request, cores, sent, protected),
+                                  len(cores))
         except MalformedAnswer as first:
             log.info("llm answer unusable (%s); retrying once", first)
             self._endpoint.usage.retries += 1
             retried = True
             try:
-                answer = parse_answer(await self._complete(request, cores, sent), len(cores))
+                answer = parse_answer(await self._complete(request, cores, sent, protected),
+                                      len(cores))
             except MalformedAnswer as second:
                 how = f"{first}, twice" if str(first) == str(second) else f"{first}, then {second}"
                 raise BadOutput(f"the LLM {how}") from None
         ids = list(range(1, len(cores) + 1))
-        results, bad = judge(cores, sent, ids, answer, checks=self._check_items)
+        results, bad = judge(cores, sent, ids, answer, checks=self._check_items,
+                             protected=protected)
         if bad and not retried:
-            fixed, bad = await self._retry_items(request, cores, contexts, sent, bad)
+            self._endpoint.usage.span_retries += _lost_spans(bad)
+            fixed, bad = await self._retry_items(request, cores, contexts, sent, protected, bad)
             results.update(fixed)
         if bad:
+            self._endpoint.usage.span_failures += _lost_spans(bad)
             raise BadOutput(
                 f"the LLM did not translate {len(bad)} of {len(cores)} segments "
-                f"({', '.join(sorted(set(bad.values())))}) after a retry"
+                f"({summary(bad.values())}) after a retry"
             )
         # The source's own leading and trailing whitespace, around the model's text.
         return [rewrap(text, results[k].strip()) for k, text in enumerate(texts, start=1)]
 
     async def _retry_items(
         self, request: Request, cores: list[str], contexts: list[str | None],
-        sent: list[str | None], bad: dict[int, str],
+        sent: list[str | None], protected: list[Protected | None], bad: dict[int, str],
     ) -> tuple[dict[int, str], dict[int, str]]:
         """Ask once more for the ``bad`` items alone: the accepted translations and what is
         still wrong, by this group's ids."""
         log.info("llm answer: %d of %d segments bad (%s); retrying those once",
-                 len(bad), len(cores), ", ".join(sorted(set(bad.values()))))  # fmt: skip
+                 len(bad), len(cores), summary(bad.values()))  # fmt: skip
         self._endpoint.usage.retries += 1
         ids = list(bad)
         again_cores = [cores[k - 1] for k in ids]
         # Alone, an item no longer follows the one before it: it carries its own context.
         again_sent = context_fields(again_cores, [contexts[k - 1] for k in ids])
+        again_protected = [protected[k - 1] for k in ids]
         try:
-            again = parse_answer(await self._complete(request, again_cores, again_sent),
-                                 len(ids))
+            again = parse_answer(
+                await self._complete(request, again_cores, again_sent, again_protected),
+                len(ids))
         except MalformedAnswer as exc:
             return {}, dict.fromkeys(ids, f"retry {exc}")
         retry_sent = list(sent)
@@ -274,7 +297,8 @@ class LLMTranslator(RemoteTranslator):
             retry_sent[k - 1] = context
         # The retry numbers its segments 1..n; map them back to this group's ids.
         answer = {ids[n - 1]: v for n, v in again.items()}
-        return judge(cores, retry_sent, ids, answer, checks=self._check_items)
+        return judge(cores, retry_sent, ids, answer, checks=self._check_items,
+                     protected=protected)
 
     # -- readiness ---------------------------------------------------------------------------
 
@@ -304,9 +328,16 @@ class LLMTranslator(RemoteTranslator):
             "context_characters": usage.context_characters,
             "requests": usage.requests,
             "retries": usage.retries,
+            "span_retries": usage.span_retries,
+            "span_failures": usage.span_failures,
             "prompt_tokens": usage.prompt_tokens,
             "completion_tokens": usage.completion_tokens,
             "json_mode": self.config.json_mode,
             "check_items": self._check_items,
             "context": self.capabilities.context,
         }
+
+
+def _lost_spans(bad: dict[int, str]) -> int:
+    """How many of the ``bad`` items were bad for a protected span missing."""
+    return sum(problem.startswith(SPAN_PROBLEM) for problem in bad.values())
