@@ -314,21 +314,6 @@ def test_spans_stand_for_the_inline_code_and_url_checks() -> None:
 # -- through the whole service ---------------------------------------------------------------
 
 
-def _find_spans(run: Any) -> None:
-    """Give each segment the spans of its text (and ``GLOSSARY``), should the service not
-    find them itself: the dispatcher then checks and routes them as the service does."""
-    dispatcher = run.runtime.dispatcher
-    submit = dispatcher.submit
-
-    def with_spans(text: str, *args: Any, protected: Protected | None = None,
-                   **kwargs: Any) -> Any:
-        if protected is None:
-            protected = FINDER.find(text, GLOSSARY)
-        return submit(text, *args, protected=protected, **kwargs)
-
-    dispatcher.submit = with_spans
-
-
 @pytest.mark.parametrize("chain", ["llm", "llm,passthrough"])
 @pytest.mark.parametrize("mode", ["good", "drop_span", "alter_span", "ignore_terms"])
 async def test_the_service_never_marks_a_lost_span_translated(
@@ -341,8 +326,8 @@ async def test_the_service_never_marks_a_lost_span_translated(
         check_output_language=False, default_locale="de", cache_mb=0,
     ) as run:  # fmt: skip
         assert await run.runtime.wait_ready(5.0)
-        _find_spans(run)
-        resp = await run.client.post("/v1/translate", json={"texts": [text]})
+        resp = await run.client.post("/v1/translate", json={"texts": [text], "glossary": {
+            "terms": dict(GLOSSARY.terms), "keep": list(GLOSSARY.keep)}})
     assert resp.status_code == 200, resp.text
     [result] = resp.json()["results"]
     segs = result["segments"]
