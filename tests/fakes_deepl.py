@@ -9,8 +9,8 @@ real translation reorders a sentence. Its glossaries follow DeepL's v2 API
 (``/v2/glossaries``, ``/v2/glossary-language-pairs``) and the validation of DeepL's own mock
 server: pairs among the glossary languages below, ``glossary_id`` only with
 ``source_lang``, and the glossary's pair must be the request's. A glossary term in the prose
-(any case) comes out as its target, as given (``inflect``: with an ending added, as a
-language with cases would).
+(any case) comes out as its target, as given (``unglossed``: translated as prose, as DeepL
+does where the term's context or grammar argues against it).
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from tests.fakes_remote import FakeDeepL, _record
 
 # The languages DeepL's mock server takes glossaries for (any pair of two of them).
 GLOSSARY_LANGUAGES = ("DE", "EN", "ES", "FR", "IT", "JA", "NL", "PL", "PT", "RU", "ZH")
-MARKUP_MODES = {"keep", "move", "drop", "twice", "inflect"}
+MARKUP_MODES = {"keep", "move", "drop", "twice", "unglossed"}
 
 _TAG = re.compile(r"<(/?)([A-Za-z_][\w.-]*)((?:\s+[\w.-]+\s*=\s*(?:\"[^\"]*\"|'[^']*'))*)\s*(/?)>")
 _ENTITY = {"&lt;": "<", "&gt;": ">", "&amp;": "&", "&quot;": '"', "&apos;": "'"}
@@ -106,9 +106,9 @@ class MarkupDeepL(FakeDeepL):
 
     # -- translation ---------------------------------------------------------------------
 
-    def _prose(self, text: str, glossary: StoredGlossary | None, inflect: bool) -> str:
+    def _prose(self, text: str, glossary: StoredGlossary | None, unglossed: bool) -> str:
         """What the fake's translation does to prose: upper-case it, glossary terms as given."""
-        if glossary is None or not glossary.entries:
+        if glossary is None or not glossary.entries or unglossed:
             return text.upper()
         terms = sorted(glossary.entries, key=len, reverse=True)
         pattern = re.compile("|".join(re.escape(t) for t in terms), re.IGNORECASE)
@@ -116,7 +116,7 @@ class MarkupDeepL(FakeDeepL):
         out, at = [], 0
         for match in pattern.finditer(text):
             out.append(text[at:match.start()].upper())
-            out.append(lower[match.group().lower()] + ("n" if inflect else ""))
+            out.append(lower[match.group().lower()])
             at = match.end()
         out.append(text[at:].upper())
         return "".join(out)
@@ -168,7 +168,7 @@ class MarkupDeepL(FakeDeepL):
         elif kept and mode == "twice":
             pieces.insert(kept[0], pieces[kept[0]])
         return "".join(
-            _escape(self._prose(_unescape(raw), glossary, mode == "inflect"))
+            _escape(self._prose(_unescape(raw), glossary, mode == "unglossed"))
             if kind == "text" else raw
             for kind, raw in pieces
         )
@@ -221,7 +221,7 @@ class MarkupDeepL(FakeDeepL):
                 if tag_handling == "xml":
                     answers.append(self._xml(text, set(ignore), glossary, mode))
                 else:
-                    answers.append(self._prose(text, glossary, mode == "inflect"))
+                    answers.append(self._prose(text, glossary, mode == "unglossed"))
         except _BadRequest as exc:
             return JSONResponse({"message": exc.message}, status_code=exc.status)
         source = data.get("source_lang")
