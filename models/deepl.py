@@ -390,6 +390,31 @@ class DeepLTranslator(RemoteTranslator):
         A text whose glossary term did not come out as given is sent again with the term
         in an element; one whose elements did not come back once each is translated piece
         by piece (its prose runs alone, the spans put back between them)."""
+        out: list[str | None] = [None] * len(items)
+        for j, (protected, _) in enumerate(items):
+            runs = protected.runs()
+            if not any(isinstance(run, str) and needs_words(run) for run in runs):
+                out[j] = rejoin(runs)  # only spans and punctuation: nothing to send
+        todo = [j for j, text in enumerate(out) if text is None]
+        if todo:
+            sent = await self._translate_wrapped(call, [items[j] for j in todo])
+            for j, text in zip(todo, sent, strict=True):
+                out[j] = text
+        lost = [j for j, text in enumerate(out) if text is None]
+        if lost:
+            pieces = await self._translate_runs(call, [items[j] for j in lost])
+            for j, text in zip(lost, pieces, strict=True):
+                out[j] = text
+            with self._lock:
+                self._fallbacks += len(lost)
+        return [text if text is not None else "" for text in out]
+
+    async def _translate_wrapped(
+        self, call: _Call, items: list[tuple[Protected, str | None]]
+    ) -> list[str | None]:
+        """The XML passes: with the glossaries where there are some, then, for a text whose
+        term did not come out as given, with its terms substituted; None where a span did
+        not come back."""
         leases = self._lease_glossaries(call, [p for p, _ in items])
         try:
             ids: dict[GlossaryKey, str | None] = {}
@@ -411,14 +436,7 @@ class DeepLTranslator(RemoteTranslator):
             if self._glossaries is not None:
                 for lease in leases.values():
                     self._glossaries.release(lease)
-        lost = [j for j, text in enumerate(out) if text is None]
-        if lost:
-            pieces = await self._translate_runs(call, [items[j] for j in lost])
-            for j, text in zip(lost, pieces, strict=True):
-                out[j] = text
-            with self._lock:
-                self._fallbacks += len(lost)
-        return [text if text is not None else "" for text in out]
+        return out
 
     async def _send_marked(
         self, call: _Call, items: list[tuple[Protected, str | None]],
@@ -438,12 +456,23 @@ class DeepLTranslator(RemoteTranslator):
             for (context, glossary_id), indexes in groups.items()
         ]
         try:
-            results = await asyncio.gather(*tasks)
+            results = await asyncio.gather(*tasks, return_exceptions=True)
         finally:
             for task in tasks:
                 task.cancel()
         out: list[str | None] = [None] * len(items)
         for ((_, glossary_id), indexes), answers in zip(groups.items(), results, strict=True):
+            if isinstance(answers, BaseException):
+                status = getattr(answers.__cause__, "http_status_code", None)
+                if glossary_id is None or status not in (400, 404):
+                    raise answers
+                # DeepL refused the glossary (gone, or deleted elsewhere): forget it; the
+                # texts go again with their terms substituted.
+                log.warning("deepl: glossary %s refused (HTTP %s); terms substituted",
+                            glossary_id, status)
+                if self._glossaries is not None:
+                    self._glossaries.forget(glossary_id)
+                continue
             for j, answer in zip(indexes, answers, strict=True):
                 protected = items[j][0]
                 text = unwrap(answer, protected, glossary_renders_terms=glossary_id is not None)

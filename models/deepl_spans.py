@@ -171,7 +171,9 @@ class Glossaries:
         ``glossary_id`` and must ``release`` it."""
         lease = self._leases.get(key)
         if lease is None:
-            lease = GlossaryLease(key, asyncio.ensure_future(self._create_counted(key, entries)))
+            created = asyncio.ensure_future(self._create_counted(key, entries))
+            created.add_done_callback(_retrieved)
+            lease = GlossaryLease(key, created)
             self._leases[key] = lease
             self._evict()
         else:
@@ -196,6 +198,14 @@ class Glossaries:
         if lease.evicted and lease.users <= 0:
             self._evicted.discard(lease)
             self._schedule_delete(lease)
+
+    def forget(self, glossary_id: str) -> None:
+        """DeepL no longer has this glossary: drop it, deleting nothing; the next batch
+        that needs its terms creates it again."""
+        for key, lease in list(self._leases.items()):
+            if _id_of(lease) == glossary_id:
+                del self._leases[key]
+                lease.deleting = True  # nothing left to delete
 
     async def aclose(self, timeout_s: float) -> None:
         """Delete every glossary created, waiting ``timeout_s`` at most."""
@@ -249,3 +259,16 @@ class Glossaries:
                         getattr(exc, "detail", type(exc).__name__))
         else:
             self.deleted += 1
+
+
+def _retrieved(created: asyncio.Future[str | None]) -> None:
+    """Mark a creation's failure as seen: the creator logged it, a batch may never ask."""
+    if not created.cancelled():
+        created.exception()
+
+
+def _id_of(lease: GlossaryLease) -> str | None:
+    created = lease.created
+    if not created.done() or created.cancelled() or created.exception() is not None:
+        return None
+    return created.result()

@@ -203,6 +203,16 @@ async def test_a_lost_or_repeated_element_falls_back_to_pieces(
     assert backend.info()["span_fallbacks"] == 1
 
 
+async def test_a_text_of_spans_alone_is_not_sent(fake: MarkupDeepL, make: Make) -> None:
+    backend = make()
+    texts = ["`make test` && `make lint`.", "Then run src/x.py now."]
+    protected = find(texts)
+    out = await backend.translate(texts, source="en", target="de", protected=protected)
+    assert out[0] == "`make test` && `make lint`."
+    assert out[1] == "[DE] THEN RUN src/x.py NOW."
+    assert [t["texts"] for t in fake.translations] == [['Then run <x i="0">src/x.py</x> now.']]
+
+
 # -- glossaries ------------------------------------------------------------------------------
 
 
@@ -280,6 +290,24 @@ async def test_a_glossary_evicted_while_in_use_is_deleted_after(
             break
         await asyncio.sleep(0.02)
     assert len(fake.deleted) == 1 and len(fake.glossaries) == 1
+
+
+async def test_a_glossary_deepl_lost_is_forgotten_and_made_again(
+    fake: MarkupDeepL, make: Make
+) -> None:
+    backend = make()
+    texts = ["The sidecar is ready."]
+    await backend.translate(texts, source="en", target="de", protected=find(texts, GLOSSARY))
+    (lost,) = fake.created
+    del fake.glossaries[lost]  # deleted behind the backend's back
+    out = await backend.translate(texts, source="en", target="de",
+                                  protected=find(texts, GLOSSARY))
+    assert out == ["[DE] THE Beiwagen IS READY."]
+    assert [t["glossary_id"] for t in tagged(fake)] == [lost, lost, None]
+    await backend.translate(texts, source="en", target="de", protected=find(texts, GLOSSARY))
+    assert len(fake.created) == 2 and tagged(fake)[-1]["glossary_id"] == fake.created[1]
+    await backend.aclose()
+    assert fake.deleted == [fake.created[1]]  # the lost one is not deleted again
 
 
 async def test_unknown_source_substitutes_the_terms(fake: MarkupDeepL, make: Make) -> None:
