@@ -39,6 +39,7 @@ from models.deepl_spans import (
     glossary_terms,
     unwrap,
     wrap,
+    xml_safe,
 )
 from models.errors import (
     BackendError,
@@ -395,7 +396,8 @@ class DeepLTranslator(RemoteTranslator):
             runs = protected.runs()
             if not any(isinstance(run, str) and needs_words(run) for run in runs):
                 out[j] = rejoin(runs)  # only spans and punctuation: nothing to send
-        todo = [j for j, text in enumerate(out) if text is None]
+        # A text XML cannot carry (a control character) goes piece by piece.
+        todo = [j for j, text in enumerate(out) if text is None and xml_safe(items[j][0].text)]
         if todo:
             sent = await self._translate_wrapped(call, [items[j] for j in todo])
             for j, text in zip(todo, sent, strict=True):
@@ -464,13 +466,14 @@ class DeepLTranslator(RemoteTranslator):
         for ((_, glossary_id), indexes), answers in zip(groups.items(), results, strict=True):
             if isinstance(answers, BaseException):
                 status = getattr(answers.__cause__, "http_status_code", None)
-                if glossary_id is None or status not in (400, 404):
+                if status not in (400, 404):
                     raise answers
-                # DeepL refused the glossary (gone, or deleted elsewhere): forget it; the
-                # texts go again with their terms substituted.
-                log.warning("deepl: glossary %s refused (HTTP %s); terms substituted",
-                            glossary_id, status)
-                if self._glossaries is not None:
+                # DeepL refused the request for what it held: a glossary it no longer has
+                # (deleted elsewhere: forget it), or markup it would not parse. The texts go
+                # again, with their terms substituted, else piece by piece.
+                log.warning("deepl: request with%s refused (HTTP %s); its texts go again",
+                            " a glossary" if glossary_id else " tags", status)
+                if glossary_id is not None and self._glossaries is not None:
                     self._glossaries.forget(glossary_id)
                 continue
             for j, answer in zip(indexes, answers, strict=True):

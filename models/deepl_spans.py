@@ -43,6 +43,16 @@ _ELEMENT = re.compile(
 _STRAY = re.compile(rf"</?{TAG}(?=[\s/>])")
 
 
+# What XML 1.0 allows in no form, not even as a character reference (a terminal's escape
+# character, \x1b, among them): a text holding one cannot go as XML.
+_NOT_XML = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\ud800-\udfff\ufffe\uffff]")
+
+
+def xml_safe(text: str) -> bool:
+    """Whether ``text`` can go as XML character data once escaped."""
+    return _NOT_XML.search(text) is None
+
+
 def escape(text: str) -> str:
     """Text as XML character data."""
     return _ESCAPE.sub(lambda m: _ESCAPES[m.group()], text)

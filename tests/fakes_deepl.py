@@ -5,7 +5,8 @@ backend does. ``MarkupDeepL`` changes what a translation would change, so only w
 backend protects survives: it upper-cases prose, and with ``tag_handling=xml`` it keeps the
 content of ``ignore_tags`` elements as sent, escapes the rest again, and may move, drop or
 repeat an element (``markup_mode``, or one-shot modes queued in ``markup_script``), as a
-real translation reorders a sentence. Its glossaries follow DeepL's v2 API
+real translation reorders a sentence, or refuse the text as DeepL's strict XML parser does
+(``reject``; always for a control character XML cannot hold). Its glossaries follow DeepL's v2 API
 (``/v2/glossaries``, ``/v2/glossary-language-pairs``) and the validation of DeepL's own mock
 server: pairs among the glossary languages below, ``glossary_id`` only with
 ``source_lang``, and the glossary's pair must be the request's. A glossary term in the prose
@@ -31,7 +32,9 @@ from tests.fakes_remote import FakeDeepL, _record
 
 # The languages DeepL's mock server takes glossaries for (any pair of two of them).
 GLOSSARY_LANGUAGES = ("DE", "EN", "ES", "FR", "IT", "JA", "NL", "PL", "PT", "RU", "ZH")
-MARKUP_MODES = {"keep", "move", "drop", "twice", "unglossed"}
+MARKUP_MODES = {"keep", "move", "drop", "twice", "unglossed", "reject"}
+# What XML 1.0 allows in no form: DeepL's strict parser (tag handling v2) refuses it.
+_NOT_XML = re.compile("[\\x00-\\x08\\x0b\\x0c\\x0e-\\x1f]")
 
 _TAG = re.compile(r"<(/?)([A-Za-z_][\w.-]*)((?:\s+[\w.-]+\s*=\s*(?:\"[^\"]*\"|'[^']*'))*)\s*(/?)>")
 _ENTITY = {"&lt;": "<", "&gt;": ">", "&amp;": "&", "&quot;": '"', "&apos;": "'"}
@@ -124,6 +127,8 @@ class MarkupDeepL(FakeDeepL):
     def _xml(self, text: str, ignore: set[str], glossary: StoredGlossary | None,
              mode: str) -> str:
         """A text with tag_handling=xml: ignored elements kept as sent, the rest translated."""
+        if mode == "reject" or _NOT_XML.search(text):
+            raise _BadRequest("Tag handling parsing failed, please check input.")
         pieces: list[tuple[str, str]] = []  # ("text" | "kept" | "tag", raw)
         at = 0
         depth: list[str] = []

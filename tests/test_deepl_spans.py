@@ -213,6 +213,27 @@ async def test_a_text_of_spans_alone_is_not_sent(fake: MarkupDeepL, make: Make) 
     assert [t["texts"] for t in fake.translations] == [['Then run <x i="0">src/x.py</x> now.']]
 
 
+async def test_a_text_xml_cannot_hold_goes_in_pieces(fake: MarkupDeepL, make: Make) -> None:
+    backend = make()
+    texts = ["The log shows \x1b[31mfailed\x1b[0m in src/x.py today."]
+    protected = find(texts)
+    out = await backend.translate(texts, source="en", target="de", protected=protected)
+    assert_kept(out, protected)
+    assert tagged(fake) == []  # never sent as XML
+    assert out[0].startswith("[DE] THE LOG SHOWS \x1b[31MFAILED")
+    assert out[0].endswith("src/x.py [DE] TODAY.")
+
+
+async def test_markup_deepl_refuses_goes_again_in_pieces(fake: MarkupDeepL, make: Make) -> None:
+    backend = make()
+    fake.markup_script.append("reject")
+    texts = ["Then run src/x.py now."]
+    out = await backend.translate(texts, source="en", target="de", protected=find(texts))
+    assert out == ["[DE] THEN RUN src/x.py [DE] NOW."]
+    assert [t["tag_handling"] for t in fake.translations] == ["xml", None]
+    assert backend.info()["span_fallbacks"] == 1
+
+
 # -- glossaries ------------------------------------------------------------------------------
 
 
