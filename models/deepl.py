@@ -12,6 +12,15 @@ in one request group per distinct context, the groups concurrently.
 
 DeepL's "models" are its model types (``MODEL_TYPES``): a request or stream may name one
 for its segments, sent as that call's ``model_type``; ``DeepLConfig.model_type`` otherwise.
+
+A text with protected spans (``Job.protected``) goes in requests of its own, as XML with
+each span in an element DeepL leaves alone (``models.deepl_spans``); texts without go as
+plain text, as before. Glossary terms are rendered by a DeepL glossary, one per (terms,
+source, target), created once, shared and deleted when evicted or at close
+(``DeepLConfig.max_glossaries``); where none can be had (an unknown source, a pair DeepL
+has no glossaries for), or the glossary did not render a term as given, the target term
+goes in an element instead. A text whose elements did not come back once each is
+translated piece by piece: its prose runs alone, the spans put back between them.
 """
 
 from __future__ import annotations
