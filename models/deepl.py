@@ -12,6 +12,15 @@ in one request group per distinct context, the groups concurrently.
 
 DeepL's "models" are its model types (``MODEL_TYPES``): a request or stream may name one
 for its segments, sent as that call's ``model_type``; ``DeepLConfig.model_type`` otherwise.
+
+A text with protected spans (``Job.protected``) goes in requests of its own, as XML with
+each span in an element DeepL leaves alone (``models.deepl_spans``); texts without go as
+plain text, as before. Glossary terms are rendered by a DeepL glossary, one per (terms,
+source, target), created once, shared and deleted when evicted or at close
+(``DeepLConfig.max_glossaries``); where none can be had (an unknown source, a pair DeepL
+has no glossaries for), or the glossary did not render a term as given, the target term
+goes in an element instead. A text whose elements did not come back once each is
+translated piece by piece: its prose runs alone, the spans put back between them.
 """
 
 from __future__ import annotations
@@ -31,6 +40,16 @@ if TYPE_CHECKING:
     import deepl
 
 from models.base import Capabilities, Job
+from models.deepl_spans import (
+    TAG,
+    Glossaries,
+    GlossaryKey,
+    GlossaryLease,
+    glossary_terms,
+    unwrap,
+    wrap,
+    xml_safe,
+)
 from models.errors import (
     BackendError,
     BackendTimeout,
@@ -42,6 +61,7 @@ from models.errors import (
 )
 from models.languages import base_language, canonical, region, table_key
 from models.remote import RemoteTranslator
+from models.spans import Protected, needs_words, rejoin
 
 log = logging.getLogger(__name__)
 
@@ -164,6 +184,9 @@ class DeepLConfig:
     english_variant: str = "EN-US"  # the target for a bare ``en``
     max_retries: int = 2
     request_timeout_s: float = 10.0
+    # DeepL glossaries kept for glossary terms, the least recently used deleted first (all
+    # at close); 0: never create one, put each target term in the text instead.
+    max_glossaries: int = 16
 
 
 @dataclass(frozen=True)
@@ -173,6 +196,13 @@ class _Call:
     target_code: str
     source_code: str | None
     model_type: str | None  # None: not sent, DeepL's default
+
+
+@dataclass(frozen=True)
+class _Markup:
+    """A request of texts with protected spans: sent as XML, with a glossary or none."""
+
+    glossary_id: str | None = None
 
 
 class DeepLTranslator(RemoteTranslator):
@@ -220,6 +250,11 @@ class DeepLTranslator(RemoteTranslator):
         self._usage_checked_at: float | None = None  # time.monotonic()
         self._server_targets: set[str] | None = None  # refined at start from the server
         self._formality_targets: set[str] = set()
+        self._glossaries = (
+            Glossaries(config.max_glossaries, self._create_glossary, self._delete_glossary)
+            if config.max_glossaries > 0 else None
+        )
+        self._fallbacks = 0  # texts whose spans came back only piece by piece
 
         if self._api_key is None:
             self._not_configured(NO_KEY_REASON)
@@ -227,7 +262,10 @@ class DeepLTranslator(RemoteTranslator):
     # -- lifecycle ---------------------------------------------------------------------------
 
     async def aclose(self) -> None:
-        """Stop background work, the worker threads and the clients' sessions."""
+        """Delete the glossaries created; stop background work, the worker threads and the
+        clients' sessions."""
+        if self._glossaries is not None and not self._closed:
+            await self._glossaries.aclose(timeout_s=self.config.request_timeout_s)
         await super().aclose()
         # A request still in flight cannot be interrupted; do not wait for it.
         self._executor.shutdown(wait=False, cancel_futures=True)
@@ -314,28 +352,231 @@ class DeepLTranslator(RemoteTranslator):
         if contexts is not None and len(contexts) != len(texts):
             raise ValueError(f"{len(contexts)} contexts for {len(texts)} texts")
 
-        # Blank texts are not sent: DeepL would bill nothing useful for them.
+        protected = job.protected
+        if protected is not None and len(protected) != len(texts):
+            raise ValueError(f"{len(protected)} span lists for {len(texts)} texts")
+
+        # Blank texts are not sent: DeepL would bill nothing useful for them. Texts with
+        # protected spans go apart, as XML (separate requests: tag handling is per request).
         groups: dict[str | None, list[int]] = {}
+        marked: list[tuple[int, Protected, str | None]] = []
         for i, text in enumerate(texts):
             if text.strip():
                 context = self._context(contexts[i]) if contexts is not None else None
-                groups.setdefault(context, []).append(i)
+                spans = protected[i] if protected is not None else None
+                if spans is not None and spans.spans:
+                    marked.append((i, spans, context))
+                else:
+                    groups.setdefault(context, []).append(i)
         tasks = [
             asyncio.ensure_future(self._translate_group(call, [texts[i] for i in indexes], context))
             for context, indexes in groups.items()
         ]
+        if marked:
+            tasks.append(asyncio.ensure_future(
+                self._translate_marked(call, [(p, c) for _, p, c in marked])))
         try:
             results = await asyncio.gather(*tasks)
         finally:
             for task in tasks:  # one group failed: the batch fails, stop the others
                 task.cancel()
         out = list(texts)
-        for indexes, translated in zip(groups.values(), results, strict=True):
+        for indexes, translated in zip(groups.values(), results[:len(groups)], strict=True):
             for i, text in zip(indexes, translated, strict=True):
                 out[i] = text
+        for (i, _, _), text in zip(marked, results[-1] if marked else (), strict=True):
+            out[i] = text
         self._mark_up()
         self._maybe_refresh_usage()
         return out
+
+    # -- protected spans and glossaries ------------------------------------------------------
+
+    async def _translate_marked(
+        self, call: _Call, items: list[tuple[Protected, str | None]]
+    ) -> list[str]:
+        """Texts with protected spans, each with its context: as XML with each span in an
+        ignored element, glossary terms rendered by a DeepL glossary where one can be had.
+        A text whose glossary term did not come out as given is sent again with the term
+        in an element; one whose elements did not come back once each is translated piece
+        by piece (its prose runs alone, the spans put back between them)."""
+        out: list[str | None] = [None] * len(items)
+        for j, (protected, _) in enumerate(items):
+            runs = protected.runs()
+            if not any(isinstance(run, str) and needs_words(run) for run in runs):
+                out[j] = rejoin(runs)  # only spans and punctuation: nothing to send
+        # A text XML cannot carry (a control character) goes piece by piece.
+        todo = [j for j, text in enumerate(out) if text is None and xml_safe(items[j][0].text)]
+        if todo:
+            sent = await self._translate_wrapped(call, [items[j] for j in todo])
+            for j, text in zip(todo, sent, strict=True):
+                out[j] = text
+        lost = [j for j, text in enumerate(out) if text is None]
+        if lost:
+            pieces = await self._translate_runs(call, [items[j] for j in lost])
+            for j, text in zip(lost, pieces, strict=True):
+                out[j] = text
+            with self._lock:
+                self._fallbacks += len(lost)
+        return [text if text is not None else "" for text in out]
+
+    async def _translate_wrapped(
+        self, call: _Call, items: list[tuple[Protected, str | None]]
+    ) -> list[str | None]:
+        """The XML passes: with the glossaries where there are some, then, for a text whose
+        term did not come out as given, with its terms substituted; None where a span did
+        not come back."""
+        leases = self._lease_glossaries(call, [p for p, _ in items])
+        try:
+            ids: dict[GlossaryKey, str | None] = {}
+            if leases:
+                assert self._glossaries is not None
+                found = await asyncio.gather(*(self._glossaries.glossary_id(lease)
+                                               for lease in leases.values()))
+                ids = dict(zip(leases, found, strict=True))
+            first = [ids.get(key) if key is not None else None
+                     for key in (self._glossary_key(call, p) for p, _ in items)]
+            out = await self._send_marked(call, items, first)
+            again = [j for j, text in enumerate(out) if text is None and first[j] is not None]
+            if again:  # the glossary did not render a term as given: substitute it
+                retried = await self._send_marked(call, [items[j] for j in again],
+                                                  [None] * len(again))
+                for j, text in zip(again, retried, strict=True):
+                    out[j] = text
+        finally:
+            if self._glossaries is not None:
+                for lease in leases.values():
+                    self._glossaries.release(lease)
+        return out
+
+    async def _send_marked(
+        self, call: _Call, items: list[tuple[Protected, str | None]],
+        glossary_ids: list[str | None],
+    ) -> list[str | None]:
+        """One pass: each text as XML, with its glossary (None: terms substituted); each
+        answer read back, or None where a span or a term did not come back."""
+        groups: dict[tuple[str | None, str | None], list[int]] = {}
+        for j, ((_, context), glossary_id) in enumerate(zip(items, glossary_ids, strict=True)):
+            groups.setdefault((context, glossary_id), []).append(j)
+        tasks = [
+            asyncio.ensure_future(self._translate_group(
+                call,
+                [wrap(items[j][0], glossary_renders_terms=glossary_id is not None)
+                 for j in indexes],
+                context, _Markup(glossary_id)))
+            for (context, glossary_id), indexes in groups.items()
+        ]
+        try:
+            results = await asyncio.gather(*tasks, return_exceptions=True)
+        finally:
+            for task in tasks:
+                task.cancel()
+        out: list[str | None] = [None] * len(items)
+        for ((_, glossary_id), indexes), answers in zip(groups.items(), results, strict=True):
+            if isinstance(answers, BaseException):
+                status = getattr(answers.__cause__, "http_status_code", None)
+                if status not in (400, 404):
+                    raise answers
+                # DeepL refused the request for what it held: a glossary it no longer has
+                # (deleted elsewhere: forget it), or markup it would not parse. The texts go
+                # again, with their terms substituted, else piece by piece.
+                log.warning("deepl: request with%s refused (HTTP %s); its texts go again",
+                            " a glossary" if glossary_id else " tags", status)
+                if glossary_id is not None and self._glossaries is not None:
+                    self._glossaries.forget(glossary_id)
+                continue
+            for j, answer in zip(indexes, answers, strict=True):
+                protected = items[j][0]
+                text = unwrap(answer, protected, glossary_renders_terms=glossary_id is not None)
+                if text is not None and not protected.missing(text):
+                    out[j] = text
+        return out
+
+    async def _translate_runs(
+        self, call: _Call, items: list[tuple[Protected, str | None]]
+    ) -> list[str]:
+        """Texts whose spans DeepL would not keep: their prose runs translated alone (plain
+        text, with the text's context), each span's ``out`` put back between them."""
+        parts = [protected.runs() for protected, _ in items]
+        groups: dict[str | None, list[tuple[int, int]]] = {}  # context -> (item, part)
+        for j, ((_, context), runs) in enumerate(zip(items, parts, strict=True)):
+            for k, run in enumerate(runs):
+                if isinstance(run, str) and needs_words(run):
+                    groups.setdefault(context, []).append((j, k))
+        tasks = [
+            asyncio.ensure_future(self._translate_group(
+                call, [str(parts[j][k]).strip() for j, k in places], context))
+            for context, places in groups.items()
+        ]
+        try:
+            results = await asyncio.gather(*tasks)
+        finally:
+            for task in tasks:
+                task.cancel()
+        for places, translated in zip(groups.values(), results, strict=True):
+            for (j, k), text in zip(places, translated, strict=True):
+                run = str(parts[j][k])
+                lead = run[: len(run) - len(run.lstrip())]
+                tail = run[len(run.rstrip()):]
+                parts[j][k] = f"{lead}{text}{tail}"
+        return [rejoin(runs) for runs in parts]
+
+    def _glossary_key(self, call: _Call, protected: Protected) -> GlossaryKey | None:
+        """Which DeepL glossary would render this text's terms; None: substitute them
+        (no term, no glossary API, or an unknown source: DeepL's glossaries need one)."""
+        if self._glossaries is None or call.source_code is None:
+            return None
+        terms = glossary_terms(protected)
+        if terms is None:
+            return None
+        return (terms.digest, call.source_code, call.target_code.split("-")[0])
+
+    def _lease_glossaries(
+        self, call: _Call, protected: list[Protected]
+    ) -> dict[GlossaryKey, GlossaryLease]:
+        """The glossaries these texts need, each acquired once for the batch."""
+        leases: dict[GlossaryKey, GlossaryLease] = {}
+        if self._glossaries is None:
+            return leases
+        for p in protected:
+            key = self._glossary_key(call, p)
+            if key is not None and key not in leases:
+                assert p.glossary is not None
+                leases[key] = self._glossaries.acquire(key, dict(p.glossary.terms))
+        return leases
+
+    async def _create_glossary(self, key: GlossaryKey, entries: dict[str, str]) -> str | None:
+        """A DeepL glossary of ``entries`` for the key's pair: its id, or None where DeepL
+        will not have it (the pair, the entries); other failures raise."""
+        digest, source_code, target_code = key
+        try:
+            return await self._call(self._create_glossary_blocking, f"thinktrans-{digest}",
+                                    source_code, target_code, entries)
+        except BackendError as exc:
+            status = getattr(exc.__cause__, "http_status_code", None)
+            if status in (400, 404, 413, 415):  # refused for what it is: never ask again
+                log.info("deepl: no glossary for %s->%s (HTTP %s): terms substituted",
+                         source_code, target_code, status)
+                return None
+            log.warning("deepl: glossary for %s->%s not created: %s", source_code,
+                        target_code, exc.detail)
+            raise
+
+    def _create_glossary_blocking(
+        self, name: str, source_code: str, target_code: str, entries: dict[str, str]
+    ) -> str | None:
+        try:
+            info = self._client().create_glossary(name, source_code, target_code, entries)
+        except ValueError as exc:  # the client's own check of the entries
+            log.info("deepl: glossary entries refused by the client (%s): terms substituted",
+                     type(exc).__name__)
+            return None
+        log.debug("deepl created glossary %s (%d entries) for %s->%s",
+                  info.glossary_id, len(entries), source_code, target_code)
+        return str(info.glossary_id)
+
+    async def _delete_glossary(self, glossary_id: str) -> None:
+        await self._call(lambda: self._client().delete_glossary(glossary_id))
 
     def _context(self, context: str | None) -> str | None:
         """What goes as DeepL's ``context`` with a text: its tail, or None for none."""
@@ -344,14 +585,16 @@ class DeepLTranslator(RemoteTranslator):
         return context[-MAX_CONTEXT_CHARS:]
 
     async def _translate_group(
-        self, call: _Call, texts: list[str], context: str | None
+        self, call: _Call, texts: list[str], context: str | None,
+        markup: _Markup | None = None,
     ) -> list[str]:
-        """Texts that share one context, in as many requests as DeepL's limits need, in order."""
+        """Texts that share one context (and markup: None, plain text), in as many requests
+        as DeepL's limits need, in order."""
         budget = MAX_REQUEST_BYTES - (_encoded_size(context) if context else 0)
         out: list[str] = []
         for group in split_requests(texts, max_bytes=budget):
             batch = [texts[j] for j in group]
-            out += await self._call(self._translate_blocking, call, batch, context)
+            out += await self._call(self._translate_blocking, call, batch, context, markup)
         return out
 
     def _client(self) -> deepl.DeepLClient:
@@ -368,7 +611,9 @@ class DeepLTranslator(RemoteTranslator):
                 self._clients.append(client)
         return client
 
-    def _translate_blocking(self, call: _Call, texts: list[str], context: str | None) -> list[str]:
+    def _translate_blocking(
+        self, call: _Call, texts: list[str], context: str | None, markup: _Markup | None = None
+    ) -> list[str]:
         """One POST /v2/translate, in a worker thread."""
         target_code = call.target_code
         formality = self._formality
@@ -379,6 +624,11 @@ class DeepLTranslator(RemoteTranslator):
         started = time.monotonic()
         with self._lock:
             self._requests += 1
+        tags: dict[str, Any] = {}
+        if markup is not None:
+            tags = {"tag_handling": "xml", "ignore_tags": [TAG], "non_splitting_tags": [TAG]}
+            if markup.glossary_id is not None:
+                tags["glossary"] = markup.glossary_id
         results = self._client().translate_text(
             texts,
             source_lang=call.source_code,
@@ -386,6 +636,7 @@ class DeepLTranslator(RemoteTranslator):
             context=context,
             formality=formality,
             model_type=call.model_type,
+            **tags,
         )
         if not isinstance(results, list):  # one text in gives one result out
             results = [results]
@@ -466,6 +717,7 @@ class DeepLTranslator(RemoteTranslator):
         """Billed characters since start, the account's usage, and where requests go."""
         with self._lock:
             billed, requests_sent = self._billed_characters, self._requests
+            fallbacks = self._fallbacks
         return {
             "billed_characters": billed,
             "requests": requests_sent,
@@ -474,6 +726,12 @@ class DeepLTranslator(RemoteTranslator):
             "model_type": self._model_type,
             "formality": self._formality,
             "context": self.capabilities.context,
+            "glossaries": None if self._glossaries is None else {
+                "kept": len(self._glossaries),
+                "created": self._glossaries.created,
+                "deleted": self._glossaries.deleted,
+            },
+            "span_fallbacks": fallbacks,
         }
 
 
