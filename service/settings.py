@@ -441,6 +441,13 @@ class DeepLSection(BaseModel):
     deepl_english_variant: Literal["EN-US", "EN-GB"] = Field(
         "EN-US", description="DeepL target for a bare `en`."
     )
+    deepl_max_glossaries: int = Field(
+        16, ge=0, le=1000,
+        description="DeepL glossaries kept for the glossary terms in use, one per glossary "
+        "content and language pair, created on first use; the least recently used is "
+        "deleted past it, and all at shutdown. 0: none (the target term is put in the text "
+        "as a protected span instead).",
+    )
 
     def deepl_config(self, *, batch_timeout_s: float) -> DeepLConfig:
         """The DeepL backend's config; one attempt may not outlast the batch it serves."""
@@ -452,6 +459,7 @@ class DeepLSection(BaseModel):
             formality=self.deepl_formality,
             context=self.deepl_context,
             english_variant=self.deepl_english_variant,
+            max_glossaries=self.deepl_max_glossaries,
             request_timeout_s=min(10.0, batch_timeout_s),
         )
 
