@@ -9,6 +9,7 @@
     ├── RateLimited          the vendor asked us to slow down
     ├── UnsupportedLanguage  the backend cannot serve this language pair
     └── BadOutput            wrong count, empty text, wrong language
+        └── PartialOutput    some texts of a batch answered, the others bad
     BackendConfigError       a backend cannot be built: unknown name, invalid config
     MissingExtra             a backend needs a package its extra installs (ModuleNotFoundError)
 
@@ -55,6 +56,17 @@ class UnsupportedLanguage(BackendError):
 
 class BadOutput(BackendError):
     """Wrong count, empty text, or the wrong language."""
+
+
+class PartialOutput(BadOutput):
+    """A batch answered in part: ``outputs`` holds one entry per text, its translation or
+    None where it was bad (``detail`` says why). The batcher gives each good text its
+    answer and sends only the bad ones down the chain; the backend did answer, so its
+    circuit breaker does not count it."""
+
+    def __init__(self, detail: str, outputs: list[str | None]) -> None:
+        super().__init__(detail)
+        self.outputs = outputs
 
 
 class BackendConfigError(Exception):

@@ -26,7 +26,9 @@ from models.errors import (
     BackendError,
     BackendTimeout,
     BackendUnavailable,
+    BadOutput,
     Expired,
+    PartialOutput,
     UnsupportedLanguage,
 )
 from models.spans import Protected
@@ -294,9 +296,14 @@ class Batcher:
             # A model one stream named may fail without the backend being at fault: only
             # the backend's own choice counts for its breaker.
             counted = model is None
+            partial: PartialOutput | None = None
             try:
-                outputs = await asyncio.wait_for(call, self.limits.timeout_s)
-                check_outputs(self.name, texts, outputs)
+                try:
+                    outputs: Sequence[str | None] = await asyncio.wait_for(
+                        call, self.limits.timeout_s)
+                except PartialOutput as exc:  # the good ones are answered, the rest fail
+                    partial, outputs = exc, exc.outputs
+                check_outputs(self.name, texts, outputs, partial=partial is not None)
             except BackendError as exc:
                 # Work dropped late, or a pair the backend does not serve: no fault of it.
                 blameless = isinstance(exc, Expired | UnsupportedLanguage)
@@ -328,9 +335,14 @@ class Batcher:
                     "queued_ms": round((started - live[0].enqueued) * 1000, 2),
                     **text_fields("\n".join(texts)),  # lengths and a hash, unless log_text
                 })
+            if partial is not None:
+                self.metrics.backend_errors.labels(self.name, kind_of(partial).slug).inc()
             for item, out in zip(live, outputs, strict=True):
                 queued_ms = (started - item.enqueued) * 1000.0
-                if not item.future.done():
+                if out is None:
+                    assert partial is not None
+                    _fail(item, BadOutput(partial.detail))
+                elif not item.future.done():
                     item.future.set_result(Translation(out, self.name, queued_ms, served_by))
         finally:
             self._slots.release()

@@ -236,10 +236,12 @@ def by_pair(items: Iterable[T]) -> dict[Pair, list[T]]:
     return groups
 
 
-def check_outputs(name: str, texts: Sequence[str], outputs: object) -> None:
-    """The one check of a backend's answer: a list of as many strings as ``texts``."""
+def check_outputs(name: str, texts: Sequence[str], outputs: object, *,
+                  partial: bool = False) -> None:
+    """The one check of a backend's answer: a list of as many strings as ``texts`` (or,
+    for a ``partial`` answer, ``models.errors.PartialOutput``, None for each bad one)."""
     if not isinstance(outputs, list) or len(outputs) != len(texts):
         got = len(outputs) if isinstance(outputs, list) else type(outputs).__name__
         raise BadOutput(f"backend {name!r} returned {got} outputs for {len(texts)} inputs")
-    if not all(isinstance(o, str) for o in outputs):
+    if not all(isinstance(o, str) or (partial and o is None) for o in outputs):
         raise BadOutput(f"backend {name!r} returned a non-string output")

@@ -21,6 +21,7 @@ from models.errors import (
     BackendUnavailable,
     BadOutput,
     Expired,
+    PartialOutput,
     UnsupportedLanguage,
 )
 from service.batcher import Batcher, BatchLimits, Translation
@@ -59,6 +60,34 @@ def sizes(fake: FakeTranslator) -> list[int]:
 
 async def gather_all(futures: Sequence[asyncio.Future[Translation]]) -> list[object]:
     return await asyncio.wait_for(asyncio.gather(*futures, return_exceptions=True), 5)
+
+
+# -- a batch answered in part --------------------------------------------------------------
+
+
+async def test_a_partial_answer_answers_the_good_items_and_fails_only_the_bad() -> None:
+    def half(texts: Sequence[str], source: str | None, target: str) -> list[str]:
+        raise PartialOutput("1 of 3 lost a span",
+                            [f"ok {t}" if t != "bad" else None for t in texts])
+
+    fake = FakeTranslator(answers=deque([half]))
+    async with running(fake, max_batch_size=3, max_wait_ms=10_000, breaker_failures=1) as b:
+        results = await gather_all([b.submit(t, None, "de") for t in ("a", "bad", "c")])
+        assert b.available()  # the backend answered: its breaker counts no failure
+    good_a, bad, good_c = results
+    assert isinstance(good_a, Translation) and good_a.text == "ok a"
+    assert isinstance(good_c, Translation) and good_c.text == "ok c"
+    assert isinstance(bad, BadOutput) and bad.detail == "1 of 3 lost a span"
+
+
+async def test_a_partial_answer_of_the_wrong_length_fails_the_batch() -> None:
+    def short(texts: Sequence[str], source: str | None, target: str) -> list[str]:
+        raise PartialOutput("lost", ["x", None])
+
+    fake = FakeTranslator(answers=deque([short]))
+    async with running(fake, max_batch_size=3, max_wait_ms=10_000) as b:
+        results = await gather_all([b.submit(t, None, "de") for t in ("a", "b", "c")])
+    assert all(isinstance(r, BadOutput) and "2 outputs for 3" in r.detail for r in results)
 
 
 # -- when a batch goes --------------------------------------------------------------------

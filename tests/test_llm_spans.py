@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from models.errors import BackendError, BadOutput
+from models.errors import BackendError, BadOutput, PartialOutput
 from models.llm import (
     SPANS_PROMPT,
     SYSTEM_PROMPT,
@@ -281,6 +281,24 @@ async def test_no_item_comes_back_without_its_spans(
         assert failed == 1  # only one sentence has a term
     else:
         assert returned == 0
+
+
+async def test_a_batch_answers_its_good_items_and_fails_only_those_that_lost_a_span(
+    fake: FakeChat, make: Make
+) -> None:
+    """One batch of the whole sample: what kept its spans comes back from the LLM, only
+    the items that lost one again after the retry are failed (``PartialOutput``)."""
+    fake.mode, fake.drop_rate = "drop_some", 0.5
+    backend = make()
+    protected = protect(SAMPLE, GLOSSARY)
+    with pytest.raises(PartialOutput) as info:
+        await backend.translate(SAMPLE, source=None, target="de", protected=protected)
+    outputs = info.value.outputs
+    assert len(outputs) == len(SAMPLE)
+    good = [(p, out) for p, out in zip(protected, outputs, strict=True) if out is not None]
+    assert good and len(good) < len(SAMPLE)
+    assert all(kept(p, out) for p, out in good)
+    assert f"{len(SAMPLE) - len(good)} of {len(SAMPLE)} segments" in info.value.detail
 
 
 # -- the check itself, without a server ------------------------------------------------------

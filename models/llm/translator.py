@@ -12,7 +12,7 @@ from dataclasses import dataclass, field, replace
 import httpx
 
 from models.base import Capabilities, Job
-from models.errors import BadOutput, UnsupportedLanguage
+from models.errors import BadOutput, PartialOutput, UnsupportedLanguage
 from models.languages import canonical
 from models.llm.answers import (
     SPAN_PROBLEM,
@@ -191,12 +191,19 @@ class LLMTranslator(RemoteTranslator):
         finally:
             for task in tasks:  # one group failed: the batch fails, stop the others
                 task.cancel()
-        for group, translated in zip(groups, results, strict=True):
+        answered: list[str | None] = list(out)
+        reasons: list[str] = []
+        for group, (translated, problems) in zip(groups, results, strict=True):
             for j, text in zip(group, translated, strict=True):
-                out[todo[j]] = text
+                answered[todo[j]] = text
+            reasons += problems
         self._mark_up()
         self._maybe_refresh_models()
-        return out
+        if reasons:  # the good ones are answered; the bad ones go down the chain
+            bad = sum(text is None for text in answered)
+            raise PartialOutput(f"the LLM did not translate {bad} of {len(texts)} segments "
+                                f"({summary(reasons)}) after a retry", answered)
+        return [text for text in answered if text is not None]
 
     def _request(self, source: str | None, target: str, model: str | None) -> Request:
         """The names the prompt uses and the model asked for; the source may go unnamed."""
@@ -236,10 +243,11 @@ class LLMTranslator(RemoteTranslator):
     async def _translate_group(
         self, request: Request, texts: list[str], contexts: list[str | None],
         protected: list[Protected | None],
-    ) -> list[str]:
-        """One request for ``texts``, and at most one retry of what came back bad. No
-        item comes back without each of its protected spans: one still without them after
-        the retry fails the group (and the batch, which the chain's next backend takes)."""
+    ) -> tuple[list[str | None], list[str]]:
+        """One request for ``texts``, and at most one retry of what came back bad: the
+        translations, None for each item still bad after the retry (no item comes back
+        without each of its protected spans), and why each of those was bad. An answer
+        unusable as a whole, twice, fails the batch."""
         cores = [text.strip() for text in texts]
         sent = context_fields(cores, contexts)
         retried = False
@@ -265,12 +273,9 @@ class LLMTranslator(RemoteTranslator):
             results.update(fixed)
         if bad:
             self._endpoint.usage.span_failures += _lost_spans(bad)
-            raise BadOutput(
-                f"the LLM did not translate {len(bad)} of {len(cores)} segments "
-                f"({summary(bad.values())}) after a retry"
-            )
         # The source's own leading and trailing whitespace, around the model's text.
-        return [rewrap(text, results[k].strip()) for k, text in enumerate(texts, start=1)]
+        return [None if k in bad else rewrap(text, results[k].strip())
+                for k, text in enumerate(texts, start=1)], list(bad.values())
 
     async def _retry_items(
         self, request: Request, cores: list[str], contexts: list[str | None],
