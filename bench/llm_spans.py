@@ -11,8 +11,9 @@ with spans of most kinds, in eight languages) and the glossary there.
   them in one; tokens as the double counts them (4 characters each).
 - ``fallback``: the double drops an item's first span with probability ``--rates``
   (seeded); per rate and batch size, the items answered without a span, those the
-  retry rescued, and the segments that went down the chain (every segment of a batch
-  that still had a lost span after the retry: the batch contract is all-or-nothing).
+  retry rescued, and the segments that went down the chain (those still without a span
+  after the retry: a batch answers its good items, ``PartialOutput``, and a whole batch
+  fails only when its answer is unusable).
 
     PYTHONPATH=.:client .venv/bin/python bench/llm_spans.py [--repeat 20] [--json]
 """
@@ -28,7 +29,7 @@ from typing import Any
 
 sys.path[:0] = [str(Path(__file__).resolve().parent.parent)]
 
-from models.errors import BackendError  # noqa: E402
+from models.errors import BackendError, PartialOutput  # noqa: E402
 from models.llm import LLMConfig, LLMTranslator  # noqa: E402
 from models.llm.prompt import Request, chat_body  # noqa: E402
 from tests.fakes_remote import FakeChat  # noqa: E402
@@ -81,6 +82,8 @@ async def fallback(rates: list[float], sizes: list[int], repeat: int) -> list[di
                         try:
                             await backend.translate(batch, source=None, target="de",
                                                     protected=protect(batch, GLOSSARY))
+                        except PartialOutput as exc:
+                            down += sum(out is None for out in exc.outputs)
                         except BackendError:
                             down += len(batch)
                     info = backend.info()
