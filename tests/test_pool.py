@@ -349,13 +349,14 @@ async def test_engine_turns_take_every_call_that_waited_and_answer_each() -> Non
     seen: list[list[str]] = []
 
     class Engine:
-        async def translate(self, texts: list[str], **_: Any) -> list[str]:
-            seen.append(list(texts))
+        async def run_kept(self, job: Job) -> tuple[list[str], list[str | None]]:
+            texts = list(job.texts)
+            seen.append(texts)
             if len(seen) == 1:
                 await gate.wait()
             if "boom" in texts:
                 raise RuntimeError("an engine bug")
-            return [t.upper() for t in texts]
+            return [t.upper() for t in texts], [None] * len(texts)
 
     cls = Deployment.func_or_class.__bases__[0]  # the class as written, not Serve's ASGI wrapper
     replica = object.__new__(cls)
@@ -403,14 +404,15 @@ async def test_a_turn_drops_calls_late_by_their_groups_turn_and_checks_each_answ
     seen: list[list[str]] = []
 
     class Engine:
-        async def translate(self, texts: list[str], *, target: str, **_: Any) -> list[str]:
-            seen.append(list(texts))
-            if target == "ja":
+        async def run_kept(self, job: Job) -> tuple[list[str], list[str | None]]:
+            texts = list(job.texts)
+            seen.append(texts)
+            if job.target == "ja":
                 raise RuntimeError("an engine bug")
-            if target == "de":
+            if job.target == "de":
                 await gate.wait()
-                return [t.upper() for t in texts]
-            return [t.upper() for t in texts][:1]  # one short
+                return [t.upper() for t in texts], [None] * len(texts)
+            return [t.upper() for t in texts][:1], [None]  # one short
 
     cls = Deployment.func_or_class.__bases__[0]
     replica = object.__new__(cls)

@@ -18,8 +18,8 @@ placeholder an engine writes with a target's own digits or punctuation still rea
 
 - ``nllb``: ``[1]``, ``[2]``... NLLB copies numbers inside a sentence (a bare "102" turns into
   a sentence, the same number in context comes back: fairseq #4854) and square brackets are
-  punctuation of every script, while tags (``<1>``, ``<g1>``) and digit strings (``1_1_1``, ``11111111``)
-  are dropped or mangled (CTranslate2 #1798, eole #189); its tokenizer reads ``<s>``,
+  punctuation of every script, while tags (``<1>``, ``<g1>``) and digit strings (``1_1_1``,
+  ``11111111``) are dropped or mangled (CTranslate2 #1798, eole #189); its tokenizer reads ``<s>``,
   ``</s>``, ``<unk>``, ``<mask>`` in the text as special tokens, dropped on decoding; rare
   brackets (``⟦1⟧``) are ``<unk>`` to its sentencepiece model (no byte fallback) and
   full-width ones are folded to ASCII by its NFKC normaliser. From 1, as citation marks are.
