@@ -29,8 +29,10 @@ from models.local.masking import FALLBACK, FORMS, MASKED, SpanBatch
 from models.local.slot import Route, Slot, Stats, translate_kept
 from models.local.text import cut_texts
 from models.spans import Glossary, Protected, SpanFinder, needs_words
-from tests.test_local import make_backend
-from tests.test_local import models  # noqa: F401 - the session's checkpoints, built once
+from tests.test_local import (
+    make_backend,
+    models,  # noqa: F401 - the session's checkpoints, built once
+)
 from tests.test_local_slot import EOS, FILLER, EchoEngine, WordTokenizer, route
 
 pytestmark = pytest.mark.filterwarnings("ignore:Recommended. pip install sacremoses")
