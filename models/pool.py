@@ -18,21 +18,29 @@ that answer: a batch over the texts or characters of one call goes as several ca
 over the characters of one text is cut as ``local`` cuts it (sentence ends, then words) and
 its translated parts joined again. Only the pool's ``pool-not-ready`` problem, a refused
 token, or no pool at the address mark the backend down: a call's own trouble fails that call.
+
+Each text's protected spans go with it (``spans``: per text a list of ``[start, end, kind,
+out]``), and the pool's local engine keeps them as ``local`` does (placeholders, or the prose
+runs between them); a text cut for the pool is never cut inside a span, and each part takes
+its own spans. The spans count in a call's body, which is cut to the pool's
+``max_call_bytes``; the pool's answer says how each call's spans were kept, counted in
+``info()`` (``spans: {"masked", "fallback"}``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import socket
 import time
-from collections.abc import Coroutine
+from collections.abc import Coroutine, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 import httpx
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, StrictInt, StrictStr
 
 from models.base import Capabilities, Job, first_line
 from models.errors import (
@@ -46,8 +54,9 @@ from models.errors import (
 )
 from models.languages import canonical, table_key
 from models.local.catalog import NO_SPACE_TARGETS
-from models.local.text import cut_texts, rejoin
+from models.local.text import Part, cut_texts, rejoin
 from models.remote import RemoteTranslator
+from models.spans import Protected, Span
 
 NO_URL_REASON = "set THINKTRANS_POOL_URL to the pool's address, e.g. http://pool:8000"
 # Texts in one call when the pool has not said its own limit yet.
@@ -57,6 +66,8 @@ DEFAULT_CALL_TEXTS = 32
 # a longer text cut at sentence ends and its translated parts joined again.
 MAX_CALL_CHARS = 32_000
 MAX_TEXT_CHARS = 2_000
+# A call's body in bytes when the pool has not said its limit (``max_call_bytes``) yet.
+MAX_CALL_BYTES = 1 << 20
 # How long past a batch's deadline the backend still waits for the pool.
 GRACE_S = 0.1
 # Pairs whose serving model is remembered (resolve_model); past it the memory starts over.
@@ -65,6 +76,10 @@ MAX_SERVED_PAIRS = 4096
 REFRESH_GAP_S = 5.0
 # A probe of /v1/info may wait behind a busy replica's batches.
 PROBE_TIMEOUT_S = 10.0
+
+
+# One protected span on the wire: start, end (offsets into its text), kind, out.
+WireSpan = tuple[StrictInt, StrictInt, StrictStr, StrictStr]
 
 
 class PoolCall(BaseModel):
@@ -78,6 +93,29 @@ class PoolCall(BaseModel):
         None, description="Milliseconds left until the last segment is due; the pool drops "
         "the call unrun once they have passed. Null: no deadline.")
     sidecar: str = Field("", max_length=256, description="Who sent it (host:pid), for stats.")
+    spans: list[list[WireSpan]] | None = Field(
+        None, description="Per text, its protected spans as [start, end, kind, out]: offsets "
+        "into the text, in order, not overlapping; out is what its translation holds in the "
+        "span's place. Null: no text has any.")
+
+    def protected(self) -> list[Protected | None] | None:
+        """The spans as the local engine takes them (``Job.protected``); None: none."""
+        if self.spans is None:
+            return None
+        return [Protected(text, tuple(Span(*span) for span in spans)) if spans else None
+                for text, spans in zip(self.texts, self.spans, strict=False)]
+
+
+def wire_spans(protected: Sequence[Protected | None] | None, count: int
+               ) -> list[list[WireSpan]] | None:
+    """``Job.protected`` as a call carries it: per text its spans (an empty list: none)."""
+    if protected is None or not any(p is not None and p.spans for p in protected):
+        return None
+    out: list[list[WireSpan]] = [[] for _ in range(count)]
+    for i, p in enumerate(protected[:count]):
+        if p is not None:
+            out[i] = [(s.start, s.end, s.kind, s.out) for s in p.spans]
+    return out
 
 
 def sidecar_id() -> str:
@@ -114,6 +152,8 @@ class PoolTranslator(RemoteTranslator):
         self._client: httpx.AsyncClient | None = None
         self._refresher: asyncio.Task[None] | None = None
         self._next_refresh = 0.0  # monotonic: no refresh on demand before it
+        # Texts with spans the pool kept by their placeholders, or by translating their runs.
+        self.spans_kept = {"masked": 0, "fallback": 0}
         self.url: str | None = None
         if not config.url:
             self._not_configured(NO_URL_REASON)
@@ -268,7 +308,7 @@ class PoolTranslator(RemoteTranslator):
     def info(self) -> dict[str, object]:
         return {"url": self.url, "sidecar": self.config.sidecar,
                 "engine": self._info.get("engine"), "max_batch_size": self._call_texts(),
-                "identity": self._info.get("identity")}
+                "identity": self._info.get("identity"), "spans": dict(self.spans_kept)}
 
     def _call_texts(self) -> int:
         return self._limit("max_batch_size", DEFAULT_CALL_TEXTS)
@@ -284,43 +324,63 @@ class PoolTranslator(RemoteTranslator):
         """One call per batch (several only past the pool's limits). Past ``deadline_s``
         the batch is given up (``BackendTimeout``): its connection closes, and the pool
         drops it if it has not run it yet."""
-        texts, source, target, model = job.texts, job.source, job.target, job.model
+        texts = job.texts
         deadline_s = job.seconds_left()
         self._refuse_if_unusable()
         if deadline_s is not None and deadline_s <= 0:
             raise Expired("every segment of the batch was past its deadline; not sent")
         max_text = self._limit("max_text_chars", MAX_TEXT_CHARS)
         if any(len(text) > max_text for text in texts):  # cut to the pool's bound, rejoined
-            pieces = cut_texts(texts, len, max_text)
+            keep = _stretches(job.protected, len(texts))
+            pieces = cut_texts(texts, len, max_text, keep)  # never inside a span
             sent = [part.text for part in pieces.parts]
-            outputs = await self.run(replace(job, texts=sent, contexts=None))
+            protected = None if job.protected is None else [
+                _part_spans(job.protected[part.index], part) for part in pieces.parts]
+            # Sent as they are: a part holding a span longer than the bound is refused.
+            outputs = await self._send(replace(job, texts=sent, contexts=None,
+                                               protected=protected), deadline_s)
             if len(outputs) != len(sent):
                 raise BadOutput(f"pool returned {len(outputs)} translations for {len(sent)}")
             for part, out in zip(pieces.parts, outputs, strict=True):
                 part.out = out
-            tag = canonical(target)
+            tag = canonical(job.target)
             return rejoin(pieces, tag is not None and table_key(tag) in NO_SPACE_TARGETS)
+        return await self._send(job, deadline_s)
+
+    async def _send(self, job: Job, deadline_s: float | None) -> list[str]:
+        """The job's texts as calls within the pool's limits, all at once; their answers."""
+        texts, source, target, model = job.texts, job.source, job.target, job.model
+        spans = wire_spans(job.protected, len(texts))
+        room = self._limit("max_call_bytes", MAX_CALL_BYTES) - _envelope(job, self.config.sidecar)
         parts = _parts(list(texts), self._call_texts(),
-                       self._limit("max_call_chars", MAX_CALL_CHARS))
+                       self._limit("max_call_chars", MAX_CALL_CHARS), _sizes(texts, spans), room)
+        calls, at = [], 0
+        for batch in parts:
+            own = None if spans is None else spans[at:at + len(batch)]
+            calls.append((batch, own if own and any(own) else None))
+            at += len(batch)
         try:
             # A hair past it: the stream's own timer sends the originals out first.
             async with asyncio.timeout(None if deadline_s is None else deadline_s + GRACE_S):
                 due = None if deadline_s is None else time.monotonic() + deadline_s
-                answers = await _all([self._call(part, source, target, model, due)
-                                      for part in parts])
+                answers = await _all([self._call(batch, own, source, target, model, due)
+                                      for batch, own in calls])
         except TimeoutError:
             # The pool kept it past its deadline: slow or stuck, the breaker counts it.
             raise BackendTimeout("no answer from the pool by the batch's deadline") from None
         return [text for answer in answers for text in answer]
 
-    async def _call(self, texts: list[str], source: str | None, target: str,
-                    model: str | None, due: float | None) -> list[str]:
+    async def _call(self, texts: list[str], spans: list[list[WireSpan]] | None,
+                    source: str | None, target: str, model: str | None, due: float | None
+                    ) -> list[str]:
         assert self._client is not None
         left_ms = None if due is None else (due - time.monotonic()) * 1000.0
         call = PoolCall(texts=texts, source=source, target=target, model=model,
-                        deadline_ms=left_ms, sidecar=self.config.sidecar)
+                        deadline_ms=left_ms, sidecar=self.config.sidecar, spans=spans)
+        payload = _dumps(call.model_dump(exclude={"spans"} if spans is None else None))
         try:
-            resp = await self._client.post("/v1/batch", json=call.model_dump())
+            resp = await self._client.post("/v1/batch", content=payload,
+                                           headers={"Content-Type": "application/json"})
         except httpx.ConnectError as exc:  # nothing listens there (any more)
             raise self._unreachable(exc) from exc
         except httpx.TimeoutException as exc:
@@ -339,6 +399,11 @@ class PoolTranslator(RemoteTranslator):
             self._served[(model, source, target)] = body["model"]
         if body.get("identity") != self._info.get("identity"):
             self._refresh_soon()  # redeployed or reconfigured: the cache key follows
+        kept = body.get("spans")
+        if isinstance(kept, dict):
+            for name in self.spans_kept:
+                count = kept.get(name)
+                self.spans_kept[name] += count if isinstance(count, int) else 0
         self._mark_up()
         return out
 
@@ -369,18 +434,60 @@ async def _all(calls: list[Coroutine[Any, Any, list[str]]]) -> list[list[str]]:
         raise
 
 
-def _parts(texts: list[str], max_texts: int, max_chars: int) -> list[list[str]]:
-    """``texts`` in order, cut into calls of at most ``max_texts`` texts and ``max_chars``
-    characters (a longer text goes alone)."""
+def _parts(texts: list[str], max_texts: int, max_chars: int, sizes: Sequence[int] = (),
+           max_bytes: int | None = None) -> list[list[str]]:
+    """``texts`` in order, cut into calls of at most ``max_texts`` texts, ``max_chars``
+    characters and, with each text's ``sizes`` in the body, ``max_bytes`` (a longer text goes
+    alone)."""
     parts: list[list[str]] = [[]]
-    chars = 0
-    for text in texts:
-        if parts[-1] and (len(parts[-1]) >= max_texts or chars + len(text) > max_chars):
+    chars = size = 0
+    for i, text in enumerate(texts):
+        grows = sizes[i] if sizes else 0
+        if parts[-1] and (len(parts[-1]) >= max_texts or chars + len(text) > max_chars
+                          or (max_bytes is not None and size + grows > max_bytes)):
             parts.append([])
-            chars = 0
+            chars = size = 0
         parts[-1].append(text)
         chars += len(text)
+        size += grows
     return parts
+
+
+def _dumps(body: Any) -> bytes:
+    """A call's body as it is sent: compact JSON in UTF-8."""
+    return json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
+
+
+def _sizes(texts: Sequence[str], spans: list[list[WireSpan]] | None) -> list[int]:
+    """What each text adds to a call's body, its spans included (and their commas)."""
+    return [len(_dumps(text)) + 1 + (len(_dumps(spans[i])) + 1 if spans else 0)
+            for i, text in enumerate(texts)]
+
+
+def _envelope(job: Job, sidecar: str) -> int:
+    """A call's body without its texts and spans: a bound, the deadline at its longest."""
+    return len(_dumps({"texts": [], "source": job.source, "target": job.target,
+                       "model": job.model, "deadline_ms": -1.7976931348623157e308,
+                       "sidecar": sidecar, "spans": []}))
+
+
+def _stretches(protected: Sequence[Protected | None] | None, count: int
+               ) -> list[list[tuple[int, int]]] | None:
+    """Each text's spans, as stretches no cut may fall inside."""
+    if protected is None:
+        return None
+    return [[(s.start, s.end) for s in p.spans] if p is not None else []
+            for p in (list(protected) + [None] * count)[:count]]
+
+
+def _part_spans(protected: Protected | None, part: Part) -> Protected | None:
+    """The spans of one part of a cut text, their offsets into the part."""
+    if protected is None:
+        return None
+    end = part.start + len(part.text)
+    spans = tuple(Span(s.start - part.start, s.end - part.start, s.kind, s.out)
+                  for s in protected.spans if part.start <= s.start and s.end <= end)
+    return Protected(part.text, spans, protected.glossary) if spans else None
 
 
 def _json(resp: httpx.Response) -> dict[str, Any]:

@@ -25,6 +25,11 @@ A call is bounded (``Limits``, each a 413 that names its setting): its body in b
 further than that, chunked or not), its texts' characters each and in all. The sidecars
 read the limits from ``/v1/info`` and cut their batches to them.
 
+A call may carry its texts' protected spans (``spans``: per text ``[start, end, kind, out]``,
+checked here: in range, in order, not overlapping; a 422 otherwise); the engine gets them as
+``Job.protected`` and keeps each, and the answer says how (``spans: {"masked", "fallback"}``).
+Calls with spans and without merge into one engine call all the same.
+
 ``thinktrans pool`` writes JSON lines on stderr, as the service does: its own, its
 replicas', Ray's (a JSON ``LoggingConfig``, so worker lines come without Ray's coloured
 prefix); Serve's own logs go, as JSON, to its files in Ray's session directory
@@ -63,11 +68,12 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 from pydantic import ValidationError
 
-from models.base import first_line
+from models.base import Job, first_line
 from models.errors import BackendConfigError, BackendError, BackendTimeout, Expired
 from models.local import LocalConfig, LocalTranslator
 from models.pool import PoolCall
 from models.registry import build_backend
+from models.spans import Protected
 from service.batching import Cutoff, GroupedQueue, Pair, by_pair, check_outputs
 from service.errors import ConfigError, InputError, PayloadTooLarge, ThinktransError
 from service.logs import configure as configure_logs
@@ -107,6 +113,7 @@ class _Queued:
     due: float | None  # monotonic; None: no deadline
     cancelled: bool = False  # its sender gave up (closed the connection): never run
     late: bool = False  # answered expired by its route at its deadline, counted there
+    kept: dict[str, int] | None = None  # how its texts' spans were kept, once run
 
 
 @dataclass(slots=True, eq=False)
@@ -203,6 +210,35 @@ def _replica_logs(level: str) -> None:
     for handler in logging.getLogger().handlers:
         if isinstance(handler, logging.StreamHandler) and sys.__stderr__ is not None:
             handler.setStream(sys.__stderr__)
+
+
+def _check_spans(call: PoolCall) -> None:
+    """A call's spans, if any: one list per text, each span inside its text, in order and not
+    overlapping (its types pydantic has checked); InputError (a 422) says which is not."""
+    if call.spans is None:
+        return
+    if len(call.spans) != len(call.texts):
+        raise InputError(f"spans: {len(call.spans)} lists for {len(call.texts)} texts; "
+                         "send one per text, an empty one for a text without spans")
+    for i, (text, spans) in enumerate(zip(call.texts, call.spans, strict=True)):
+        at = 0
+        for j, (start, end, _, _) in enumerate(spans):
+            if not at <= start < end <= len(text):
+                raise InputError(
+                    f"spans.{i}.{j}: [{start}, {end}] is not a span of text {i} "
+                    f"({len(text)} characters) after the one before it (ending at {at}): "
+                    "spans are offsets into their text, in order, not empty, not overlapping")
+            at = end
+
+
+def _protected(calls: Sequence[PoolCall]) -> list[Protected | None] | None:
+    """The spans of a group's calls, one per text of all of them; None: no call has any."""
+    if all(call.spans is None for call in calls):
+        return None
+    out: list[Protected | None] = []
+    for call in calls:
+        out += call.protected() or [None] * len(call.texts)
+    return out
 
 
 def _problem(exc: ThinktransError | BackendError) -> JSONResponse:
@@ -346,9 +382,12 @@ class Pool:
                                             f"{self.max_batch_size} texts a call"))
         if isinstance(outcome, ThinktransError | BackendError):
             return _problem(outcome)
-        return JSONResponse({"translations": outcome, "identity": self.identity,
-                             "model": self.translator.resolve_model(call.model, call.source,
-                                                                    call.target)})
+        answer: dict[str, object] = {"translations": outcome, "identity": self.identity,
+                                     "model": self.translator.resolve_model(
+                                         call.model, call.source, call.target)}
+        if queued.kept is not None:
+            answer["spans"] = queued.kept
+        return JSONResponse(answer)
 
     async def _by_deadline(self, queued: _Queued) -> list[str] | Failure:
         """The call's outcome, or ``Expired`` at its deadline: a call does not wait past it
@@ -399,6 +438,7 @@ class Pool:
                 f"{chars} characters in one call; this pool takes at most "
                 f"{limits.max_call_chars} (pool_max_call_chars, THINKTRANS_POOL_MAX_CALL_CHARS): "
                 "send them as several calls")
+        _check_spans(call)
         return call
 
     # -- the batch ---------------------------------------------------------------------------
@@ -464,10 +504,9 @@ class Pool:
                          model: str | None) -> None:
         calls = [w.sent.call for w in members]
         texts = [text for call in calls for text in call.texts]
+        job = Job(texts, source, target, model, protected=_protected(calls))
         try:
-            outputs = await asyncio.wait_for(
-                self.translator.translate(texts, source=source, target=target, model=model),
-                self.timeout_s)
+            outputs, kept = await asyncio.wait_for(self.translator.run_kept(job), self.timeout_s)
             check_outputs(LocalTranslator.name, texts, outputs)
         except (BackendError, TimeoutError) as exc:
             error = exc if isinstance(exc, BackendError) else BackendTimeout(
@@ -478,6 +517,9 @@ class Pool:
         self.tally.ran(len(texts), len({call.sidecar for call in calls}))
         start = 0
         for w in members:  # the outputs back, per call
+            if w.sent.call.spans is not None:
+                own = kept[start:start + w.weight]
+                w.sent.kept = {name: own.count(name) for name in ("masked", "fallback")}
             _answer(w, outputs[start:start + w.weight])
             start += w.weight
 

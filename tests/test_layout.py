@@ -176,7 +176,8 @@ def test_the_app_factory_is_wiring_only() -> None:
 
 
 # The local backend's modules, bottom up: each imports only those before it.
-LOCAL_ORDER = ("checkpoint", "text", "convert", "engines", "slot", "catalog", "translator")
+LOCAL_ORDER = ("checkpoint", "text", "masking", "convert", "engines", "slot", "catalog",
+               "translator")
 
 
 def test_the_local_backend_is_built_bottom_up() -> None:

@@ -36,6 +36,7 @@ from models.errors import (
     UnsupportedLanguage,
 )
 from models.pool import PoolConfig, PoolTranslator, _parts
+from models.spans import Glossary, Protected, SpanFinder
 from service.tools.testmodel import make_test_model
 from tests.conftest import (
     Server,
@@ -266,6 +267,59 @@ async def test_a_test_checkpoint_in_the_pool_is_served_as_local_serves_it(pool: 
     assert info["checked_output"] is False
 
 
+SPAN_TEXTS = [
+    "First I run `pip install -e .` and then open config.yaml to check the version 2.13.0.",
+    "The sidecar posts each batch to https://pool.example.com/v1/batch within 250 ms.",
+]
+
+
+async def test_spans_sent_to_the_pool_come_back_kept_and_calls_still_merge(pool: Pool) -> None:
+    """Two sidecars' pool backends over real HTTP to the module's pool, at once: one sends
+    texts with protected spans and a glossary term, the other plain text. Every span's
+    ``out`` is in its translation (random weights lose the placeholders; the pool's runs
+    fallback keeps them), the answers say how, and the two calls ran as one engine batch.
+    Spans the pool cannot take are a 422 that says which."""
+    finder = SpanFinder()
+    protected = [finder.find(text, Glossary.of({"sidecar": "Beiwagen"})) for text in SPAN_TEXTS]
+    assert all(p is not None and len(p.spans) == 3 for p in protected)
+    backends = [PoolTranslator(PoolConfig(url=pool.url, token=TOKEN, sidecar=name))
+                for name in ("with-spans", "without")]
+    try:
+        for backend in backends:
+            await backend.start()
+            assert await backend.wait_ready(30), backend.reason
+        before = pool.stats()
+        kept, plain = await asyncio.gather(
+            backends[0].run(Job(SPAN_TEXTS, "en", "de", protected=protected)),
+            backends[1].run(Job(SENTENCES[:3], "en", "de")))
+        spans_info = [backend.info()["spans"] for backend in backends]
+    finally:
+        for backend in backends:
+            await backend.aclose()
+    for spans, out in zip(protected, kept, strict=True):
+        assert spans is not None and spans.missing(out) == [], out
+    assert "Beiwagen" in kept[1] and "sidecar" not in kept[1]
+    assert len(plain) == 3 and all(plain)
+    assert spans_info[1] == {"masked": 0, "fallback": 0}
+    assert isinstance(spans_info[0], dict) and sum(spans_info[0].values()) == 2, spans_info
+    after = pool.stats()
+    assert after["merged_batches"] > before["merged_batches"], after
+    assert {"segments": 5, "sidecars": 2} in after["recent"], after["recent"]
+    text = SPAN_TEXTS[0]
+    async with httpx.AsyncClient(base_url=pool.url, headers=AUTH, timeout=30) as client:
+        bad = [await client.post("/v1/batch", json={"texts": [text], "target": "de",
+                                                    "spans": spans})
+               for spans in ([[[20, 30, "path", "x"], [10, 12, "code", "y"]]],  # not in order
+                             [[[0, 500, "code", "x"]]],  # past the text's end
+                             [[[0, 5, "code", 5]]],  # out not a string
+                             [[], []])]  # two lists for one text
+    for resp, where in zip(bad, ("spans.0.1", "spans.0.0", "spans.0.0.3", "spans"),
+                           strict=True):
+        assert resp.status_code == 422, resp.text
+        assert resp.headers["content-type"].startswith("application/problem+json")
+        assert resp.json()["detail"].startswith(where), resp.json()
+
+
 async def test_a_pool_stopped_mid_run_leaves_every_stream_whole(pool: Pool) -> None:
     """Runs last: it stops the module's pool. One sidecar falls through to its local model,
     the other, with only the pool, sends the originals as `error`; nothing is lost."""
@@ -349,13 +403,14 @@ async def test_engine_turns_take_every_call_that_waited_and_answer_each() -> Non
     seen: list[list[str]] = []
 
     class Engine:
-        async def translate(self, texts: list[str], **_: Any) -> list[str]:
-            seen.append(list(texts))
+        async def run_kept(self, job: Job) -> tuple[list[str], list[str | None]]:
+            texts = list(job.texts)
+            seen.append(texts)
             if len(seen) == 1:
                 await gate.wait()
             if "boom" in texts:
                 raise RuntimeError("an engine bug")
-            return [t.upper() for t in texts]
+            return [t.upper() for t in texts], [None] * len(texts)
 
     cls = Deployment.func_or_class.__bases__[0]  # the class as written, not Serve's ASGI wrapper
     replica = object.__new__(cls)
@@ -403,14 +458,15 @@ async def test_a_turn_drops_calls_late_by_their_groups_turn_and_checks_each_answ
     seen: list[list[str]] = []
 
     class Engine:
-        async def translate(self, texts: list[str], *, target: str, **_: Any) -> list[str]:
-            seen.append(list(texts))
-            if target == "ja":
+        async def run_kept(self, job: Job) -> tuple[list[str], list[str | None]]:
+            texts = list(job.texts)
+            seen.append(texts)
+            if job.target == "ja":
                 raise RuntimeError("an engine bug")
-            if target == "de":
+            if job.target == "de":
                 await gate.wait()
-                return [t.upper() for t in texts]
-            return [t.upper() for t in texts][:1]  # one short
+                return [t.upper() for t in texts], [None] * len(texts)
+            return [t.upper() for t in texts][:1], [None]  # one short
 
     cls = Deployment.func_or_class.__bases__[0]
     replica = object.__new__(cls)
@@ -439,6 +495,79 @@ async def test_a_turn_drops_calls_late_by_their_groups_turn_and_checks_each_answ
     [failed] = await cls.run.__wrapped__(replica, [call("ja", "boom")])
     assert "the pool failed: RuntimeError" in str(failed)  # answered by its turn, not lost
     assert not replica.waiting
+
+
+async def test_a_turn_merges_calls_with_and_without_spans_and_answers_each_how() -> None:
+    """Calls of two sidecars, one with spans, one without, for one pair: one engine call,
+    each text with its own spans (or none), and each call with spans told how they were
+    kept."""
+    _ray()
+    from models.pool import PoolCall
+    from service.batching import GroupedQueue
+    from service.pool import Limits, _Queued, _Stats
+    from service.pool import Pool as Deployment
+
+    jobs: list[Job] = []
+
+    class Engine:
+        async def run_kept(self, job: Job) -> tuple[list[str], list[str | None]]:
+            jobs.append(job)
+            kept = [None if p is None else ("masked" if i % 2 else "fallback")
+                    for i, p in enumerate(job.protected or [None] * len(job.texts))]
+            return [t.upper() for t in job.texts], kept
+
+    cls = Deployment.func_or_class.__bases__[0]
+    replica = object.__new__(cls)
+    replica.translator, replica.timeout_s, replica.max_batch_size = Engine(), 5.0, 10
+    replica.tally, replica.waiting, replica.engine = _Stats(), GroupedQueue(), asyncio.Lock()
+    replica.limits = Limits()
+    spans = PoolCall(texts=["see a.py", "no spans", "run `x` now"], target="de", sidecar="one",
+                     spans=[[[4, 8, "path", "a.py"]], [], [[4, 7, "code", "`x`"]]])
+    plain = PoolCall(texts=["plain"], target="de", sidecar="two")
+    queued = [_Queued(spans, None), _Queued(plain, None)]
+    answers = await cls.run.__wrapped__(replica, queued)
+    assert answers == [["SEE A.PY", "NO SPANS", "RUN `X` NOW"], ["PLAIN"]]
+    [job] = jobs
+    assert list(job.texts) == ["see a.py", "no spans", "run `x` now", "plain"]
+    assert job.protected is not None
+    assert [None if p is None else [(s.start, s.end, s.kind, s.out) for s in p.spans]
+            for p in job.protected] == [[(4, 8, "path", "a.py")], None,
+                                        [(4, 7, "code", "`x`")], None]
+    assert all(p is None or p.text == t for p, t in zip(job.protected, job.texts, strict=True))
+    assert queued[0].kept == {"masked": 0, "fallback": 2} and queued[1].kept is None
+    assert replica.tally.merged_batches == 1
+
+
+def test_the_pool_checks_each_calls_spans() -> None:
+    _ray()
+    from service.errors import InputError
+    from service.pool import Limits
+    from service.pool import Pool as Deployment
+
+    cls = Deployment.func_or_class.__bases__[0]
+    replica = object.__new__(cls)
+    replica.max_batch_size, replica.limits = 8, Limits()
+
+    def parse(spans: Any, texts: tuple[str, ...] = ("abcdef",)) -> Any:
+        body = {"texts": list(texts), "target": "de", "spans": spans}
+        return replica._parse(json.dumps(body).encode())
+
+    good = parse([[[0, 2, "code", "ab"], [2, 4, "term", "XY"]]])
+    [protected] = good.protected()
+    assert protected.text == "abcdef" and [s.out for s in protected.spans] == ["ab", "XY"]
+    assert parse(None).protected() is None
+    assert parse([[], []], ("a", "b")).protected() == [None, None]
+    for spans, where in (([[[0, 2, "code", "ab"], [1, 4, "code", "x"]]], "spans.0.1"),
+                         ([[[3, 3, "code", ""]]], "spans.0.0"),
+                         ([[[-1, 2, "code", "x"]]], "spans.0.0"),
+                         ([[[0, 7, "code", "x"]]], "spans.0.0"),
+                         ([[[0, 2, "code"]]], "spans.0.0"),
+                         ([[[0, 2, "code", None]]], "spans.0.0.3"),
+                         ([[["0", 2, "code", "x"]]], "spans.0.0.0"),
+                         ([[], []], "spans")):
+        with pytest.raises(InputError) as caught:
+            parse(spans)
+        assert str(caught.value).startswith(where), (spans, str(caught.value))
 
 
 # -- the backend alone: no Ray needed ---------------------------------------------------------
@@ -621,6 +750,66 @@ async def test_the_backend_cuts_long_texts_and_calls_to_the_pools_limits() -> No
         assert await backend.run(Job([f"{half} {half}"], "en", "zh")) == [f"<{half}><{half}>"]
     finally:
         await backend.aclose()
+
+
+async def test_the_backend_sends_each_texts_spans_within_the_pools_limits() -> None:
+    """Spans go per text as [start, end, kind, out], and only in calls that have some; a
+    text cut to max_text_chars is never cut inside a span, each part with its own spans; a
+    batch is cut so that every body, spans counted, stays within max_call_bytes; how the
+    pool kept them is counted in info()."""
+    limits = {**INFO, "max_batch_size": 64, "max_text_chars": 60, "max_call_chars": 10_000,
+              "max_call_bytes": 700}
+    bodies: list[bytes] = []
+
+    async def pool(request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/v1/info":
+            return httpx.Response(200, json=limits)
+        bodies.append(request.content)
+        body = json.loads(request.content)
+        out = []
+        for i, text in enumerate(body["texts"]):  # every span's out, the rest upper-cased
+            at, parts = 0, []
+            for start, end, _, keep in (body.get("spans") or [[]] * len(body["texts"]))[i]:
+                parts += [text[at:start].upper(), keep]
+                at = end
+            out.append("".join([*parts, text[at:].upper()]))
+        kept = {"masked": 1, "fallback": sum(map(bool, body["spans"])) - 1} if "spans" in body \
+            else None
+        return httpx.Response(200, json={"translations": out, "identity": "abc",
+                                         **({"spans": kept} if kept else {})})
+
+    finder = SpanFinder()
+    long = ("Open src/app.py first. Then call parse_args() on it. Check config.yaml "
+            "and https://example.com/some/long/path/here before v1.2.3 ships.")
+    texts = [long, "Plain words only.", *[f"Then check file_{i}.py and run_{i}()." for i in
+                                          range(8)]]
+    protected: list[Protected | None] = [finder.find(text) for text in texts]
+    assert protected[1] is None and all(p is not None for i, p in enumerate(protected) if i != 1)
+    backend = PoolTranslator(PoolConfig(url="http://pool", transport=httpx.MockTransport(pool)))
+    await backend.start()
+    assert await backend.wait_ready(5)
+    try:
+        out = await backend.run(Job(texts, "en", "de", protected=protected))
+        plain = await backend.run(Job(["Nothing here."], "en", "de"))
+    finally:
+        await backend.aclose()
+    for text, spans, translated in zip(texts, protected, out, strict=True):
+        assert spans is None or spans.missing(translated) == [], translated
+        assert translated.lower() == text.lower()
+    assert plain == ["NOTHING HERE."]
+    assert len(bodies) >= 3 and all(len(b) <= 700 for b in bodies), [len(b) for b in bodies]
+    calls = [json.loads(b) for b in bodies]
+    assert "spans" not in calls[-1]  # a call without any says nothing of them
+    for call in calls[:-1]:
+        for text, spans in zip(call["texts"], call["spans"], strict=True):
+            assert len(text) <= 60
+            assert all(text[start:end] == keep for start, end, _, keep in spans), (text, spans)
+    sent = [text for call in calls for text in call["texts"]]
+    assert "src/app.py" in "".join(sent) and not any(t.endswith("src/") for t in sent)
+    with_spans = [call for call in calls if "spans" in call]
+    texts_with_spans = sum(sum(map(bool, call["spans"])) for call in with_spans)
+    assert backend.info()["spans"] == {"masked": len(with_spans),
+                                       "fallback": texts_with_spans - len(with_spans)}
 
 
 async def test_the_backend_takes_the_pools_word_on_checking_its_output() -> None:

@@ -7,6 +7,8 @@ Its modules, each importing only those above it in this list:
   ``model_specs``), a Marian checkpoint's pair, one-line reasons for a checkpoint not found
   (``not_found_reason``), the hub probe, a directory's fingerprint;
 - ``text``: texts into pieces that fit the model (``split_text``) and back;
+- ``masking``: protected spans through the engine: each family's placeholders, and the prose
+  runs between the spans when one is lost (``SpanBatch``);
 - ``convert``: checkpoints into CTranslate2 models, ``thinktrans convert`` and the cache the
   backend converts into on first load, in a child process (``python -m models.local.convert``);
 - ``engines``: CTranslate2 and transformers behind one small interface (``Engine``);

@@ -6,8 +6,10 @@
 batch of texts on a ``Route`` (a slot and the codes of one pair): cut into parts
 (models/local/text.py), longest first in slices of at most ``MAX_BATCH_TOKENS`` padded
 tokens, each part's output cut to its own bound, decoded without special and language
-tokens, put back in order and rejoined. Everything here runs on the backend's threads, never
-on the event loop.
+tokens, put back in order and rejoined. Texts with protected spans are masked with the
+family's placeholders before the cut and restored after, their prose runs translated on
+their own where a placeholder was lost (models/local/masking.py): a second engine call at
+most. Everything here runs on the backend's threads, never on the event loop.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from __future__ import annotations
 import logging
 import math
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Any
@@ -34,7 +37,9 @@ from models.local.checkpoint import (
 )
 from models.local.convert import is_converted, read_meta
 from models.local.engines import Engine, Loaded
-from models.local.text import cut_texts, rejoin
+from models.local.masking import FALLBACK, MASKED, SpanBatch, form_for
+from models.local.text import Keep, cut_texts, rejoin
+from models.spans import Protected
 
 log = logging.getLogger(__name__)
 
@@ -85,6 +90,9 @@ class Stats:
     split_segments: int = 0
     output_tokens: int = 0  # generated, as kept (before EOS, within the bound)
     last_generate_sizes: list[int] = field(default_factory=list)
+    # Texts with protected spans: kept by their placeholders, or by translating their runs.
+    spans_masked: int = 0
+    spans_fallback: int = 0
 
 
 # -- loading -----------------------------------------------------------------------------------
@@ -179,11 +187,23 @@ def warm_up(engine: Engine, slot: Slot, max_input_tokens: int) -> None:
 
 
 def translate_batch(engine: Engine, route: Route, texts: list[str], max_input_tokens: int,
-                    stats: Stats) -> list[str]:
-    """Split, sort by length, generate in slices, restore the order, rejoin; the one place
-    the engines' errors (torch's, transformers', CTranslate2's) become the backend's."""
+                    stats: Stats, protected: Sequence[Protected | None] | None = None,
+                    strategy: str = "mask") -> list[str]:
+    """Split, sort by length, generate in slices, restore the order, rejoin; texts with
+    ``protected`` spans masked (``strategy`` "mask") or sent as their runs ("runs")."""
+    return translate_kept(engine, route, texts, max_input_tokens, stats, protected,
+                          strategy)[0]
+
+
+def translate_kept(engine: Engine, route: Route, texts: list[str], max_input_tokens: int,
+                   stats: Stats, protected: Sequence[Protected | None] | None = None,
+                   strategy: str = "mask") -> tuple[list[str], list[str | None]]:
+    """``translate_batch``'s translations, and per text how its spans were kept
+    (``MASKED``, ``FALLBACK``, None: it had none). The one place the engines' errors
+    (torch's, transformers', CTranslate2's) become the backend's."""
     try:
-        return _translate(engine, route, texts, max_input_tokens, stats)
+        return _translate_batch(engine, route, texts, max_input_tokens, stats, protected,
+                                strategy)
     except BackendError:
         raise
     except Exception as exc:
@@ -197,9 +217,40 @@ def translate_batch(engine: Engine, route: Route, texts: list[str], max_input_to
         ) from exc
 
 
-def _translate(engine: Engine, route: Route, texts: list[str], max_input_tokens: int,
-               stats: Stats) -> list[str]:
+def _translate_batch(engine: Engine, route: Route, texts: list[str], max_input_tokens: int,
+                     stats: Stats, protected: Sequence[Protected | None] | None,
+                     strategy: str) -> tuple[list[str], list[str | None]]:
     started = time.perf_counter()
+    sizes: list[int] = []
+    if protected is None or not any(p is not None and p.spans for p in protected):
+        results = _translate(engine, route, texts, max_input_tokens, stats, sizes)
+        kept: list[str | None] = [None] * len(texts)
+    else:
+        batch = SpanBatch(texts, protected,
+                          form_for(route.slot.family) if strategy == "mask" else None)
+        first = _translate(engine, route, batch.first, max_input_tokens, stats, sizes,
+                           batch.first_keep)
+        second = batch.settle(first)
+        results = batch.finish(
+            _translate(engine, route, second, max_input_tokens, stats, sizes) if second else [])
+        kept = batch.outcomes
+        stats.spans_masked += batch.count(MASKED)
+        stats.spans_fallback += batch.count(FALLBACK)
+    route.slot.batches += 1
+    stats.batches += 1
+    stats.segments += len(texts)
+    stats.last_generate_sizes = sizes
+    log.debug(
+        "local: %d segments (%d generate calls) in %.0f ms",
+        len(texts), len(sizes), (time.perf_counter() - started) * 1000,
+    )
+    return results, kept
+
+
+def _translate(engine: Engine, route: Route, texts: list[str], max_input_tokens: int,
+               stats: Stats, sizes: list[int], keep: Sequence[Keep] | None = None) -> list[str]:
+    """One engine call: the texts cut into parts (never inside a stretch of ``keep``),
+    longest first in slices, each slice's size added to ``sizes``; the texts rejoined."""
     slot = route.slot
     tokenizer = slot.tokenizer
     if route.src_code is not None:
@@ -208,11 +259,10 @@ def _translate(engine: Engine, route: Route, texts: list[str], max_input_tokens:
     def count(text: str) -> int:
         return len(tokenizer(route.prefix + text, add_special_tokens=False)["input_ids"])
 
-    pieces = cut_texts(texts, count, max_input_tokens)
+    pieces = cut_texts(texts, count, max_input_tokens, keep)
     stats.split_segments += pieces.split
     # Longest first, so that each slice pads little and the slow one starts early.
     order = sorted(pieces.parts, key=lambda part: part.n_tokens, reverse=True)
-    sizes = []
     start = 0
     while start < len(order):
         longest = order[start].n_tokens + 4
@@ -223,16 +273,7 @@ def _translate(engine: Engine, route: Route, texts: list[str], max_input_tokens:
             part.out = out
         sizes.append(size)
         start += size
-    results = rejoin(pieces, route.no_space)
-    slot.batches += 1
-    stats.batches += 1
-    stats.segments += len(texts)
-    stats.last_generate_sizes = sizes
-    log.debug(
-        "local: %d segments (%d parts, %d generate calls) in %.0f ms",
-        len(texts), len(pieces.parts), len(sizes), (time.perf_counter() - started) * 1000,
-    )
-    return results
+    return rejoin(pieces, route.no_space)
 
 
 def generate(engine: Engine, route: Route, texts: list[str], max_input_tokens: int,

@@ -2,9 +2,10 @@
 
 A text keeps its leading and trailing whitespace; a blank text skips the model. A text longer
 than the input bound is cut at sentence ends, then between words, then (text without spaces)
-at character midpoints (``split_text``); its translated pieces are rejoined with the
-whitespace that separated them, none for targets written without spaces unless it was a
-newline (``rejoin``).
+at character midpoints (``split_text``), never inside a stretch it is told to keep whole (a
+placeholder, a protected span); its translated pieces are rejoined with the whitespace that
+separated them, none for targets written without spaces unless it was a newline
+(``rejoin``).
 """
 
 from __future__ import annotations
@@ -17,21 +18,28 @@ _SENTENCE_END = re.compile(r"(?<=[.!?;:…])\s+|(?<=[。！？；])\s*")
 _WORD_END = re.compile(r"(?<=\s)(?=\S)")
 
 
-def split_text(text: str, count_tokens: Callable[[str], int], max_tokens: int) -> list[str]:
+# Stretches of a text that no cut may fall inside: (start, end) offsets, end exclusive.
+Keep = Sequence[tuple[int, int]]
+
+
+def split_text(text: str, count_tokens: Callable[[str], int], max_tokens: int,
+               keep: Keep = ()) -> list[str]:
     """Cut ``text`` into pieces of at most ``max_tokens`` tokens; joined, they give ``text``.
 
     Cuts fall at sentence ends first, then between words, then (for text without spaces) at
-    character midpoints. Each piece keeps the whitespace that followed it.
+    character midpoints, but never inside a stretch of ``keep`` (a piece holding one may
+    then run over the bound). Each piece keeps the whitespace that followed it.
     """
     if count_tokens(text) <= max_tokens:
         return [text]
+    inside = {k for start, end in keep for k in range(start + 1, end)}
     atoms: list[str] = []
-    for sentence in _cut(text, _SENTENCE_END):
+    for at, sentence in _cut(text, _SENTENCE_END, 0, inside):
         if count_tokens(sentence) <= max_tokens:
             atoms.append(sentence)
             continue
-        for word in _cut(sentence, _WORD_END):
-            atoms.extend(_halve(word, count_tokens, max_tokens))
+        for word_at, word in _cut(sentence, _WORD_END, at, inside):
+            atoms.extend(_halve(word, word_at, count_tokens, max_tokens, inside))
     pieces: list[str] = []
     for atom in atoms:
         # Whitespace-only atoms never stand alone: they belong to the piece before.
@@ -42,24 +50,41 @@ def split_text(text: str, count_tokens: Callable[[str], int], max_tokens: int) -
     return pieces
 
 
-def _cut(text: str, pattern: re.Pattern[str]) -> list[str]:
-    """Split after each match of ``pattern``, keeping the matched whitespace on the left piece."""
+def _cut(text: str, pattern: re.Pattern[str], at: int, inside: set[int]
+         ) -> list[tuple[int, str]]:
+    """Split after each match of ``pattern``, keeping the matched whitespace on the left piece;
+    each piece with its offset (``text`` starts at ``at`` of the whole); no cut at a position
+    in ``inside``."""
     out, start = [], 0
     for match in pattern.finditer(text):
-        if match.end() > start and match.end() < len(text):
-            out.append(text[start : match.end()])
-            start = match.end()
-    out.append(text[start:])
-    return [piece for piece in out if piece]
+        end = match.end()
+        if start < end < len(text) and at + end not in inside:
+            out.append((at + start, text[start:end]))
+            start = end
+    out.append((at + start, text[start:]))
+    return [(where, piece) for where, piece in out if piece]
 
 
-def _halve(text: str, count_tokens: Callable[[str], int], max_tokens: int) -> list[str]:
+def _halve(text: str, at: int, count_tokens: Callable[[str], int], max_tokens: int,
+           inside: set[int]) -> list[str]:
     if len(text) <= 1 or count_tokens(text) <= max_tokens:
         return [text]
-    mid = len(text) // 2
-    return _halve(text[:mid], count_tokens, max_tokens) + _halve(
-        text[mid:], count_tokens, max_tokens
-    )
+    mid = _free_cut(len(text), at, inside)
+    if mid is None:  # all of it one stretch to keep: it goes whole
+        return [text]
+    return (_halve(text[:mid], at, count_tokens, max_tokens, inside)
+            + _halve(text[mid:], at + mid, count_tokens, max_tokens, inside))
+
+
+def _free_cut(length: int, at: int, inside: set[int]) -> int | None:
+    """The cut nearest the middle of a piece of ``length`` at ``at`` that falls inside no
+    stretch to keep; None when every one does."""
+    mid = length // 2
+    for step in range(length):
+        for cut in (mid - step, mid + step):
+            if 0 < cut < length and at + cut not in inside:
+                return cut
+    return None
 
 
 @dataclass
@@ -69,6 +94,7 @@ class Part:
     index: int  # which input text
     text: str  # without surrounding whitespace
     sep: str  # whitespace that followed it in the source
+    start: int = 0  # where ``text`` starts in its input text
     n_tokens: int = 0
     out: str = ""  # its translation, once done
 
@@ -85,22 +111,28 @@ class Pieces:
 
 
 def cut_texts(texts: Sequence[str], count_tokens: Callable[[str], int],
-              max_tokens: int) -> Pieces:
-    """Each non-blank text, stripped and split into parts of at most ``max_tokens``; each
-    part's ``n_tokens`` counted."""
+              max_tokens: int, keep: Sequence[Keep] | None = None) -> Pieces:
+    """Each non-blank text, stripped and split into parts of at most ``max_tokens``, never
+    inside a stretch of its ``keep`` (offsets into the text); each part's ``n_tokens``
+    counted."""
     pieces = Pieces(list(texts), [], [], [])
     for i, text in enumerate(texts):
         core = text.strip()
-        pieces.leads.append(text[: len(text) - len(text.lstrip())])
+        lead = text[: len(text) - len(text.lstrip())]
+        pieces.leads.append(lead)
         pieces.trails.append(text[len(text.rstrip()) :] if core else "")
         if not core:
             continue
-        split = split_text(core, count_tokens, max_tokens)
+        shift = len(lead)
+        own = [(start - shift, end - shift) for start, end in keep[i]] if keep else ()
+        split = split_text(core, count_tokens, max_tokens, own)
         if len(split) > 1:
             pieces.split += 1
+        at = shift
         for piece in split:
             stripped = piece.rstrip()
-            pieces.parts.append(Part(i, stripped, piece[len(stripped) :]))
+            pieces.parts.append(Part(i, stripped, piece[len(stripped) :], at))
+            at += len(piece)
     for part in pieces.parts:
         part.n_tokens = count_tokens(part.text)
     return pieces

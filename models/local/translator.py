@@ -16,6 +16,10 @@ segment's error) and ``retrying`` says when the next attempt comes (``/readyz`` 
 show it). ``wait_ready``
 waits only for the attempt in flight: it answers False as soon as one has failed. Under
 ``engine="auto"``, a checkpoint CTranslate2 cannot take is served by transformers instead.
+
+A job's protected spans (``Job.protected``) are kept by placeholders, or by translating the
+prose runs between them where a placeholder is lost (models/local/masking.py); ``info()``
+counts which, ``spans: {"masked", "fallback"}``, per text.
 """
 
 from __future__ import annotations
@@ -36,7 +40,8 @@ from models.local import engines
 from models.local.catalog import Catalog
 from models.local.checkpoint import LoadError, Spec, model_specs
 from models.local.engines import ConversionFailed, EngineOptions
-from models.local.slot import Slot, Stats, load_slot, translate_batch, warm_up
+from models.local.masking import STRATEGIES
+from models.local.slot import Route, Slot, Stats, load_slot, translate_kept, warm_up
 
 log = logging.getLogger(__name__)
 
@@ -77,6 +82,9 @@ class LocalConfig:
     # A failed load is tried again after this long, doubling up to load_retry_max_s.
     load_retry_initial_s: float = 5.0
     load_retry_max_s: float = 300.0
+    # How protected spans are kept: "mask" (the family's placeholders; the prose runs between
+    # the spans, translated on their own, where one is lost) or "runs" (the runs always).
+    span_strategy: str = "mask"
 
     def engine_options(self) -> EngineOptions:
         return EngineOptions(
@@ -271,7 +279,7 @@ class LocalTranslator(Translator):
         config = self.config
         return (f"local|{slot.model_id}|v={slot.version}|{self.engine_name}|{self.dtype}"
                 f"|beams={config.num_beams}|ngram={config.no_repeat_ngram_size}"
-                f"|maxin={config.max_input_tokens}|device={self.device}")
+                f"|maxin={config.max_input_tokens}|device={self.device}{_spans_key(config)}")
 
     def catalog(self) -> list[dict[str, object]]:
         """The configured models in order of preference, then the extras loaded on demand."""
@@ -293,6 +301,7 @@ class LocalTranslator(Translator):
             "threads": self._engine.threads if self.ready else self.config.threads,
             "engine_note": self.engine_note,
             "output_tokens": self.stats.output_tokens,  # generated since start, for benchmarks
+            "spans": {"masked": self.stats.spans_masked, "fallback": self.stats.spans_fallback},
             "load_s": self.load_s,
             "load_attempts": self.load_attempts,
             "load_failures": self.load_failures,
@@ -309,22 +318,20 @@ class LocalTranslator(Translator):
         id: that model alone (UnsupportedLanguage when it cannot serve the pair). Any other
         name: the model loaded on demand, BackendUnavailable until it is.
         """
+        return (await self.run_kept(job))[0]
+
+    async def run_kept(self, job: Job) -> tuple[list[str], list[str | None]]:
+        """``run``, and per text how its spans were kept: "masked", "fallback" or None."""
         if not self.ready:
             raise BackendUnavailable(self.reason or f"model {self.model_id!r} is not loaded")
-        model = self._key(job.model)
-        if model is not None and not self._catalog.is_configured(model):
-            problem = self._catalog.model_problem(model, None, job.model)
-            if problem is not None:
-                raise BackendUnavailable(problem)
-            self._catalog.extras.touch(model)
-        route = self._catalog.route(job.source, job.target, model)
+        route = _route(self._catalog, job)
         if not job.texts:
-            return []
+            return [], []
         loop = asyncio.get_running_loop()
-        texts = list(job.texts)
         try:
-            future = loop.run_in_executor(self._executor, translate_batch, self._engine, route,
-                                          texts, self.config.max_input_tokens, self.stats)
+            future = loop.run_in_executor(self._executor, translate_kept, self._engine, route,
+                                          list(job.texts), self.config.max_input_tokens,
+                                          self.stats, job.protected, self.config.span_strategy)
         except RuntimeError as exc:  # "cannot schedule new futures after shutdown"
             raise BackendUnavailable("the local backend is closed") from exc
         try:
@@ -402,6 +409,26 @@ def load_specs(engine: engines.Engine, specs: list[Spec], max_input_tokens: int,
     return slots
 
 
+def _route(catalog: Catalog, job: Job) -> Route:
+    """The route that serves ``job``: its pair on the model it names (a model loaded on
+    demand touched, BackendUnavailable while it is not loaded), else on the first that
+    serves the pair."""
+    model = None if job.model is None else catalog.key(job.model)
+    if model is not None and not catalog.is_configured(model):
+        problem = catalog.model_problem(model, None, job.model)
+        if problem is not None:
+            raise BackendUnavailable(problem)
+        catalog.extras.touch(model)
+    return catalog.route(job.source, job.target, model)
+
+
+def _spans_key(config: LocalConfig) -> str:
+    """The span strategy in a cache identity: named unless the default, so that keys made
+    before it still hold (it decides only the output of texts with spans, whose keys hold
+    the spans)."""
+    return "" if config.span_strategy == "mask" else f"|spans={config.span_strategy}"
+
+
 def _checked_engine(config: LocalConfig) -> str:
     """The engine ``config`` asks for, resolved; BackendConfigError for a bad config, and
     MissingExtra when a package it needs is not installed."""
@@ -413,6 +440,9 @@ def _checked_engine(config: LocalConfig) -> str:
     if config.max_extra_models < 0:
         raise BackendConfigError(
             f"local_max_extra_models must be >= 0, got {config.max_extra_models}")
+    if config.span_strategy not in STRATEGIES:
+        raise BackendConfigError(f"local_span_strategy must be one of {', '.join(STRATEGIES)}, "
+                                 f"got {config.span_strategy!r}")
     return engine
 
 
