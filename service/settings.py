@@ -396,6 +396,11 @@ class LocalSection(BaseModel):
         300.0, gt=0, description="A model that failed to load is tried again after 5 s, "
         "doubling up to this long between tries."
     )
+    local_span_strategy: Literal["mask", "runs"] = Field(
+        "mask", description="How protected spans are kept: `mask` puts each family's "
+        "placeholders in their place and, where the model loses one, translates the prose "
+        "between the spans on its own; `runs` always does the latter.",
+    )
 
     def local_config(self) -> LocalConfig:
         """The local engine's config (the local backend's, and the pool's replicas')."""
@@ -418,6 +423,7 @@ class LocalSection(BaseModel):
             max_input_tokens=self.local_max_input_tokens,
             threads=self.local_threads,
             load_retry_max_s=self.load_retry_max_s,
+            span_strategy=self.local_span_strategy,
         )
 
 
