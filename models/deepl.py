@@ -1,10 +1,12 @@
 """The DeepL backend: the official ``deepl`` client, run in worker threads the backend owns.
 
 The client is blocking (requests), so every call runs in this backend's own
-ThreadPoolExecutor, one client (one HTTP session) per worker thread. Vendor errors are
-mapped to the service's errors in one place, ``_map_error``; auth and quota failures also
-mark the backend not ready, and a background probe (GET /v2/usage, not billed) brings it
-back once the key or the quota is good again (``models.remote``).
+ThreadPoolExecutor, one client (one HTTP session) per worker thread (``_Workers``). Vendor
+errors are mapped to the service's errors in one place, ``_map_error``; auth and quota
+failures also mark the backend not ready, and a background probe (GET /v2/usage, not
+billed) brings it back once the key or the quota is good again (``models.remote``). The
+targets are this module's table, refined by the server's own list once fetched
+(``_Targets``).
 
 With ``context`` on, each text goes with the text before it in its stream as DeepL's
 ``context`` parameter (not billed). DeepL takes one context per request, so a batch is sent
@@ -14,13 +16,11 @@ DeepL's "models" are its model types (``MODEL_TYPES``): a request or stream may 
 for its segments, sent as that call's ``model_type``; ``DeepLConfig.model_type`` otherwise.
 
 A text with protected spans (``Job.protected``) goes in requests of its own, as XML with
-each span in an element DeepL leaves alone (``models.deepl_spans``); texts without go as
-plain text, as before. Glossary terms are rendered by a DeepL glossary, one per (terms,
-source, target), created once, shared and deleted when evicted or at close
-(``DeepLConfig.max_glossaries``); where none can be had (an unknown source, a pair DeepL
-has no glossaries for), or the glossary did not render a term as given, the target term
-goes in an element instead. A text whose elements did not come back once each is
-translated piece by piece: its prose runs alone, the spans put back between them.
+each span in an element DeepL leaves alone; texts without go as plain text, as before.
+``models.deepl_marked`` sends those (glossary terms rendered by a DeepL glossary where one
+can be had, ``DeepLConfig.max_glossaries``, else put in elements; a text whose elements
+did not come back once each, piece by piece), through this backend's ``_translate_group``
+and ``_call``; ``models.deepl_spans`` holds the XML and the glossaries' bookkeeping.
 """
 
 from __future__ import annotations
@@ -40,16 +40,7 @@ if TYPE_CHECKING:
     import deepl
 
 from models.base import Capabilities, Job
-from models.deepl_spans import (
-    TAG,
-    Glossaries,
-    GlossaryKey,
-    GlossaryLease,
-    glossary_terms,
-    unwrap,
-    wrap,
-    xml_safe,
-)
+from models.deepl_marked import Call, MarkedRequests, Markup
 from models.errors import (
     BackendError,
     BackendTimeout,
@@ -61,7 +52,7 @@ from models.errors import (
 )
 from models.languages import base_language, canonical, region, table_key
 from models.remote import RemoteTranslator
-from models.spans import Protected, needs_words, rejoin
+from models.spans import Protected
 
 log = logging.getLogger(__name__)
 
@@ -133,6 +124,52 @@ def deepl_source_code(tag: str | None) -> str | None:
     return SOURCE_CODES.get(table_key(standard)) if standard else None
 
 
+class _Targets:
+    """The targets DeepL serves: this module's table, refined by the server's own list once
+    fetched (``learn``), which also says which targets take a formality."""
+
+    def __init__(self, english_variant: str) -> None:
+        self.english_variant = english_variant  # the target for a bare ``en``
+        self.server: set[str] | None = None  # the server's target codes; None: not fetched
+        self._formal: set[str] = set()
+
+    def learn(self, targets: list[tuple[str, bool]]) -> None:
+        """The server's target codes, each with whether it takes a formality."""
+        self._formal = {code for code, formal in targets if formal}
+        self.server = {code for code, _ in targets}
+
+    def code(self, target: str) -> str | None:
+        """DeepL's code for ``target``, or None where DeepL cannot translate into it."""
+        code = deepl_target_code(target, english_variant=self.english_variant)
+        if self.server is None:
+            return code
+        if code is None:
+            # A language DeepL added after this table (e.g. HE): its plain code.
+            standard = canonical(target)
+            plain = base_language(standard).upper() if standard else None
+            return plain if plain in self.server else None
+        return code if code in self.server else None
+
+    def tags(self) -> list[str]:
+        """The tags with a DeepL code: the table's, its variants' and, once fetched, the
+        server's newer targets."""
+        candidates = set(TARGET_CODES)
+        candidates.update(_VARIANT_TAGS)
+        table_codes = set(TARGET_CODES.values())
+        for code in self.server or ():
+            if "-" not in code and code not in table_codes:
+                candidates.add(code.lower())
+        return sorted(tag for tag in candidates if self.code(tag) is not None)
+
+    def formality(self, code: str, formality: str | None) -> str | None:
+        """The formality to send into the target ``code``: none for a strict one (``less``,
+        ``more``, an error there) where the server says the target has no formality;
+        ``prefer_*`` never is an error. Until the server's list is fetched, as given."""
+        if formality in {"less", "more"} and self.server is not None and code not in self._formal:
+            return None
+        return formality
+
+
 def _drop_debug_records(record: logging.LogRecord) -> bool:
     # The client logs whole request and response bodies (the thinking text) at DEBUG.
     return record.levelno > logging.DEBUG
@@ -189,20 +226,45 @@ class DeepLConfig:
     max_glossaries: int = 16
 
 
-@dataclass(frozen=True)
-class _Call:
-    """What every request of one ``translate`` call shares."""
+class _Workers:
+    """The backend's worker threads, each with a client of its own (one HTTP session), made
+    for the thread's first request."""
 
-    target_code: str
-    source_code: str | None
-    model_type: str | None  # None: not sent, DeepL's default
+    def __init__(self, threads: int, api_key: str | None, server_url: str | None) -> None:
+        self._executor = ThreadPoolExecutor(threads, thread_name_prefix="thinktrans-deepl")
+        self._api_key = api_key
+        self._server_url = server_url
+        self._local = threading.local()
+        self._clients: list[deepl.DeepLClient] = []
+        self._lock = threading.Lock()  # guards _clients
 
+    def client(self) -> deepl.DeepLClient:
+        """The calling worker thread's client."""
+        import deepl
 
-@dataclass(frozen=True)
-class _Markup:
-    """A request of texts with protected spans: sent as XML, with a glossary or none."""
+        client: deepl.DeepLClient | None = getattr(self._local, "client", None)
+        if client is None:
+            assert self._api_key is not None
+            client = deepl.DeepLClient(self._api_key, server_url=self._server_url,
+                                       send_platform_info=False)
+            client.set_app_info("thinktrans", _app_version())
+            self._local.client = client
+            with self._lock:
+                self._clients.append(client)
+        return client
 
-    glossary_id: str | None = None
+    async def run(self, fn: Callable[..., T], *args: Any) -> T:
+        """``fn(*args)`` in a worker thread."""
+        return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
+
+    def close(self) -> None:
+        """Stop the threads and close the clients' sessions. A request still in flight
+        cannot be interrupted: it is not waited for."""
+        self._executor.shutdown(wait=False, cancel_futures=True)
+        with self._lock:
+            clients, self._clients = self._clients, []
+        for client in clients:
+            client.close()
 
 
 class DeepLTranslator(RemoteTranslator):
@@ -239,22 +301,17 @@ class DeepLTranslator(RemoteTranslator):
         deepl.http_client.min_connection_timeout = config.request_timeout_s
         logging.getLogger("deepl").addFilter(_drop_debug_records)
 
-        self._executor = ThreadPoolExecutor(config.threads, thread_name_prefix="thinktrans-deepl")
-        self._local = threading.local()
-        self._clients: list[deepl.DeepLClient] = []
-        self._lock = threading.Lock()  # guards _clients and the counters below
+        self._workers = _Workers(config.threads, self._api_key, self._server_url)
+        self._lock = threading.Lock()  # guards the counters below
         self._billed_characters = 0
         self._requests = 0
 
         self._usage: dict[str, int | None] | None = None
         self._usage_checked_at: float | None = None  # time.monotonic()
-        self._server_targets: set[str] | None = None  # refined at start from the server
-        self._formality_targets: set[str] = set()
-        self._glossaries = (
-            Glossaries(config.max_glossaries, self._create_glossary, self._delete_glossary)
-            if config.max_glossaries > 0 else None
-        )
-        self._fallbacks = 0  # texts whose spans came back only piece by piece
+        self._targets = _Targets(config.english_variant)  # refined at start from the server
+        self._marked = MarkedRequests(send=self._translate_group, run=self._call,
+                                      client=self._workers.client,
+                                      max_glossaries=config.max_glossaries)
 
         if self._api_key is None:
             self._not_configured(NO_KEY_REASON)
@@ -264,42 +321,20 @@ class DeepLTranslator(RemoteTranslator):
     async def aclose(self) -> None:
         """Delete the glossaries created; stop background work, the worker threads and the
         clients' sessions."""
-        if self._glossaries is not None and not self._closed:
-            await self._glossaries.aclose(timeout_s=self.config.request_timeout_s)
+        if not self._closed:
+            await self._marked.aclose(timeout_s=self.config.request_timeout_s)
         await super().aclose()
-        # A request still in flight cannot be interrupted; do not wait for it.
-        self._executor.shutdown(wait=False, cancel_futures=True)
-        with self._lock:
-            clients, self._clients = self._clients, []
-        for client in clients:
-            client.close()
+        self._workers.close()
 
     # -- languages ---------------------------------------------------------------------------
 
-    def _target_code(self, target: str) -> str | None:
-        code = deepl_target_code(target, english_variant=self.config.english_variant)
-        if self._server_targets is None:
-            return code
-        if code is None:
-            # A language DeepL added after this table (e.g. HE): its plain code.
-            standard = canonical(target)
-            plain = base_language(standard).upper() if standard else None
-            return plain if plain in self._server_targets else None
-        return code if code in self._server_targets else None
-
     def supports(self, source: str | None, target: str, model: str | None = None) -> bool:
         """Whether DeepL has a code for ``target``; any source works (DeepL detects it)."""
-        return self._target_code(target) is not None
+        return self._targets.code(target) is not None
 
     def languages(self) -> list[str]:
         """Targets with a DeepL code, refined by the server's own list once fetched."""
-        candidates = set(TARGET_CODES)
-        candidates.update(_VARIANT_TAGS)
-        table_codes = set(TARGET_CODES.values())
-        for code in self._server_targets or ():
-            if "-" not in code and code not in table_codes:
-                candidates.add(code.lower())
-        return sorted(tag for tag in candidates if self._target_code(tag) is not None)
+        return self._targets.tags()
 
     # -- models ------------------------------------------------------------------------------
 
@@ -345,10 +380,10 @@ class DeepLTranslator(RemoteTranslator):
         problem = self.model_problem(model)
         if problem is not None:
             raise BackendError(problem, model=model)
-        code = self._target_code(target)
+        code = self._targets.code(target)
         if code is None:
             raise UnsupportedLanguage(f"DeepL cannot translate into {target!r}")
-        call = _Call(code, deepl_source_code(source), model or self._model_type)
+        call = Call(code, deepl_source_code(source), model or self._model_type)
         if contexts is not None and len(contexts) != len(texts):
             raise ValueError(f"{len(contexts)} contexts for {len(texts)} texts")
 
@@ -374,7 +409,7 @@ class DeepLTranslator(RemoteTranslator):
         ]
         if marked:
             tasks.append(asyncio.ensure_future(
-                self._translate_marked(call, [(p, c) for _, p, c in marked])))
+                self._marked.translate(call, [(p, c) for _, p, c in marked])))
         try:
             results = await asyncio.gather(*tasks)
         finally:
@@ -390,194 +425,6 @@ class DeepLTranslator(RemoteTranslator):
         self._maybe_refresh_usage()
         return out
 
-    # -- protected spans and glossaries ------------------------------------------------------
-
-    async def _translate_marked(
-        self, call: _Call, items: list[tuple[Protected, str | None]]
-    ) -> list[str]:
-        """Texts with protected spans, each with its context: as XML with each span in an
-        ignored element, glossary terms rendered by a DeepL glossary where one can be had.
-        A text whose glossary term did not come out as given is sent again with the term
-        in an element; one whose elements did not come back once each is translated piece
-        by piece (its prose runs alone, the spans put back between them)."""
-        out: list[str | None] = [None] * len(items)
-        for j, (protected, _) in enumerate(items):
-            runs = protected.runs()
-            if not any(isinstance(run, str) and needs_words(run) for run in runs):
-                out[j] = rejoin(runs)  # only spans and punctuation: nothing to send
-        # A text XML cannot carry (a control character) goes piece by piece.
-        todo = [j for j, text in enumerate(out) if text is None and xml_safe(items[j][0].text)]
-        if todo:
-            sent = await self._translate_wrapped(call, [items[j] for j in todo])
-            for j, text in zip(todo, sent, strict=True):
-                out[j] = text
-        lost = [j for j, text in enumerate(out) if text is None]
-        if lost:
-            pieces = await self._translate_runs(call, [items[j] for j in lost])
-            for j, text in zip(lost, pieces, strict=True):
-                out[j] = text
-            with self._lock:
-                self._fallbacks += len(lost)
-        return [text if text is not None else "" for text in out]
-
-    async def _translate_wrapped(
-        self, call: _Call, items: list[tuple[Protected, str | None]]
-    ) -> list[str | None]:
-        """The XML passes: with the glossaries where there are some, then, for a text whose
-        term did not come out as given, with its terms substituted; None where a span did
-        not come back."""
-        leases = self._lease_glossaries(call, [p for p, _ in items])
-        try:
-            ids: dict[GlossaryKey, str | None] = {}
-            if leases:
-                assert self._glossaries is not None
-                found = await asyncio.gather(*(self._glossaries.glossary_id(lease)
-                                               for lease in leases.values()))
-                ids = dict(zip(leases, found, strict=True))
-            first = [ids.get(key) if key is not None else None
-                     for key in (self._glossary_key(call, p) for p, _ in items)]
-            out = await self._send_marked(call, items, first)
-            again = [j for j, text in enumerate(out) if text is None and first[j] is not None]
-            if again:  # the glossary did not render a term as given: substitute it
-                retried = await self._send_marked(call, [items[j] for j in again],
-                                                  [None] * len(again))
-                for j, text in zip(again, retried, strict=True):
-                    out[j] = text
-        finally:
-            if self._glossaries is not None:
-                for lease in leases.values():
-                    self._glossaries.release(lease)
-        return out
-
-    async def _send_marked(
-        self, call: _Call, items: list[tuple[Protected, str | None]],
-        glossary_ids: list[str | None],
-    ) -> list[str | None]:
-        """One pass: each text as XML, with its glossary (None: terms substituted); each
-        answer read back, or None where a span or a term did not come back."""
-        groups: dict[tuple[str | None, str | None], list[int]] = {}
-        for j, ((_, context), glossary_id) in enumerate(zip(items, glossary_ids, strict=True)):
-            groups.setdefault((context, glossary_id), []).append(j)
-        tasks = [
-            asyncio.ensure_future(self._translate_group(
-                call,
-                [wrap(items[j][0], glossary_renders_terms=glossary_id is not None)
-                 for j in indexes],
-                context, _Markup(glossary_id)))
-            for (context, glossary_id), indexes in groups.items()
-        ]
-        try:
-            results = await asyncio.gather(*tasks, return_exceptions=True)
-        finally:
-            for task in tasks:
-                task.cancel()
-        out: list[str | None] = [None] * len(items)
-        for ((_, glossary_id), indexes), answers in zip(groups.items(), results, strict=True):
-            if isinstance(answers, BaseException):
-                status = getattr(answers.__cause__, "http_status_code", None)
-                if status not in (400, 404):
-                    raise answers
-                # DeepL refused the request for what it held: a glossary it no longer has
-                # (deleted elsewhere: forget it), or markup it would not parse. The texts go
-                # again, with their terms substituted, else piece by piece.
-                log.warning("deepl: request with%s refused (HTTP %s); its texts go again",
-                            " a glossary" if glossary_id else " tags", status)
-                if glossary_id is not None and self._glossaries is not None:
-                    self._glossaries.forget(glossary_id)
-                continue
-            for j, answer in zip(indexes, answers, strict=True):
-                protected = items[j][0]
-                text = unwrap(answer, protected, glossary_renders_terms=glossary_id is not None)
-                if text is not None and not protected.missing(text):
-                    out[j] = text
-        return out
-
-    async def _translate_runs(
-        self, call: _Call, items: list[tuple[Protected, str | None]]
-    ) -> list[str]:
-        """Texts whose spans DeepL would not keep: their prose runs translated alone (plain
-        text, with the text's context), each span's ``out`` put back between them."""
-        parts = [protected.runs() for protected, _ in items]
-        groups: dict[str | None, list[tuple[int, int]]] = {}  # context -> (item, part)
-        for j, ((_, context), runs) in enumerate(zip(items, parts, strict=True)):
-            for k, run in enumerate(runs):
-                if isinstance(run, str) and needs_words(run):
-                    groups.setdefault(context, []).append((j, k))
-        tasks = [
-            asyncio.ensure_future(self._translate_group(
-                call, [str(parts[j][k]).strip() for j, k in places], context))
-            for context, places in groups.items()
-        ]
-        try:
-            results = await asyncio.gather(*tasks)
-        finally:
-            for task in tasks:
-                task.cancel()
-        for places, translated in zip(groups.values(), results, strict=True):
-            for (j, k), text in zip(places, translated, strict=True):
-                run = str(parts[j][k])
-                lead = run[: len(run) - len(run.lstrip())]
-                tail = run[len(run.rstrip()):]
-                parts[j][k] = f"{lead}{text}{tail}"
-        return [rejoin(runs) for runs in parts]
-
-    def _glossary_key(self, call: _Call, protected: Protected) -> GlossaryKey | None:
-        """Which DeepL glossary would render this text's terms; None: substitute them
-        (no term, no glossary API, or an unknown source: DeepL's glossaries need one)."""
-        if self._glossaries is None or call.source_code is None:
-            return None
-        terms = glossary_terms(protected)
-        if terms is None:
-            return None
-        return (terms.digest, call.source_code, call.target_code.split("-")[0])
-
-    def _lease_glossaries(
-        self, call: _Call, protected: list[Protected]
-    ) -> dict[GlossaryKey, GlossaryLease]:
-        """The glossaries these texts need, each acquired once for the batch."""
-        leases: dict[GlossaryKey, GlossaryLease] = {}
-        if self._glossaries is None:
-            return leases
-        for p in protected:
-            key = self._glossary_key(call, p)
-            if key is not None and key not in leases:
-                assert p.glossary is not None
-                leases[key] = self._glossaries.acquire(key, dict(p.glossary.terms))
-        return leases
-
-    async def _create_glossary(self, key: GlossaryKey, entries: dict[str, str]) -> str | None:
-        """A DeepL glossary of ``entries`` for the key's pair: its id, or None where DeepL
-        will not have it (the pair, the entries); other failures raise."""
-        digest, source_code, target_code = key
-        try:
-            return await self._call(self._create_glossary_blocking, f"thinktrans-{digest}",
-                                    source_code, target_code, entries)
-        except BackendError as exc:
-            status = getattr(exc.__cause__, "http_status_code", None)
-            if status in (400, 404, 413, 415):  # refused for what it is: never ask again
-                log.info("deepl: no glossary for %s->%s (HTTP %s): terms substituted",
-                         source_code, target_code, status)
-                return None
-            log.warning("deepl: glossary for %s->%s not created: %s", source_code,
-                        target_code, exc.detail)
-            raise
-
-    def _create_glossary_blocking(
-        self, name: str, source_code: str, target_code: str, entries: dict[str, str]
-    ) -> str | None:
-        try:
-            info = self._client().create_glossary(name, source_code, target_code, entries)
-        except ValueError as exc:  # the client's own check of the entries
-            log.info("deepl: glossary entries refused by the client (%s): terms substituted",
-                     type(exc).__name__)
-            return None
-        log.debug("deepl created glossary %s (%d entries) for %s->%s",
-                  info.glossary_id, len(entries), source_code, target_code)
-        return str(info.glossary_id)
-
-    async def _delete_glossary(self, glossary_id: str) -> None:
-        await self._call(lambda: self._client().delete_glossary(glossary_id))
-
     def _context(self, context: str | None) -> str | None:
         """What goes as DeepL's ``context`` with a text: its tail, or None for none."""
         if not self.capabilities.context or context is None or not context.strip():
@@ -585,8 +432,8 @@ class DeepLTranslator(RemoteTranslator):
         return context[-MAX_CONTEXT_CHARS:]
 
     async def _translate_group(
-        self, call: _Call, texts: list[str], context: str | None,
-        markup: _Markup | None = None,
+        self, call: Call, texts: list[str], context: str | None,
+        markup: Markup | None = None,
     ) -> list[str]:
         """Texts that share one context (and markup: None, plain text), in as many requests
         as DeepL's limits need, in order."""
@@ -597,39 +444,17 @@ class DeepLTranslator(RemoteTranslator):
             out += await self._call(self._translate_blocking, call, batch, context, markup)
         return out
 
-    def _client(self) -> deepl.DeepLClient:
-        import deepl
-
-        client: deepl.DeepLClient | None = getattr(self._local, "client", None)
-        if client is None:
-            assert self._api_key is not None
-            client = deepl.DeepLClient(self._api_key, server_url=self._server_url,
-                                       send_platform_info=False)
-            client.set_app_info("thinktrans", _app_version())
-            self._local.client = client
-            with self._lock:
-                self._clients.append(client)
-        return client
-
     def _translate_blocking(
-        self, call: _Call, texts: list[str], context: str | None, markup: _Markup | None = None
+        self, call: Call, texts: list[str], context: str | None, markup: Markup | None = None
     ) -> list[str]:
         """One POST /v2/translate, in a worker thread."""
         target_code = call.target_code
-        formality = self._formality
-        if formality in {"less", "more"} and self._server_targets is not None:
-            # Strict formality is an error for targets without it; prefer_* never is.
-            if target_code not in self._formality_targets:
-                formality = None
+        formality = self._targets.formality(target_code, self._formality)
         started = time.monotonic()
         with self._lock:
             self._requests += 1
-        tags: dict[str, Any] = {}
-        if markup is not None:
-            tags = {"tag_handling": "xml", "ignore_tags": [TAG], "non_splitting_tags": [TAG]}
-            if markup.glossary_id is not None:
-                tags["glossary"] = markup.glossary_id
-        results = self._client().translate_text(
+        tags = markup.options() if markup is not None else {}
+        results = self._workers.client().translate_text(
             texts,
             source_lang=call.source_code,
             target_lang=target_code,
@@ -656,9 +481,8 @@ class DeepLTranslator(RemoteTranslator):
 
     async def _call(self, fn: Callable[..., T], *args: Any) -> T:
         """Run blocking client work in the backend's threads; map every failure."""
-        loop = asyncio.get_running_loop()
         try:
-            return await loop.run_in_executor(self._executor, fn, *args)
+            return await self._workers.run(fn, *args)
         except BackendError:
             raise
         except Exception as exc:
@@ -681,19 +505,17 @@ class DeepLTranslator(RemoteTranslator):
     async def _check(self) -> None:
         """Check the key and quota (GET /v2/usage); fetch the target list once."""
         await self._refresh_usage()
-        if self._server_targets is None:
-            targets = await self._call(self._fetch_targets)
-            self._formality_targets = {code for code, formal in targets if formal}
-            self._server_targets = {code for code, _ in targets}
+        if self._targets.server is None:
+            self._targets.learn(await self._call(self._fetch_targets))
 
     def _fetch_targets(self) -> list[tuple[str, bool]]:
         return [
             (lang.code.upper(), bool(lang.supports_formality))
-            for lang in self._client().get_target_languages()
+            for lang in self._workers.client().get_target_languages()
         ]
 
     async def _refresh_usage(self) -> None:
-        usage = await self._call(lambda: self._client().get_usage())
+        usage = await self._call(lambda: self._workers.client().get_usage())
         self._usage_checked_at = time.monotonic()
         chars = usage.character
         self._usage = {"character_count": chars.count, "character_limit": chars.limit}
@@ -717,7 +539,6 @@ class DeepLTranslator(RemoteTranslator):
         """Billed characters since start, the account's usage, and where requests go."""
         with self._lock:
             billed, requests_sent = self._billed_characters, self._requests
-            fallbacks = self._fallbacks
         return {
             "billed_characters": billed,
             "requests": requests_sent,
@@ -726,12 +547,7 @@ class DeepLTranslator(RemoteTranslator):
             "model_type": self._model_type,
             "formality": self._formality,
             "context": self.capabilities.context,
-            "glossaries": None if self._glossaries is None else {
-                "kept": len(self._glossaries),
-                "created": self._glossaries.created,
-                "deleted": self._glossaries.deleted,
-            },
-            "span_fallbacks": fallbacks,
+            **self._marked.facts(),
         }
 
 

@@ -11,8 +11,8 @@ element holding the target term.
 ``Glossaries`` is the bookkeeping of the DeepL glossaries a backend created: one per
 (terms, source, target), created once and shared by the batches that need it, at most
 ``capacity`` of them, the least recently used deleted first (once no batch uses it), and
-every one deleted at close. It does no I/O itself: the backend hands it ``create`` and
-``delete``.
+every one deleted at close. It does no I/O itself: the backend's ``MarkedRequests``
+(``models.deepl_marked``) hands it ``create`` and ``delete``.
 """
 
 from __future__ import annotations
