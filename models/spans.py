@@ -67,8 +67,10 @@ _UNITS = (
     "TiB|PB|Kb|Mb|Gb|bps|Kbps|Mbps|Gbps|px|pt|em|rem|dpi|fps|rpm|mm|cm|m|km|mg|g|kg|ml|mL|"
     "V|mV|kV|mA|W|kW|MW|kWh|Wh|kJ|K|°C|°F|qps|rps|req/s|tok/s|ms/token|k|M|G|T"
 )
-# A currency sign before or after a number makes it a price.
+# A currency sign before or after a number makes it a price. A dollar before an amount
+# ("$5. Then", "$6,768 saved", "$160-$240") opens no math.
 _CURRENCY = "$€£¥₹"
+_NOT_PRICE = r"(?![\d.,]*\d(?:[\s)\-–]|[.,;:!?](?:\s|$)|$))"
 
 # A path segment; an operand of an expression; a quoted literal.
 _SEG = r"[\w.@+*~-]"
@@ -155,7 +157,7 @@ _PARTS: dict[str, tuple[tuple[_Cue, str], ...]] = {
     # (not the "\Users" of a Windows path: the path starts earlier and wins).
     "math": (
         (_cue("$$"), r"\$\$[^$]+?\$\$"),
-        (_cue("$"), r"(?<![\w$\\])\$(?=\S)[^$\n]{1,400}?(?<=\S)\$(?![\w$])"),
+        (_cue("$"), r"(?<![\w$\\])\$(?=\S)" + _NOT_PRICE + r"[^$\n]{1,400}?(?<=\S)\$(?![\w$])"),
         (_cue("\\("), r"\\\((?s:.{1,400}?)\\\)"),
         (_cue("\\["), r"\\\[(?s:.{1,400}?)\\\]"),
         (_cue("\\"), r"(?<![\w\\])\\[A-Za-z]+\*?(?:\[[^\[\]\n]{0,80}\])?"
