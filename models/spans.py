@@ -532,9 +532,10 @@ def _plausible(kind: str, span: str) -> bool:
             return any(ch.isalpha() for ch in span)
         if "/" not in span:
             return "." in span
-        # Relative: "src/app.py", "t.me/x", "a/b/c", "data/*.ps"; not "and/or",
-        # "Linux/Unix", "km/h", "24/7".
-        return span.count("/") >= 2 or "." in span or "*" in span
+        # Relative: "src/app.py", "t.me/x", "a/b/c", "data/*.ps", a directory "src/"; not
+        # "and/or", "Linux/Unix", "km/h", "24/7", "w/".
+        return (span.count("/") >= 2 or "." in span or "*" in span
+                or (span.endswith("/") and len(span) > 2 and span[0].isalpha()))
     if kind == "flag":
         return len(span) > 2 or span[1:].isalpha()
     if kind == "number":

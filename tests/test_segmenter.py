@@ -341,7 +341,8 @@ def test_sentence_ends_inside_code_and_math_are_not_boundaries() -> None:
     assert texts_of("The value $a. B$ is odd. Next.") == ["The value $a. B$ is odd. ", "Next."]
     assert texts_of("He wrote $$a. B$$ there. Next.") == ["He wrote $$a. B$$ there. ", "Next."]
     assert texts_of("Two ``a ` b. C`` here. Next.") == ["Two ``a ` b. C`` here. ", "Next."]
-    assert texts_of("运行 `python a.py。然后` 再看。好的。") == ["运行 `python a.py。然后` 再看。", "好的。"]
+    assert texts_of("运行 `python a.py。然后` 再看。好的。") == [
+        "运行 `python a.py。然后` 再看。", "好的。"]
 
 
 def test_what_is_not_a_span_still_ends_sentences() -> None:
@@ -350,9 +351,8 @@ def test_what_is_not_a_span_still_ends_sentences() -> None:
         "A stray ` backtick. ", "Then more. ", "Done."]
     assert texts_of("It costs $5. Then $10 more. US$5. Fine.") == [
         "It costs $5. ", "Then $10 more. ", "US$5. ", "Fine."]
-    assert texts_of("See https://example.com/a. Then go. Edit src/app.py. Upgrade to v1.2. Ok.") == [
-        "See https://example.com/a. ", "Then go. ", "Edit src/app.py. ", "Upgrade to v1.2. ",
-        "Ok."]
+    assert texts_of("See https://x.org/a. Then go. Edit src/app.py. Upgrade to v1.2. Ok.") == [
+        "See https://x.org/a. ", "Then go. ", "Edit src/app.py. ", "Upgrade to v1.2. ", "Ok."]
     assert texts_of("Use e.g. `x` here. Sur windows, p. ex. `cd src` — étrange. Suite.") == [
         "Use e.g. `x` here. ", "Sur windows, p. ex. `cd src` — étrange. ", "Suite."]
 
