@@ -415,19 +415,18 @@ class SpanFinder:
         if unknown:
             raise ValueError(f"unknown span kinds {unknown}; choose from {list(KINDS)}")
         self.kinds = chosen
-        self._compiled: list[tuple[str, re.Pattern[str]]] = []
+        # An operator's patterns first (kind "pattern"), searched in every text.
+        self._plan: list[_Kind] = []
         for i, pattern in enumerate(patterns):
             try:
-                self._compiled.append(("pattern", re.compile(pattern)))
+                compiled = re.compile(pattern)
             except re.error as exc:
                 raise ValueError(f"extra span pattern {i} ({pattern!r}) is not a valid "
                                  f"regular expression: {exc}") from exc
+            self._plan.append(_Kind("pattern", i, None, ((None, compiled),)))
         # ASCII word boundaries: Chinese and Japanese write "检查config.yaml" without a
         # space, and a Han character is a word character to Unicode regular expressions.
         # Compiled once; a kind is searched only where a text has its cue.
-        self._plan: list[_Kind] = [
-            _Kind("pattern", rank, None, ((None, re.compile(pattern)),))
-            for rank, pattern in enumerate(patterns)]
         for rank, kind in enumerate(chosen, start=len(self._plan)):
             cues = [cue for cue, _ in _PARTS[kind]]
             either = (None if any(not (c.marks or c.literals) for c in cues) else _Cue(
