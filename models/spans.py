@@ -26,6 +26,7 @@ import re
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 __all__ = [
     "KINDS",
@@ -39,6 +40,8 @@ __all__ = [
 
 # Characters that end a sentence rather than a URL, a path or a name written before them.
 _TAIL = ".,;:!?'\")]}>*_`。，、；：！？）」』】》"
+# What an identifier, a path or an expression may end in that would be trimmed from a URL.
+_KEEP_END = "_*`"
 
 # File extensions a bare file name ("config.yaml") may end in: without a slash, a dotted
 # word is a file only with one of these (so "e.g.", "U.S." and "3.5" are not).
@@ -49,78 +52,211 @@ _EXTENSIONS = (
     "sh bash zsh fish ps1 bat cmd mk cmake gradle proto graphql tf hcl nix log out pdf png "
     "jpg jpeg gif svg webp ico mp3 mp4 wav zip tar gz tgz bz2 xz zst 7z whl so dll dylib a "
     "o exe bin wasm pt pth ckpt safetensors onnx gguf npy npz pkl parquet arrow h5 model "
-    "spm vocab"
+    "spm vocab bak tmp diff patch"
 ).split()
+_EXT = "(?:" + "|".join(sorted(_EXTENSIONS, key=len, reverse=True)) + ")"
 
-# Units a number may carry ("10 ms", "5GB", "3.5 kg", "100%").
+# Top-level domains a bare host name ("scriptdu.de", "glitch.com") may end in.
+_TLDS = "com|org|net|io|dev|de|fr|es|ru|jp|cn|kr|uk|eu|ch|me|ai|app|co|edu|gov|info|tv|xyz"
+
+# Units a number may carry ("10 ms", "5GB", "3.5 kg", "20K"). Not "%", "x", "bits" or
+# words ("tokens", "files"): those a translation writes its own way ("80 %", "3 倍",
+# "64-bit"), as it does prices, dates and counts, which are prose.
 _UNITS = (
-    "ns|µs|us|ms|s|sec|secs|min|mins|h|hr|hrs|Hz|kHz|MHz|GHz|B|KB|KiB|MB|MiB|GB|GiB|TB|TiB|"
-    "PB|kb|Kb|Mb|Gb|bit|bits|bps|Kbps|Mbps|Gbps|px|pt|em|rem|dpi|fps|rpm|mm|cm|m|km|mg|g|kg|"
-    "ml|mL|l|L|V|mV|kV|A|mA|W|kW|MW|kWh|Wh|J|kJ|K|°C|°F|°|x|X|%|‰|tok|tokens|ops|qps|rps|"
-    "req/s|tok/s|ms/token|k|M|G|B|T"
+    "ns|µs|us|ms|s|sec|secs|min|mins|h|hr|hrs|Hz|kHz|MHz|GHz|B|KB|kB|KiB|MB|MiB|GB|GiB|TB|"
+    "TiB|PB|Kb|Mb|Gb|bps|Kbps|Mbps|Gbps|px|pt|em|rem|dpi|fps|rpm|mm|cm|m|km|mg|g|kg|ml|mL|"
+    "V|mV|kV|mA|W|kW|MW|kWh|Wh|kJ|K|°C|°F|qps|rps|req/s|tok/s|ms/token|k|M|G|T"
 )
+# A currency sign before or after a number makes it a price. A dollar before an amount
+# ("$5. Then", "$6,768 saved", "$160-$240") opens no math.
+_CURRENCY = "$€£¥₹"
+_NOT_PRICE = r"(?![\d.,]*\d(?:[\s)\-–]|[.,;:!?](?:\s|$)|$))"
+
+# A path segment; an operand of an expression; a quoted literal.
+_SEG = r"[\w.@+*~-]"
+_OPERAND = (
+    r"(?:[\w.]+(?:\[[^\[\]\n]{1,20}\]|\([^()\n]{0,20}\))*"
+    r"|\"[^\"\n]{0,40}\"|'[^'\n]{0,40}')"
+)
+_ITEM = r"[ \t]*(?:[\w.+-]+|'[^'\n]{0,30}'|\"[^\"\n]{0,30}\")[ \t]*"
+# The ideographs, kana, hangul and full-width punctuation a CJK sentence goes on with after
+# a URL or an error message ("见https://x.org/a的说明", "是RuntimeError: x，而…"): where
+# they stop.
+_CJK_RANGES = r"\u3000-\u303f\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af\uff00-\uffef"
+_CJK = "[" + _CJK_RANGES + "]"
+_URL_CHAR = r"[^\s<>\"'`" + _CJK_RANGES + "]"
+_MESSAGE_CHAR = r"[^\n" + _CJK_RANGES + "]"
+
+# What a text has, found once per text: some characters, and a few features named like
+# the text they stand for ("0" a digit, "w.w" a dot between word characters, ".a" a dot
+# before a letter, "0.0" a dot between digits).
+_GATE = "`$\\@/:-=<>&|([^_\"'v."
+_DIGIT = re.compile(r"\d")
+_DOT_FEATURES = tuple((name, re.compile(pattern, re.ASCII)) for name, pattern in (
+    ("w.w", r"\w\.\w"), (".a", r"\.[A-Za-z_]"), ("0.0", r"\d\.\d")))
+
+
+class _Cue(NamedTuple):
+    """What a text needs for a pattern to match at all: one of ``marks`` (a character or a
+    feature of ``_GATE`` and ``_DOT_FEATURES``) or of ``literals``, if any are named, and
+    then a match of ``pattern``, if any."""
+
+    marks: frozenset[str]
+    literals: tuple[str, ...]
+    pattern: re.Pattern[str] | None
+
+
+def _cue(*needs: str, pattern: str | None = None) -> _Cue:
+    marks = frozenset(n for n in needs
+                      if (len(n) == 1 and n in _GATE) or n in ("0", "w.w", ".a", "0.0"))
+    return _Cue(marks, tuple(n for n in needs if n not in marks),
+                None if pattern is None else re.compile(pattern, re.ASCII))
+
+
+class _Kind(NamedTuple):
+    """A kind as a finder searches it: its rank, the cue of any of its parts (None: always
+    searched), and its parts, each with its own cue."""
+
+    kind: str
+    rank: int
+    cue: _Cue | None
+    parts: tuple[tuple[_Cue | None, re.Pattern[str]], ...]
+
+
+def _cued(cue: _Cue, have: set[str], text: str) -> bool:
+    """Whether a text with ``have`` (``_marks``) has what ``cue`` needs."""
+    if cue.marks or cue.literals:
+        if cue.marks.isdisjoint(have):
+            for literal in cue.literals:
+                if literal in text:
+                    break
+            else:
+                return False
+    return cue.pattern is None or cue.pattern.search(text) is not None
+
+
+def _marks(text: str) -> set[str]:
+    """The characters of ``_GATE`` and the features ``text`` has."""
+    have = {ch for ch in _GATE if ch in text}
+    if _DIGIT.search(text):
+        have.add("0")
+    if "." in have:
+        have.update(name for name, pattern in _DOT_FEATURES if pattern.search(text))
+    return have
+
 
 # The table of kinds, in priority order: where two spans overlap, the one that starts
-# first wins, then the longer, then the earlier kind here.
-KINDS: dict[str, str] = {
+# first wins, then the longer, then the earlier kind here. Each kind is a few patterns,
+# each with its cue (what a text must have for the pattern to match at all), looked for
+# first: most prose segments have no backtick, no dollar, no dot inside a word, and are
+# searched by few patterns.
+_PARTS: dict[str, tuple[tuple[_Cue, str], ...]] = {
     # ``code``, ```x```, `foo()`: every inline code span, backticks included.
-    "code": r"(?<!`)(`+)(?!`)[^\n]+?(?<!`)\1(?!`)",
-    # $x^2 + 1$, $$...$$, \( ... \), \[ ... \], and LaTeX commands with their arguments.
+    "code": ((_cue("`"), r"(?<!`)(`+)(?!`)[^\n]+?(?<!`)\1(?!`)"),),
+    # $x^2 + 1$, $$...$$, \( ... \), \[ ... \], and LaTeX commands with their arguments
+    # (not the "\Users" of a Windows path: the path starts earlier and wins).
     "math": (
-        r"\$\$[^$]+?\$\$"
-        r"|(?<![\w$\\])\$(?=\S)[^$\n]{1,400}?(?<=\S)\$(?![\w$])"
-        r"|\\\((?s:.{1,400}?)\\\)|\\\[(?s:.{1,400}?)\\\]"
-        r"|\\[A-Za-z]+\*?(?:\[[^\[\]\n]{0,80}\])?(?:\{(?:[^{}\n]|\{[^{}\n]*\})*\})*"
+        (_cue("$$"), r"\$\$[^$]+?\$\$"),
+        (_cue("$"), r"(?<![\w$\\])\$(?=\S)" + _NOT_PRICE + r"[^$\n]{1,400}?(?<=\S)\$(?![\w$])"),
+        (_cue("\\("), r"\\\((?s:.{1,400}?)\\\)"),
+        (_cue("\\["), r"\\\[(?s:.{1,400}?)\\\]"),
+        (_cue("\\"), r"(?<![\w\\])\\[A-Za-z]+\*?(?:\[[^\[\]\n]{0,80}\])?"
+                     r"(?:\{(?:[^{}\n]|\{[^{}\n]*\})*\})*"),
     ),
-    "url": r"\b(?:https?|ftp|file|ssh|git|wss?)://[^\s<>\"'`]+|\bwww\.[^\s<>\"'`]+",
-    "email": r"(?<![\w.+-])[A-Za-z0-9._%+-]+@[A-Za-z0-9-]+(?:\.[A-Za-z0-9-]+)*\.[A-Za-z]{2,}",
-    # A quoted error message: "ModuleNotFoundError: No module named 'x'", 'fatal: ...'.
+    # A URL with its scheme, www.x, or a bare host name with a known top-level domain.
+    "url": (
+        (_cue("://"), r"\b(?:https?|ftp|file|ssh|git|wss?)://" + _URL_CHAR + "+"),
+        (_cue("www."), r"\bwww\." + _URL_CHAR + "+"),
+        (_cue("w.w", pattern=r"\.(?:" + _TLDS + r")\b"),
+         r"(?<![\w.@/-])(?:[A-Za-z0-9][A-Za-z0-9-]*\.)+(?:" + _TLDS + r")(?![\w-])"),
+    ),
+    "email": (
+        (_cue("@"),
+         r"(?<![\w.+-])[A-Za-z0-9._%+-]+@[A-Za-z0-9-]+(?:\.[A-Za-z0-9-]+)*\.[A-Za-z]{2,}"),
+    ),
+    # A quoted error message ("ModuleNotFoundError: No module named 'x'", 'fatal: ...'), or
+    # an unquoted one, from its exception's name to the end of its sentence.
     "error": (
-        r"\"[^\"\n]{0,200}\b(?:\w*(?:Error|Exception|Warning)|[Ee]rror:|[Ff]atal:|"
-        r"[Ww]arning:|Traceback)[^\"\n]{0,200}\"|"
-        r"(?<!\w)'[^'\n]{0,200}\b(?:\w*(?:Error|Exception)|[Ee]rror:|[Ff]atal:|"
-        r"Traceback)[^'\n]{0,200}'(?!\w)"
+        (_cue("\"", "'", pattern="Error|Exception|Warning|rror:|atal:|Traceback"),
+         r"\"[^\"\n]{0,200}\b(?:\w*(?:Error|Exception|Warning)|[Ee]rror:|[Ff]atal:|"
+         r"[Ww]arning:|Traceback)[^\"\n]{0,200}\""
+         r"|(?<!\w)'[^'\n]{0,200}\b(?:\w*(?:Error|Exception)|[Ee]rror:|[Ff]atal:|"
+         r"Traceback)[^'\n]{0,200}'(?!\w)"),
+        (_cue("Error:", "Exception:", "Warning:"),
+         r"\b(?:[A-Z][A-Za-z]*)?(?:Error|Exception|Warning):[ \t]" + _MESSAGE_CHAR
+         + r"{1,300}?(?=[.!?](?:\s|$)|" + _CJK + r"|\n|$)"),
     ),
-    # A path: with a slash (src/app.py, ./run.sh, ~/.config, /etc/hosts, C:\x\y), or a
-    # bare file name with a known extension (config.yaml, Dockerfile is a word).
+    # A path: with a slash (src/app.py, ./run.sh, ~/.config, /etc/hosts, %APPDATA%/x,
+    # data/*.ps), C:\x\y, a file name with a known extension (config.yaml, main.c:120),
+    # or a bare extension (".sh"). Dockerfile is a word.
     "path": (
-        r"(?<![\w/.~-])(?:~|\.{1,2})?/?(?:[\w.@+-]+/)+[\w.@+-]*(?:\.\w+)?"
-        r"|(?<!\w)[A-Za-z]:\\(?:[\w .-]+\\)*[\w.-]+"
-        r"|(?<![\w/.-])\.?[\w-]*\w\.(?:" + "|".join(_EXTENSIONS) + r")(?![\w-])"
+        (_cue("/"), r"(?<![\w/.~%-])(?:~|\.{1,2}|%[A-Za-z_]\w*%?)?/?" + _SEG + r"+"
+                    r"(?:/" + _SEG + r"*)+(?::\d+){0,2}"),
+        (_cue("/"), r"(?<![\w/.~%-])/" + _SEG + r"*[A-Za-z]" + _SEG + "*"),
+        (_cue(":\\"), r"(?<!\w)[A-Za-z]:\\(?:[\w .()~-]+\\)*[\w.~-]+"),
+        (_cue("w.w"), r"(?<![\w/.-])\.?[\w-]*\w\." + _EXT + r"(?::\d+){0,2}(?![\w-])"),
+        (_cue(".a"), r"(?<![\w/.\\-])\." + _EXT + r"(?![\w-])"),
     ),
-    # --dry-run, -v, --max-tokens=128 (a lone dash or a dash inside a word is not a flag).
-    "flag": r"(?<![\w-])--?[A-Za-z][\w-]*(?:=[^\s,;)]+)?",
-    # v1.2.3, 2.13.0, 3.11.7rc1, v2 (a plain decimal "3.5" is a number).
-    "version": r"(?<![\w.])v\d+(?:\.\d+)*(?:[-.]?(?:a|b|rc|dev|post)\d*)?(?![\w])"
-               r"|(?<![\w.])\d+\.\d+\.\d+(?:[-.]?(?:a|b|rc|dev|post)\d*)?(?![\w])",
-    # O(n log n), a[i] == b[j], x^2, i += 1, f(x) -> y: expressions of code or math.
+    # --dry-run, -v, --max-tokens=128 (a lone dash, a dash inside a word, "c'est-à-dire",
+    # or after code, "`map()`-Methode", is not a flag).
+    "flag": (
+        (_cue("-"), r"(?<![\w\-`)\]\"'\u00c0-\u024f\u0370-\u04ff])--?[A-Za-z][\w-]*"
+                    r"(?:=[^\s,;)]+)?"),
+    ),
+    # v1.2.3, 2.13.0, 3.11.7rc1, v2, voicevox-cpu-0.12.0 (a plain decimal "3.5" is a
+    # number).
+    "version": (
+        (_cue("v", pattern=r"v\d"),
+         r"(?<![\w.])v\d+(?:\.\d+)*(?:[-.]?(?:a|b|rc|dev|post)\d*)?(?![\w])"),
+        (_cue("0.0"),
+         r"(?<![\w.])\d+\.\d+\.\d+(?:\.\d+)*(?:[-.]?(?:a|b|rc|dev|post)\d*)?(?![\w])"),
+        (_cue("0.0", pattern=r"-v?\d"),
+         r"(?<![\w.-])[A-Za-z]\w*(?:-[A-Za-z]\w*)*-v?\d+(?:\.\d+)+"
+         r"(?:[-.]?(?:a|b|rc|dev|post)\d*)?(?![\w-])"),
+    ),
+    # O(n log n), a[i] == b[j], x = 3, CUDA_VISIBLE_DEVICES=1, [1, 2, 3], x^2.
     "expr": (
-        r"(?<!\w)[OΘΩo]\([^()\n]{1,40}\)"
-        r"|[\w.]+(?:\[[^\[\]\n]{1,20}\]|\([^()\n]{0,20}\))*\s*"
-        r"(?:==|!=|<=|>=|:=|\+=|-=|\*=|/=|->|=>|&&|\|\||<<|>>)\s*"
-        r"[\w.'\"]+(?:\[[^\[\]\n]{1,20}\]|\([^()\n]{0,20}\))*"
-        r"|\b\w+(?:\[[^\[\]\n]{1,20}\])+"
-        r"|\b\w+\^\{?\w+\}?(?:\s*[+\-*/]\s*\w+)*"
+        (_cue("(", pattern=r"[OΘΩo]\("),
+         r"(?<!\w)[OΘΩo]\((?:[^()\n]|\([^()\n]{0,20}\)){1,40}\)"),
+        (_cue("=", "<", ">", "&", "|"),
+         r"(?<![\w.'\"])" + _OPERAND + r"[ \t]*(?:==|!=|<=|>=|:=|\+=|-=|\*=|/=|->|=>|&&|"
+         r"\|\||<<|>>|=)[ \t]*" + _OPERAND + r"(?:[ \t]*[-+*/%][ \t]*" + _OPERAND + ")*"),
+        (_cue("[", pattern=r"\[[^\]]*,"), r"\[(?:" + _ITEM + r",)+" + _ITEM + r"\]"),
+        (_cue("["), r"\b\w+(?:\[[^\[\]\n]{1,20}\])+"),
+        (_cue("^"), r"\b\w+\^\{?\w+\}?(?:\s*[+\-*/]\s*\w+)*"),
     ),
-    # snake_case, camelCase, PascalCase with an inner capital, dotted.names, calls().
+    # snake_case, _private (not "_emphasis_"), camelCase, PascalCase with an inner capital,
+    # dotted.names (node.js, javascript.0), calls(), and a chain of method calls
+    # (.quantize(4).cuda()).
     "identifier": (
-        r"(?<![\w.])(?:[A-Za-z_]\w*\.)+[A-Za-z_]\w*(?:\([^()\n]{0,40}\))?(?![\w])"
-        r"|\b[A-Za-z_]\w*\([^()\n]{0,40}\)"
-        r"|\b_*[A-Za-z][A-Za-z0-9]*(?:_+[A-Za-z0-9]+)+_*\b|\b__\w+__\b"
-        r"|\b[a-z]+[A-Z][A-Za-z0-9]*\b|\b[A-Z][a-z0-9]+[A-Z][A-Za-z0-9]*\b"
+        (_cue("w.w"), r"(?<![\w.])(?:[A-Za-z_]\w*\.)+\w+(?:\([^()\n]{0,40}\))?(?![\w])"),
+        (_cue(".a", pattern=r"\.[A-Za-z_]\w*\("),
+         r"(?<![\w.])(?:\.[A-Za-z_]\w*\([^()\n]{0,40}\))+"),
+        (_cue("("), r"\b[A-Za-z_]\w*\([^()\n]{0,40}\)"),
+        (_cue("_"), r"\b_*[A-Za-z][A-Za-z0-9]*(?:_+[A-Za-z0-9]+)+_*(?!\w)|\b__\w+__(?!\w)"
+                    r"|(?<!\w)_[A-Za-z][A-Za-z0-9]*(?!\w)"),
+        (_cue(), r"\b[a-z]+[A-Z][A-Za-z0-9]*\b|\b[A-Z][a-z0-9]+[A-Z][A-Za-z0-9]*\b"),
     ),
-    # A number of two or more digits, a decimal, or any number with a unit.
+    # A number with a unit (10 ms, 5.33GB, 20K), or a decimal with a point (3.14, 0.2, and
+    # versions such as 3.10). Not an integer alone (a count, a year), a price, "5.7x".
     "number": (
-        r"(?<![\w.,])\d+(?:[.,]\d+)*\s?(?:" + _UNITS + r")(?![\w])"
-        r"|(?<![\w.,])(?:\d{2,}|\d+[.,]\d+)(?:[.,]\d+)*(?![\w])"
+        (_cue("0"), r"(?<![\w.,])\d+(?:\.\d+)?[ \t]?(?:" + _UNITS + r")(?![\w/])"),
+        (_cue("0.0"), r"(?<![\w.," + _CURRENCY + r"])\d+\.\d+"
+                      r"(?![\w]|\.\d|,\d|-\d|[ \t]?[x×%‰" + _CURRENCY + r"])"),
     ),
 }
+# Each kind as one pattern: its parts, in order (what the docs list; the finder searches
+# the parts one by one).
+KINDS: dict[str, str] = {kind: "|".join(f"(?:{part})" for _, part in parts)
+                         for kind, parts in _PARTS.items()}
 
-# The identifier pattern matches an English "Hello.World" typo and dotted prose such as
-# "e.g" no more than "path" does: dotted identifiers need a lowercase part or a call.
+
+# Dotted prose ("e.g", "U.S", "z.B", "d.h") is neither a dotted identifier nor a file.
 _DOTTED_PROSE = re.compile(r"(?:[A-Za-z]\.)+[A-Za-z]?")
-# Words a bare call pattern would wrongly take ("see (below)") never reach here: a call
-# needs no space before its parenthesis.
+# "the 1990s" is a decade, not 1990 seconds.
+_DECADE = re.compile(r"\d{3}0s")
+# Words a call pattern takes that are prose: "file(s)", "the function(s)".
+_PLURAL = re.compile(r"[A-Za-z]+\((?:s|es)\)")
 
 
 @dataclass(frozen=True, slots=True)
@@ -279,16 +415,25 @@ class SpanFinder:
         if unknown:
             raise ValueError(f"unknown span kinds {unknown}; choose from {list(KINDS)}")
         self.kinds = chosen
-        self._compiled: list[tuple[str, re.Pattern[str]]] = []
+        # An operator's patterns first (kind "pattern"), searched in every text.
+        self._plan: list[_Kind] = []
         for i, pattern in enumerate(patterns):
             try:
-                self._compiled.append(("pattern", re.compile(pattern)))
+                compiled = re.compile(pattern)
             except re.error as exc:
                 raise ValueError(f"extra span pattern {i} ({pattern!r}) is not a valid "
                                  f"regular expression: {exc}") from exc
+            self._plan.append(_Kind("pattern", i, None, ((None, compiled),)))
         # ASCII word boundaries: Chinese and Japanese write "检查config.yaml" without a
         # space, and a Han character is a word character to Unicode regular expressions.
-        self._compiled += [(kind, re.compile(KINDS[kind], re.ASCII)) for kind in chosen]
+        # Compiled once; a kind is searched only where a text has its cue.
+        for rank, kind in enumerate(chosen, start=len(self._plan)):
+            cues = [cue for cue, _ in _PARTS[kind]]
+            either = (None if any(not (c.marks or c.literals) for c in cues) else _Cue(
+                frozenset().union(*(c.marks for c in cues)),
+                tuple(lit for c in cues for lit in c.literals), None))
+            self._plan.append(_Kind(kind, rank, either, tuple(
+                (cue, re.compile(part, re.ASCII)) for cue, part in _PARTS[kind])))
         self._terms: dict[Glossary, list[tuple[str, re.Pattern[str], str | None]]] = {}
 
     def find(self, text: str, glossary: Glossary | None = None) -> Protected | None:
@@ -301,12 +446,18 @@ class SpanFinder:
                     found.append((match.start(), -match.end(), rank, "keep" if kind is None
                                   else "term", match.group() if kind is None else kind))
             rank += 1
-        for kind, pattern in self._compiled:
-            for match in pattern.finditer(text):
-                start, end = match.start(), _trim(text, match.start(), match.end(), kind)
-                if end > start and _plausible(kind, text[start:end]):
-                    found.append((start, -end, rank, kind, text[start:end]))
-            rank += 1
+        have = _marks(text)
+        for group in self._plan:
+            if group.cue is not None and not _cued(group.cue, have, text):
+                continue
+            kind = group.kind
+            for cue, pattern in group.parts:
+                if cue is not None and not _cued(cue, have, text):
+                    continue
+                for match in pattern.finditer(text):
+                    start, end = match.start(), _trim(text, match.start(), match.end(), kind)
+                    if end > start and _plausible(kind, text[start:end]):
+                        found.append((start, -end, rank + group.rank, kind, text[start:end]))
         if not found:
             return None
         found.sort()
@@ -348,15 +499,22 @@ def _ascii_word(ch: str) -> bool:
     return ch.isascii() and (ch.isalnum() or ch == "_")
 
 
+_PAIRS = {")": "(", "]": "[", "}": "{"}
+
+
 def _trim(text: str, start: int, end: int, kind: str) -> int:
-    """Where a span really ends: a URL or a path before the punctuation that ends the
-    sentence, keeping a closing bracket that has its opening one inside."""
-    if kind not in ("url", "path", "email", "identifier", "number", "version", "flag"):
+    """Where a span really ends: before the punctuation that ends the sentence ("see
+    src/app.py."), keeping a closing bracket or quote that has its opening one inside
+    ("f(x)", 'mode="HTML"'), and an identifier's own "_" ("__init__")."""
+    if kind in ("code", "math", "error", "pattern"):
         return end
-    while end > start and text[end - 1] in _TAIL:
+    keep = _KEEP_END if kind != "url" else ""
+    while end > start and text[end - 1] in _TAIL and text[end - 1] not in keep:
         ch = text[end - 1]
-        pair = {")": "(", "]": "[", "}": "{"}.get(ch)
+        pair = _PAIRS.get(ch)
         if pair is not None and text.count(pair, start, end) >= text.count(ch, start, end):
+            break
+        if ch in "\"'" and kind == "expr" and text.count(ch, start, end) % 2 == 0:
             break
         end -= 1
     return end
@@ -365,9 +523,20 @@ def _trim(text: str, start: int, end: int, kind: str) -> int:
 def _plausible(kind: str, span: str) -> bool:
     """Drop matches that are prose after all."""
     if kind == "identifier":
-        return not _DOTTED_PROSE.fullmatch(span)
+        return not _DOTTED_PROSE.fullmatch(span) and not _PLURAL.fullmatch(span)
     if kind == "path":
-        return "/" in span or "\\" in span or "." in span
+        if _DOTTED_PROSE.fullmatch(span):
+            return False
+        if span[0] in "/~.%" or span[1:3] == ":\\":
+            return any(ch.isalpha() for ch in span)
+        if "/" not in span:
+            return "." in span
+        # Relative: "src/app.py", "t.me/x", "a/b/c", "data/*.ps", a directory "src/"; not
+        # "and/or", "Linux/Unix", "km/h", "24/7", "w/".
+        return (span.count("/") >= 2 or "." in span or "*" in span
+                or (span.endswith("/") and len(span) > 2 and span[0].isalpha()))
     if kind == "flag":
         return len(span) > 2 or span[1:].isalpha()
+    if kind == "number":
+        return not _DECADE.fullmatch(span)
     return True

@@ -14,7 +14,11 @@ A code fence is held until its closing line comes. One without its closing line 
 becomes a segment of its own (kind ``code``) and the text after it is cut into sentences
 again, so that one stray fence cannot make the rest of a stream code.
 Not boundaries: decimals, versions and file names (no whitespace after the dot),
-abbreviations (``e.g.``, ``Mr.``), a dot before a lowercase word, ``1.`` list markers.
+abbreviations (``e.g.``, ``Mr.``, ``p. ex.``), a dot before a lowercase word, ``1.`` list
+markers, and a sentence end inside inline code or math (```x = 1. Then```, ``$a. B$``,
+``$$...$$``): a protected span never splits a sentence. Whether a backtick or a dollar
+opens a span depends on whether it closes later on its line, so a sentence end after an
+unclosed one waits for the line's end (or the size bound, or a flush) before it is taken.
 """
 
 from __future__ import annotations
@@ -29,9 +33,10 @@ Kind = Literal["text", "code", "blank"]
 _CLOSERS = "\"'”’)\\]」』）》"
 _BOUNDARY = re.compile(
     r"(?:\.\.\.|[.!?…])+[" + _CLOSERS + r"]*\s+(?=\S)"  # Latin-style end: whitespace needed
-    # CJK end: whitespace optional, so the closers are taken whole before it is one (a
-    # delta that ends in "。" before its "」" must not cut between them).
-    r"|[。！？]+[" + _CLOSERS + r"]*\s*(?=[^\s" + _CLOSERS + r"])"
+    # CJK end: whitespace optional, so the closers and the terminators are taken whole
+    # before it is one (a delta that ends in "。" before its "」" or its second "。" must
+    # not cut between them).
+    r"|[。！？]+[" + _CLOSERS + r"]*\s*(?=[^\s。！？" + _CLOSERS + r"])"
     r"|\n\s*(?=\S)"  # a newline before more text
 )
 _FENCE_OPEN = re.compile(r"[ ]{0,3}(`{3,}|~{3,})")
@@ -41,8 +46,12 @@ _CLOSER = re.compile(r"^[ ]{0,3}(`{3,}|~{3,})[ \t\r]*\n", re.M)
 _CLOSER_HEAD = re.compile(r"[ ]{0,3}(?:(?:`+|~+)[ \t\r]*)?")
 _ABBREVIATIONS = frozenset(
     "e.g i.e cf vs mr mrs ms dr prof sr jr st no fig approx ca z.b d.h u.a bzw usw "
-    "p.ex c.-à-d".split()
+    "p.ex ex c.-à-d".split()
 )
+# What may open an inline code span or inline math; a dollar before an amount ("$5. Then",
+# "$6,768 saved", "$160-$240") is a price, as models.spans has it, not math.
+_SPAN_OPENER = re.compile(r"[`$]")
+_PRICE = re.compile(r"\$[\d.,]*\d(?:[\s)\-–]|[.,;:!?](?:\s|$)|$)")
 _TOKEN_BEFORE = re.compile(r"(\S+)$")
 # Code pieces may run longer than prose before the size bound cuts them.
 _CODE_BOUND_FACTOR = 8
@@ -152,6 +161,84 @@ def _kind_of(text: str) -> Kind:
     return "blank" if not text.strip() else "text"
 
 
+def _in_span(buf: str, pos: int, limit: int, done: bool) -> bool | None:
+    """Whether ``buf[pos]`` lies inside an inline code span (CommonMark's pairing of
+    backtick runs of one length) or inline math (``$x$`` as Pandoc reads it, as
+    ``models.spans`` finds it, and ``$$x$$``) of its line. None while that depends on text
+    not seen yet: a span opened before ``pos`` may still close, and its line is not complete
+    (no newline after ``pos``, ``done`` false). Only ``buf[:limit]`` is looked at (the size
+    bound), so that a text fed whole is cut where the same text fed in deltas is."""
+    start = buf.rfind("\n", 0, pos) + 1
+    end = buf.find("\n", pos, limit)
+    complete = done or end >= 0
+    if end < 0:
+        end = limit
+    at = start
+    while (m := _SPAN_OPENER.search(buf, at, pos)) is not None:
+        j = m.start()
+        if buf[j] == "`":
+            k = _run_end(buf, j, end)
+            close, at = _closing_ticks(buf, k, end, k - j, complete), k
+        elif buf.startswith("$$", j):
+            close, at = buf.find("$$", j + 2, end), j + 2
+            if close >= 0:
+                close += 1
+        elif _word_at(buf, j - 1, "_\\$") or buf[j + 1].isspace() or _PRICE.match(buf, j):
+            at = j + 1  # not an opening dollar: "US$5", "costs $ 5", "$5. Then"
+            continue
+        else:
+            close, at = _closing_dollar(buf, j + 1, end, complete), j + 1
+        if close == -2 or (close == -1 and not complete):
+            return None  # it may still close
+        if close >= pos:
+            return True
+        if close >= 0:
+            at = close + 1
+        # else unclosed on its line: literal backticks or dollars; look on after them
+    return False
+
+
+def _run_end(buf: str, i: int, end: int) -> int:
+    """The end of the run of backticks at ``buf[i]``."""
+    while i < end and buf[i] == "`":
+        i += 1
+    return i
+
+
+def _word_at(buf: str, i: int, also: str) -> bool:
+    """Whether ``buf[i]`` is an ASCII letter or digit, or one of ``also``."""
+    ch = buf[i] if 0 <= i < len(buf) else ""
+    return ch != "" and ch.isascii() and (ch.isalnum() or ch in also)
+
+
+def _closing_ticks(buf: str, at: int, end: int, size: int, complete: bool) -> int:
+    """Where the next run of exactly ``size`` backticks in ``buf[at:end]`` ends (its last
+    backtick); -1: none; -2: a run that ends where the text looked at ends, which what
+    follows may make longer."""
+    while (i := buf.find("`", at, end)) >= 0:
+        k = _run_end(buf, i, end)
+        if k == end and not complete:
+            return -2
+        if k - i == size:
+            return k - 1
+        at = k
+    return -1
+
+
+def _closing_dollar(buf: str, at: int, end: int, complete: bool) -> int:
+    """Where the dollar that closes inline math opened before ``at`` is: one after a
+    non-space and before no letter, digit or dollar. -1: none on the line; -2: the text
+    looked at ends in a dollar that may close it, before what follows it."""
+    while (i := buf.find("$", at, end)) >= 0:
+        if not buf[i - 1].isspace():
+            if i + 1 == end and not complete:
+                return -2
+            if not _word_at(buf, i + 1, "_$"):
+                return i
+        at = i + 1
+    return -1
+
+
 class Segmenter:
     """Incremental sentence segmenter; one per stream (or per one-shot text)."""
 
@@ -165,6 +252,9 @@ class Segmenter:
         self._buf = ""
         self._base = 0  # offset of _buf in the whole text fed
         self._scan_from = 0  # prose: no boundary starts before this offset of _buf
+        # A sentence end after an unclosed backtick or dollar waits for its line to end.
+        self._waiting = False
+        self._done = False  # a flush: the text fed so far is all there is for now
         self._closers = _Closers()
         # Inside a fence (offsets in the whole text fed):
         self._fence: str | None = None  # its marker, e.g. "```"
@@ -202,19 +292,31 @@ class Segmenter:
             if final:
                 self._reset()
             return []
+        out: list[Piece] = []
+        if self._fence is None and self._waiting:
+            # Sentence ends that waited for their line to end: it has, for now.
+            self._done = True
+            try:
+                while self._fence is None and (piece := self._next_piece()) is not None:
+                    out.append(piece)
+            finally:
+                self._done = False
+            if not self._buf:
+                if final:
+                    self._reset()
+                return out
         if self._fence is None:
             stripped = self._buf.lstrip(" \t\n\r")
             m = _FENCE_OPEN.match(stripped)
             if m:  # a fence marker the text ends in
                 self._open_fence(len(self._buf) - len(stripped), m)
         if self._fence is None:
-            out = [self._take(len(self._buf), _kind_of(self._buf))]
+            out.append(self._take(len(self._buf), _kind_of(self._buf)))
         else:
             if not final and self._body_start >= 0 and self._close_end < 0:
                 # The line in progress may be the closing line: keep its start.
                 self._closers.scan(self._buf, self._base, self._window_end)
                 self._closers.keep_head(self._buf, self._base)
-            out = []
             bound = self.max_chars * _CODE_BOUND_FACTOR
             while len(self._buf) > bound:
                 out.append(self._take(self._code_cut(bound), "code"))
@@ -236,6 +338,7 @@ class Segmenter:
         self._buf = self._buf[end:]
         self._base += end
         self._scan_from = 0
+        self._waiting = False
         return piece
 
     def _code_cut(self, bound: int) -> int:
@@ -269,17 +372,34 @@ class Segmenter:
     def _next_text_piece(self) -> Piece | None:
         buf = self._buf
         lead = len(buf) - len(buf.lstrip())
+        # A sentence end is inside code or math only after a backtick or a dollar; most
+        # prose has neither, and buf[:clear] is known to have none.
+        clear, opened = 0, False
         # A boundary at or past the size bound is not taken: the search ends there, not at
         # the end of a long text fed at once.
         for m in _BOUNDARY.finditer(buf, self._scan_from, self.max_chars):
-            if m.start() < lead:
+            at = m.start()
+            if at < lead:
                 continue  # leading whitespace belongs to the segment it leads
             if self._is_false_end(buf, m):
                 continue
+            if not opened and clear < at:
+                opened = buf.find("`", clear, at) >= 0 or buf.find("$", clear, at) >= 0
+                clear = at
+            if opened and buf.find("\n", at, m.end()) < 0:
+                inside = _in_span(buf, at, min(len(buf), self.max_chars), self._done)
+                if inside is None:
+                    # Decided when the line ends or the span closes: look again from here.
+                    self._scan_from, self._waiting = at, True
+                    break
+                if inside:
+                    continue
             return self._take(m.end(), "text")
-        # No boundary yet: a later one needs its terminator and whitespace, so the
-        # next scan restarts shortly before the end instead of at the start.
-        self._scan_from = max(0, len(buf) - 8)
+        else:
+            # No boundary yet: a later one needs its terminator and whitespace, so the
+            # next scan restarts shortly before the end instead of at the start.
+            self._scan_from = max(0, len(buf) - 8)
+            self._waiting = False
         if len(buf) >= self.max_chars:
             return self._take(self._cut_point(buf, self.max_chars), _kind_of(buf))
         return None

@@ -18,6 +18,10 @@ SAMPLES = [
     "\n\n   \t",
     "~~~\ncode ~~~ not closed here\n~~~\nx",
     "他说：“好。”然后走了。「对。」」",
+    # Sentence ends inside inline code and math, stray backticks and dollars, prices.
+    "Run `x = 1. Then y = 2` and see. The value $a. B$ is odd. Done. ",
+    "A stray ` backtick. Then ``a ` b. C`` here! It costs $5. Then $6. ",
+    "运行 `python a.py。然后` 再看。$$a. B$$ 好。",
 ]
 # Stray and nested fences, and closing-line look-alikes, for the fence bound.
 FENCES = ["```\n", "````\n", "~~~\n", "```py\n", "``", "`\n", "   ```  \n", "```x", "\n"]
@@ -212,6 +216,12 @@ def test_max_fence_chars_is_checked() -> None:
         Segmenter(400, max_fence_chars=4)
 
 
+def test_cjk_terminators_across_deltas_stay_together() -> None:
+    seg = Segmenter(400)
+    pieces = [*seg.feed("好。"), *seg.feed("。"), *seg.feed("然后"), *seg.flush()]
+    assert [p.text for p in pieces] == ["好。。", "然后"] == texts_of("好。。然后")
+
+
 def test_cjk_closer_at_the_end_of_a_delta_stays_with_its_sentence() -> None:
     seg = Segmenter(400)
     pieces = [*seg.feed("好。」"), *seg.feed("然后"), *seg.flush()]
@@ -280,6 +290,94 @@ def test_blank_is_its_own_kind() -> None:
     assert [p.kind for p in seg.flush()] == ["text"]
     seg.feed("\n\n")
     assert [(p.text, p.kind) for p in seg.flush()] == [("\n\n", "blank")]
+
+
+def span_cuts(pieces: list[Piece]) -> list[int]:
+    """The offsets of the cuts between pieces that fall inside an inline code span or
+    inline math of the joined text (the spans models.spans protects)."""
+    from models.spans import SpanFinder
+
+    text = "".join(p.text for p in pieces)
+    cuts, at = [], 0
+    for p in pieces[:-1]:
+        at += len(p.text)
+        cuts.append(at)
+    finder = SpanFinder(kinds=["code", "math"])
+    inside = []
+    for line_start, line in _lines(text):
+        found = finder.find(line)
+        for span in found.spans if found else ():
+            start, end = line_start + span.start, line_start + span.end
+            inside += [c for c in cuts if start < c < end]
+    return inside
+
+
+def _lines(text: str) -> list[tuple[int, str]]:
+    out, at = [], 0
+    for line in text.splitlines(keepends=True):
+        out.append((at, line))
+        at += len(line)
+    return out
+
+
+@settings(max_examples=300, deadline=None)
+@given(text=texts, sizes=st.lists(st.integers(1, 8), max_size=300))
+def test_no_cut_inside_inline_code_or_math(text: str, sizes: list[int]) -> None:
+    """A protected span never splits a sentence: whole or in deltas, no cut falls inside
+    inline code or math."""
+    seg = Segmenter(400)
+    pieces: list[Piece] = []
+    for chunk in chunked(sizes, text):
+        pieces += seg.feed(chunk)
+    pieces += seg.flush()
+    assert span_cuts(pieces) == []
+    assert span_cuts(segment(text, 400)) == []
+
+
+def test_sentence_ends_inside_code_and_math_are_not_boundaries() -> None:
+    assert texts_of("Run `a. B` now. Then stop.") == ["Run `a. B` now. ", "Then stop."]
+    assert texts_of("Run `x = 1. Then y = 2` and see. Done.") == [
+        "Run `x = 1. Then y = 2` and see. ", "Done."]
+    assert texts_of("The value $a. B$ is odd. Next.") == ["The value $a. B$ is odd. ", "Next."]
+    assert texts_of("He wrote $$a. B$$ there. Next.") == ["He wrote $$a. B$$ there. ", "Next."]
+    assert texts_of("Two ``a ` b. C`` here. Next.") == ["Two ``a ` b. C`` here. ", "Next."]
+    assert texts_of("运行 `python a.py。然后` 再看。好的。") == [
+        "运行 `python a.py。然后` 再看。", "好的。"]
+
+
+def test_what_is_not_a_span_still_ends_sentences() -> None:
+    # A stray backtick or dollar, prices, URLs, paths, versions, "e.g. `x`", "p. ex. `x`".
+    assert texts_of("A stray ` backtick. Then more. Done.") == [
+        "A stray ` backtick. ", "Then more. ", "Done."]
+    assert texts_of("It costs $5. Then $10 more. US$5. Fine.") == [
+        "It costs $5. ", "Then $10 more. ", "US$5. ", "Fine."]
+    assert texts_of("See https://x.org/a. Then go. Edit src/app.py. Upgrade to v1.2. Ok.") == [
+        "See https://x.org/a. ", "Then go. ", "Edit src/app.py. ", "Upgrade to v1.2. ", "Ok."]
+    assert texts_of("Use e.g. `x` here. Sur windows, p. ex. `cd src` — étrange. Suite.") == [
+        "Use e.g. `x` here. ", "Sur windows, p. ex. `cd src` — étrange. ", "Suite."]
+
+
+def test_a_sentence_end_after_an_unclosed_backtick_waits_for_its_line() -> None:
+    seg = Segmenter(400)
+    assert seg.feed("Run `a. B") == []  # the backtick may close later on the line
+    assert seg.feed("` now. Then") == [Piece("Run `a. B` now. ", "text")]
+    seg = Segmenter(400)
+    assert seg.feed("A stray ` backtick. Then more") == []
+    assert [p.text for p in seg.feed(".\nNext")] == ["A stray ` backtick. ", "Then more.\n"]
+    seg = Segmenter(400)
+    assert seg.feed("A stray ` here. Then more. ") == []
+    assert [p.text for p in seg.flush()] == ["A stray ` here. ", "Then more. "]
+    seg = Segmenter(400)
+    assert seg.feed("Math $a. B$") == []  # "$x" after it would make it no closing dollar
+    assert seg.feed(" ok. Next") == [Piece("Math $a. B$ ok. ", "text")]
+
+
+def test_a_sentence_end_waiting_for_its_line_is_cut_at_the_size_bound() -> None:
+    text = "A ` stray. " + "word " * 20
+    seg = Segmenter(40)
+    out = seg.feed(text)
+    assert out and all(len(p.text) <= 40 for p in out)
+    assert "".join(p.text for p in [*out, *seg.flush()]) == text
 
 
 def test_translatable() -> None:
