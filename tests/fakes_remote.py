@@ -281,7 +281,7 @@ _ALTERATIONS = [
     (re.compile(r"config"), "配置"),
     (re.compile(r"^https://"), "http://"),
     (re.compile(r"^(v?\d+\.\d+)\.\d+"), r"\1"),
-    (re.compile(r"^(\d+),(\d{3})$"), r"\1\2"),
+    (re.compile(r"^(\d+)\.(\d+)(\s?[A-Za-z]+)$"), r"\1,\2\3"),
     (re.compile(r"^`(.*)`$"), r"\1"),
 ]
 
@@ -323,7 +323,7 @@ class FakeChat(_Fake):
     its ``keep`` strings, as the text has them. ``drop_span`` removes each item's first
     ``keep`` string from its answer; ``alter_span`` writes every ``keep`` string as a
     careless model would (``altered``: ``config.yaml`` as ``配置.yaml``, ``https://`` as
-    ``http://``, ``v2.13.0`` as ``v2.13``, ``1,250`` as ``1250``, backticks dropped);
+    ``http://``, ``v2.13.0`` as ``v2.13``, ``12.50 GB`` as ``12,50 GB``, backticks dropped);
     ``ignore_terms`` leaves each term as the text has it; ``drop_some`` drops an item's
     first ``keep`` string with probability ``drop_rate`` (``rng``, seeded by ``reset``).
     ``dropped`` counts the items answered without a ``keep`` string or a term. ``usage``, when

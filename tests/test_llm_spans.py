@@ -39,7 +39,7 @@ SAMPLE = [
     "The docs at https://docs.python.org/3/library/asyncio.html say the loop is not "
     "thread-safe.",
     "I need to upgrade to v2.13.0 and rerun `pytest -q` with --dry-run first.",
-    "The build took 1,250 seconds on 16 cores, so caching matters here.",
+    "The build took 12.50 GB of memory on 16 cores, so caching matters here.",
     "Sorting is O(n log n), and a[i] == b[j] only when both lists agree.",
     "The error says \"ModuleNotFoundError: No module named 'yaml'\", so PyYAML is missing.",
     "I'll move the helper into src/utils/paths.py and call resolve_path() from there.",
@@ -156,8 +156,8 @@ async def test_spans_and_terms_stay_data(fake: FakeChat, make: Make) -> None:
 
 def test_span_fields() -> None:
     assert span_fields(None) == {}
-    [protected] = protect(["Set `a` to 42 in a.py, then `a` again."])
-    assert span_fields(protected) == {"keep": ["`a`", "42", "a.py"]}
+    [protected] = protect(["Set `a` to 42 MB in a.py, then `a` again."])
+    assert span_fields(protected) == {"keep": ["`a`", "42 MB", "a.py"]}
 
 
 async def test_a_request_without_spans_keeps_the_plain_prompt(fake: FakeChat, make: Make) -> None:
@@ -184,7 +184,7 @@ ALTERED = [
     ("The notes are at https://example.com/notes for everyone.", "url",
      "http://example.com/notes"),
     ("I should upgrade to v2.13.0 before the next release.", "version", "v2.13"),
-    ("The build took 1,250 seconds on this machine today.", "number", "1250"),
+    ("The build took 12.50 GB of memory on this machine today.", "number", "12,50 GB"),
     ("Then I run `pytest -q` again to be sure it passes.", "code", "pytest -q"),
 ]  # fmt: skip
 
@@ -312,20 +312,20 @@ def test_spans_stand_for_the_inline_code_and_url_checks() -> None:
     [protected] = protect([source])
     assert item_problem(source, answer) is None
     assert item_problem(source, answer, protected=protected) == (
-        "a protected span missing (code, number)")
-    source, answer = "The build took 1,250 seconds.", "构建用了 1250 秒。"
+        "a protected span missing (code)")
+    source, answer = "The build took 12.5 GB.", "构建用了 12,5 GB。"
     [protected] = protect([source])
     assert item_problem(source, answer) is None
     assert item_problem(source, answer, protected=protected) == (
         "a protected span missing (number)")
     # Kept, the spans pass, and the length check still runs first.
-    assert item_problem(source, "构建用了 1,250 秒。", protected=protected) is None
+    assert item_problem(source, "构建用了 12.5 GB。", protected=protected) is None
     assert item_problem(source, "OK " * 60, protected=protected) == "far too long"
     # The item checks off: emptiness and the spans only.
     assert item_problem(source, "OK", checks=False, protected=protected) == (
         "a protected span missing (number)")
     assert item_problem(source, " ", checks=False, protected=protected) == "empty"
-    assert item_problem(source, "1,250", checks=False, protected=protected) is None
+    assert item_problem(source, "12.5 GB", checks=False, protected=protected) is None
     assert span_problem([]) is None
 
 
