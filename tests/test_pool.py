@@ -320,6 +320,24 @@ async def test_spans_sent_to_the_pool_come_back_kept_and_calls_still_merge(pool:
         assert resp.json()["detail"].startswith(where), resp.json()
 
 
+async def test_a_served_sidecar_keeps_every_span_of_the_corpus_through_the_pool(
+        pool: Pool) -> None:
+    """The corpus's English sentences (the pool serves English to German) posted to a
+    served sidecar whose chain is the pool, with a glossary: every segment comes out
+    translated, with every span of its original and every term as given."""
+    from tests.test_spans_corpus import GLOSSARY, check, texts
+
+    sentences = texts(langs={"en"})
+    with served("serve", **_sidecar_env(pool)) as sidecar:
+        async with httpx.AsyncClient(base_url=sidecar.url, timeout=120) as client:
+            resp = await client.post("/v1/translate", json={
+                "texts": sentences, "target": "de", "glossary": GLOSSARY})
+    assert resp.status_code == 200, resp.text
+    segments = [seg for result in resp.json()["results"] for seg in result["segments"]]
+    sent, translated = check(segments)
+    assert sent >= len(sentences) // 2 and translated == sent
+
+
 async def test_a_pool_stopped_mid_run_leaves_every_stream_whole(pool: Pool) -> None:
     """Runs last: it stops the module's pool. One sidecar falls through to its local model,
     the other, with only the pool, sends the originals as `error`; nothing is lost."""
