@@ -192,7 +192,8 @@ _PARTS: dict[str, tuple[tuple[_Cue, str], ...]] = {
     "path": (
         (_cue("/"), r"(?<![\w/.~%-])(?:~|\.{1,2}|%[A-Za-z_]\w*%?)?/?" + _SEG + r"+"
                     r"(?:/" + _SEG + r"*)+(?::\d+){0,2}"),
-        (_cue("/"), r"(?<![\w/.~%-])/" + _SEG + r"*[A-Za-z]" + _SEG + "*"),
+        # An absolute path; not the end tag of "<b>bold</b>".
+        (_cue("/"), r"(?<![\w/.~%<-])/" + _SEG + r"*[A-Za-z]" + _SEG + "*"),
         (_cue(":\\"), r"(?<!\w)[A-Za-z]:\\(?:[\w .()~-]+\\)*[\w.~-]+"),
         (_cue("w.w"), r"(?<![\w/.-])\.?[\w-]*\w\." + _EXT + r"(?::\d+){0,2}(?![\w-])"),
         (_cue(".a"), r"(?<![\w/.\\-])\." + _EXT + r"(?![\w-])"),
@@ -421,8 +422,10 @@ class SpanFinder:
             try:
                 compiled = re.compile(pattern)
             except re.error as exc:
-                raise ValueError(f"extra span pattern {i} ({pattern!r}) is not a valid "
-                                 f"regular expression: {exc}") from exc
+                raise ValueError(f"pattern {i} ({pattern!r}) is not a valid regular "
+                                 f"expression: {exc}") from None
+            if compiled.match(""):
+                raise ValueError(f"pattern {i} ({pattern!r}) matches the empty string")
             self._plan.append(_Kind("pattern", i, None, ((None, compiled),)))
         # ASCII word boundaries: Chinese and Japanese write "检查config.yaml" without a
         # space, and a Han character is a word character to Unicode regular expressions.

@@ -37,7 +37,7 @@ from models.deepl import DeepLConfig
 from models.llm import LLMConfig
 from models.local import LocalConfig
 from models.pool import PoolConfig
-from models.spans import KINDS
+from models.spans import KINDS, SpanFinder
 from service.errors import ConfigError, InvalidLocale, ThinktransError
 from service.locale import base_language, canonicalize, check_allowed
 
@@ -661,14 +661,7 @@ class Settings(
     @field_validator("span_patterns")
     @classmethod
     def _span_patterns(cls, value: list[str]) -> list[str]:
-        for i, pattern in enumerate(value):
-            try:
-                compiled = re.compile(pattern)
-            except re.error as exc:
-                raise ValueError(f"pattern {i} ({pattern!r}) is not a valid regular "
-                                 f"expression: {exc}") from None
-            if compiled.match(""):
-                raise ValueError(f"pattern {i} ({pattern!r}) matches the empty string")
+        SpanFinder(value)  # compiles them: ValueError naming the bad one
         return value
 
     @field_validator("allowed_locales")

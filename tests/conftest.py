@@ -23,6 +23,7 @@ from models.base import Translator
 from service.app import create_app
 from service.runtime import Runtime
 from service.settings import Settings, load_settings
+from tests.fakes_deepl import MarkupDeepL
 from tests.fakes_remote import FakeChat, FakeDeepL
 
 # Tests load tiny checkpoints in-process: no "Loading weights" bars in the test output (the
@@ -232,6 +233,15 @@ def assert_problem(resp: httpx.Response, status: int, *words: str) -> dict[str, 
 def deepl_server() -> Iterator[FakeDeepL]:
     """A DeepL v2 API double on 127.0.0.1, one per test module; tests set its mode."""
     server = FakeDeepL()
+    server.start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def markup_deepl() -> Iterator[MarkupDeepL]:
+    """A DeepL double that honours tag handling and glossaries (tests/fakes_deepl.py)."""
+    server = MarkupDeepL()
     server.start()
     yield server
     server.stop()

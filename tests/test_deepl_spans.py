@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import os
 import string
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import pytest
@@ -48,12 +48,9 @@ SENTENCES = [
 ]
 
 
-@pytest.fixture(scope="module")
-def markup() -> Iterator[MarkupDeepL]:
-    server = MarkupDeepL()
-    server.start()
-    yield server
-    server.stop()
+@pytest.fixture
+def markup(markup_deepl: MarkupDeepL) -> MarkupDeepL:
+    return markup_deepl
 
 
 @pytest.fixture

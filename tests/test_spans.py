@@ -243,8 +243,10 @@ def test_extra_patterns() -> None:
     assert found is not None
     assert [(s.kind, s.out) for s in found.spans] == [
         ("pattern", "JIRA-42"), ("pattern", "ticket #7"), ("path", "a.py")]
-    with pytest.raises(ValueError, match=r"extra span pattern 1 \('\( '\) is not a valid"):
+    with pytest.raises(ValueError, match=r"pattern 1 \('\( '\) is not a valid"):
         SpanFinder(patterns=["ok", "( "])
+    with pytest.raises(ValueError, match=r"pattern 0 \('x\?'\) matches the empty string"):
+        SpanFinder(patterns=["x?"])
 
 
 # --- placeholders, missing spans, runs -----------------------------------------------------
@@ -351,3 +353,8 @@ def test_spans_are_frozen_values() -> None:
     span = Span(0, 1, "code", "x")
     with pytest.raises(AttributeError):
         span.out = "y"  # type: ignore[misc]
+
+
+def test_an_end_tag_is_no_path() -> None:
+    found = SpanFinder().find("So <b>bold</b> stays, and /etc/hosts is a path.")
+    assert found is not None and [s.out for s in found.spans] == ["/etc/hosts"]

@@ -119,12 +119,9 @@ async def test_local_keeps_every_span_of_the_corpus(
 # -- DeepL: spans in ignored tags, terms through its glossaries ---------------------------------
 
 
-@pytest.fixture(scope="module")
-def markup() -> Iterator[MarkupDeepL]:
-    server = MarkupDeepL()
-    server.start()
-    yield server
-    server.stop()
+@pytest.fixture
+def markup(markup_deepl: MarkupDeepL) -> MarkupDeepL:
+    return markup_deepl
 
 
 @pytest.mark.parametrize("misbehave", [None, "drop"])
