@@ -241,7 +241,7 @@ def test_a_late_update_replaces_its_row_in_place(opened: Callable[..., Page],
             page.click("#export-jsonl")
         line = json.loads(open(got.value.path(), encoding="utf-8").read())
         assert (line["translation"], line["status"], line["updated"]) == (
-            "短。 ", "translated", True)  # the original's trailing space kept
+            "短。", "translated", True)  # no space after a Chinese sentence
 
 
 def test_a_cached_translation_says_so_on_one_line(opened: Callable[..., Page]) -> None:
