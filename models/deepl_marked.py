@@ -123,9 +123,8 @@ class MarkedRequests:
         by piece (its prose runs alone, the spans put back between them)."""
         out: list[str | None] = [None] * len(items)
         for j, (protected, _) in enumerate(items):
-            runs = protected.runs()
-            if not any(isinstance(run, str) and needs_words(run) for run in runs):
-                out[j] = rejoin(runs)  # only spans and punctuation: nothing to send
+            if not protected.has_words():  # only spans and punctuation: nothing to send
+                out[j] = rejoin(protected.runs())
         # A text XML cannot carry (a control character) goes piece by piece.
         todo = [j for j, text in enumerate(out) if text is None and xml_safe(items[j][0].text)]
         if todo:

@@ -338,6 +338,11 @@ class Protected:
     def kinds(self) -> list[str]:
         return sorted({span.kind for span in self.spans})
 
+    def has_words(self) -> bool:
+        """Whether some prose run between the spans holds a word to translate (a letter):
+        a text of spans and punctuation alone has nothing to send."""
+        return any(isinstance(part, str) and needs_words(part) for part in self.runs())
+
     def runs(self) -> list[str | Span]:
         """The text as prose runs (strings, possibly blank) and spans, alternating, in
         order: what a backend that cannot keep a placeholder translates piece by piece."""

@@ -26,7 +26,7 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Protocol
 
-from models.spans import Protected, Span, needs_words
+from models.spans import Protected
 from service.batcher import Translation
 from service.decide import Decision, decide, leans_on_memory, settled_memory, wants_detection
 from service.detect import Detection, Detector
@@ -297,6 +297,5 @@ class Cutter:
 
 
 def _all_spans(protected: Protected) -> bool:
-    """Nothing to translate: no glossary term to render, and no words between the spans."""
-    return not any(part.kind == "term" if isinstance(part, Span) else needs_words(part)
-                   for part in protected.runs())
+    """Nothing to translate: no words between the spans, and no glossary term to render."""
+    return not protected.has_words() and all(s.kind != "term" for s in protected.spans)

@@ -358,3 +358,10 @@ def test_spans_are_frozen_values() -> None:
 def test_an_end_tag_is_no_path() -> None:
     found = SpanFinder().find("So <b>bold</b> stays, and /etc/hosts is a path.")
     assert found is not None and [s.out for s in found.spans] == ["/etc/hosts"]
+
+
+def test_has_words_tells_a_text_of_spans_alone() -> None:
+    finder = SpanFinder()
+    alone, prose = finder.find("`a()` -> src/b.py"), finder.find("Call `a()` now.")
+    assert alone is not None and not alone.has_words()
+    assert prose is not None and prose.has_words()

@@ -123,7 +123,7 @@ class SpanBatch:
         something the form's pattern reads, and some run holds words to translate."""
         runs = [part for part in protected.runs() if isinstance(part, str)]
         return (not any(re.search(form.pattern, run) for run in runs)
-                and any(needs_words(run) for run in runs))
+                and protected.has_words())
 
     @staticmethod
     def _runs(protected: Protected, send: Callable[[str], int]) -> _Runs:
