@@ -64,6 +64,12 @@ class Job:
     # without any; None for the whole job when no text has any. A backend keeps each
     # span's ``out`` in its output (the service checks it).
     protected: Sequence[Protected | None] | None = None
+    # A preview job: provisional translations of sentences still streaming (the prefixes so
+    # far). Its answers are shown for a moment and replaced; a backend may decode it more
+    # cheaply. ``previous``: one per text, the sentence's last preview as shown (or None),
+    # which a backend may keep close to (CTranslate2's prefix bias), so previews flicker less.
+    preview: bool = False
+    previous: Sequence[str | None] | None = None
 
     def seconds_left(self) -> float | None:
         """Seconds until ``due`` (negative once past); None without a deadline."""

@@ -92,6 +92,23 @@ class SegmentEvent(BaseModel):
     data: SegmentResult
 
 
+class PreviewResult(BaseModel):
+    """A provisional translation of the sentence still open, which will be segment ``index``;
+    that segment supersedes it. No ``original``: the join invariant is the segments'."""
+
+    index: int = Field(description="The index the sentence's segment will have.")
+    text: str = Field(description="The provisional translation (its last words masked).")
+    source_chars: int = Field(description="How many characters of the open sentence it "
+                                          "covers, from the sentence's start.")
+    revision: int = Field(description="1 for the sentence's first preview, rising.")
+
+
+class PreviewEvent(BaseModel):
+    id: int
+    type: Literal["preview"]
+    data: PreviewResult
+
+
 class UpdateEvent(BaseModel):
     id: int
     type: Literal["update"]
@@ -104,7 +121,8 @@ class EndEvent(BaseModel):
     data: StreamEnd
 
 
-StreamEvent = Annotated[SegmentEvent | UpdateEvent | EndEvent, Field(discriminator="type")]
+StreamEvent = Annotated[SegmentEvent | PreviewEvent | UpdateEvent | EndEvent,
+                        Field(discriminator="type")]
 
 
 class EventsResponse(BaseModel):
@@ -187,6 +205,9 @@ class OpenStreamRequest(_Strict):
     model: str | None = Field(None, min_length=1, max_length=256, description=_MODEL)
     policy: Policy | None = Field(None, description=_POLICY)
     glossary: GlossaryIn | None = Field(None, description=_GLOSSARY)
+    previews: bool | None = Field(
+        None, description="Provisional translations (`preview` events) of a sentence while "
+        "it streams, each superseded by its `segment`; null: the server's THINKTRANS_PREVIEWS.")
     user_text: str | None = Field(
         None, max_length=100_000,
         description="The user's own message; its language is the target when none is given.",

@@ -311,6 +311,62 @@ class SpansSection(BaseModel):
     )
 
 
+class PreviewsSection(BaseModel):
+    """Provisional translations of a sentence still streaming (a stream's `previews`)."""
+
+    title: ClassVar[str] = "previews"
+
+    previews: bool = Field(
+        False, description="The default of `POST /v1/streams`' `previews`: a sentence still "
+        "open gets provisional translations (`preview` events) as it grows, each superseded "
+        "by its `segment`; see docs/API.md.",
+    )
+    preview_min_words: int = Field(
+        8, ge=1, le=1000, description="An open sentence of at least this many words gets its "
+        "first preview (a sentence mostly in Chinese, Japanese or Korean characters: "
+        "`preview_min_chars`).",
+    )
+    preview_min_chars: int = Field(
+        16, ge=1, le=10_000, description="`preview_min_words` for a sentence mostly in "
+        "Chinese, Japanese or Korean characters, in those characters.",
+    )
+    preview_after_ms: float = Field(
+        1500.0, ge=0, le=600_000, description="An open sentence shorter than that gets its "
+        "first preview once it has been open this long, if it has at least "
+        "`preview_step_words` words (`preview_step_chars` characters).",
+    )
+    preview_step_words: int = Field(
+        4, ge=1, le=1000, description="A sentence is previewed again once it has grown by at "
+        "least this many words since its last preview.",
+    )
+    preview_step_chars: int = Field(
+        8, ge=1, le=10_000, description="`preview_step_words` for a sentence mostly in "
+        "Chinese, Japanese or Korean characters.",
+    )
+    preview_interval_ms: float = Field(
+        500.0, ge=0, le=600_000, description="Least time between two previews of one "
+        "sentence (one preview of a stream runs at a time in any case).",
+    )
+    preview_max_decodes: int = Field(
+        4, ge=1, le=100, description="Most preview translations run for one sentence: the "
+        "bound on what previews cost, at most this many decodes of its prefixes.",
+    )
+    preview_mask_k: int = Field(
+        2, ge=0, le=100, description="Words (characters, for a Chinese or Japanese target) "
+        "left off the end of each preview, where a prefix's translation changes most "
+        "(mask-k); 0: the whole provisional translation.",
+    )
+    preview_billed: bool = Field(
+        False, description="Run previews on billed backends (DeepL) too; off: a chain's "
+        "billed backends are passed over for previews, and with no other there are none.",
+    )
+    preview_max_queue: int = Field(
+        256, ge=1, le=100_000, description="Most previews waiting for one backend; past it a "
+        "new preview is not made (final segments have their own queue, "
+        "`max_queue_size`).",
+    )
+
+
 class LocalSection(BaseModel):
     """The local backend (and the pool's replicas): `local_*`."""
 
@@ -381,6 +437,11 @@ class LocalSection(BaseModel):
         "thread for small models such as Marian, one part on all threads for larger ones)."
     )
     local_num_beams: int = Field(1, ge=1, le=16, description="Beam width; 1 is greedy.")
+    local_preview_bias: float = Field(
+        0.5, ge=0, lt=1, description="CTranslate2: how strongly a preview's decoding keeps to "
+        "the previous preview of its sentence (`prefix_bias_beta`; a biased preview decodes "
+        "with at least 2 beams); 0: previews decode like any segment.",
+    )
     local_no_repeat_ngram_size: int = Field(
         6, ge=0, le=64, description="Loop guard: no n-gram of this size is generated twice in "
         "one segment; 0 turns it off."
@@ -419,6 +480,7 @@ class LocalSection(BaseModel):
             ct2_cache_mb=self.local_ct2_cache_mb,
             ct2_workers=self.local_ct2_workers,
             num_beams=self.local_num_beams,
+            preview_bias=self.local_preview_bias,
             no_repeat_ngram_size=self.local_no_repeat_ngram_size,
             max_input_tokens=self.local_max_input_tokens,
             threads=self.local_threads,
@@ -574,8 +636,8 @@ class PricesSection(BaseModel):
 
 class Settings(
     BaseSettings, ServingSection, BackendsSection, LocaleSection, CacheSection, BatchingSection,
-    LimitsSection, StreamsSection, SpansSection, LocalSection, DeepLSection, LLMSection,
-    PoolSection, PricesSection,
+    LimitsSection, StreamsSection, SpansSection, PreviewsSection, LocalSection, DeepLSection,
+    LLMSection, PoolSection, PricesSection,
 ):
     """Every knob of the service, one section each. Environment variables win over the YAML
     file; a section's fields keep their flat names (``THINKTRANS_LOCAL_MODEL``,
@@ -751,8 +813,8 @@ class Settings(
 # The sections in the order docs/configuration.md lists them.
 SECTIONS: tuple[type[BaseModel], ...] = (
     ServingSection, BackendsSection, LocaleSection, CacheSection, BatchingSection,
-    LimitsSection, StreamsSection, SpansSection, LocalSection, DeepLSection, LLMSection,
-    PoolSection, PricesSection,
+    LimitsSection, StreamsSection, SpansSection, PreviewsSection, LocalSection, DeepLSection,
+    LLMSection, PoolSection, PricesSection,
 )
 
 

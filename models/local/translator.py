@@ -73,6 +73,9 @@ class LocalConfig:
     dtype: str = "auto"  # transformers: auto, float32, float16, bfloat16
     compute_type: str = "auto"  # ctranslate2: auto (int8 on CPU, int8_float16 on CUDA), ...
     num_beams: int = 1
+    # CTranslate2: a preview's decoding biased towards its sentence's previous preview
+    # (``prefix_bias_beta``, with at least 2 beams); 0: off.
+    preview_bias: float = 0.5
     no_repeat_ngram_size: int = NO_REPEAT_NGRAM_SIZE  # the loop guard; 0: off
     max_input_tokens: int = 256  # longer segments are split and rejoined
     threads: int | None = None  # CPU threads; None: the engine's default
