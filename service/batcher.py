@@ -6,8 +6,15 @@ characters) or ``max_wait_ms`` after its first item. Items are grouped by
 at a time. The loop takes a concurrency slot *before* it forms a batch, so while the
 backend is busy items pile up and the next batch goes full. Every future is resolved whatever
 happens: a result, a BackendError, or cancelled by its caller (then dropped unrun). The queue,
-the cut-off of given-up items and the check of an answer are the parts in
-``service/batching.py``, which the pool's engine turns use too.
+the cut-off of given-up items, the circuit breaker and the check of an answer are the parts
+in ``service/batching.py``, which the pool's engine turns use too.
+
+Previews (provisional translations of sentences still streaming) wait in a low-priority
+lane of their own, bounded by ``BatchLimits.max_previews``: a preview batch is formed only
+while no segment waits, so segments always overtake them; one superseded before it ran is
+dropped unrun (its caller cancels it); they take no place in the queue the admission
+counts, and their failures neither open the breaker nor count as the backend's errors (nor
+does their success close it).
 """
 
 from __future__ import annotations
@@ -32,7 +39,7 @@ from models.errors import (
     UnsupportedLanguage,
 )
 from models.spans import Protected
-from service.batching import Cutoff, GroupedQueue, Pair, check_outputs
+from service.batching import Breaker, Cutoff, GroupedQueue, Pair, check_outputs
 from service.errors import Overloaded
 from service.logs import text_fields
 from service.metrics import Metrics
@@ -60,6 +67,8 @@ class _Item:
     context: str | None = None  # the text before it, for backends that use it
     due: float | None = None  # when its segment is due out (monotonic); None: no deadline
     protected: Protected | None = None  # its protected spans and glossary, if any
+    preview: bool = False  # a preview's item, in the low-priority lane
+    previous: str | None = None  # a preview's: its sentence's previous preview, as shown
     enqueued: float = field(default_factory=time.monotonic)
     queued: bool = True  # counted in the queue's size (False once taken or cancelled)
     chars: int = 0  # len(text), counted once: batches are formed by it
@@ -86,9 +95,11 @@ class BatchLimits:
     timeout_s: float = 60.0
     breaker_failures: int = 3
     breaker_cooloff_s: float = 30.0
+    max_previews: int = 256  # previews waiting in the low-priority lane
 
     def __post_init__(self) -> None:
-        for name in ("max_batch_size", "max_batch_chars", "max_queue_size", "max_concurrency"):
+        for name in ("max_batch_size", "max_batch_chars", "max_queue_size", "max_concurrency",
+                     "max_previews"):
             value = getattr(self, name)
             if value < 1:
                 raise ValueError(f"{name} must be >= 1, got {value}")
@@ -123,8 +134,10 @@ class Batcher:
         self._loop_task: asyncio.Task[None] | None = None
         self._running: set[asyncio.Task[None]] = set()
         self._closed = False
-        self._failed_batches = 0  # consecutive; the circuit breaker's count
-        self._open_until = 0.0
+        self.breaker = Breaker(self.name, limits.breaker_failures, limits.breaker_cooloff_s)
+        # The low-priority lane: previews (provisional translations of open sentences). A
+        # batch is taken from it only while no segment waits; it has its own bound.
+        self._previews: GroupedQueue[_Item] = GroupedQueue()
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -147,35 +160,20 @@ class Batcher:
             if pending:
                 await asyncio.wait(pending)
         err = BackendUnavailable(f"backend {self.name!r} is shutting down")
-        for item in self._queue.drain():  # counted out, not by their done callbacks
+        for item in [*self._queue.drain(), *self._previews.drain()]:  # counted out here
             _fail(item, err)
         self._gauge()
 
     # -- circuit breaker ---------------------------------------------------------------------
 
     def available(self) -> bool:
-        """False while the breaker is open: the backend failed ``breaker_failures`` batches
-        in a row and is skipped until ``breaker_cooloff_s`` has passed; then one more
-        batch is let through to try it again."""
-        return time.monotonic() >= self._open_until
+        """False while the breaker is open (``Breaker``): the backend failed
+        ``breaker_failures`` batches in a row and is skipped for ``breaker_cooloff_s``."""
+        return self.breaker.available()
 
     @property
     def breaker_reason(self) -> str | None:
-        if self.available():
-            return None
-        left = self._open_until - time.monotonic()
-        return (f"skipped for {left:.0f} s more after {self._failed_batches} failed batches "
-                "in a row")
-
-    def _record(self, ok: bool) -> None:
-        if ok:
-            self._failed_batches = 0
-            return
-        self._failed_batches += 1
-        if self._failed_batches >= self.limits.breaker_failures:
-            self._open_until = time.monotonic() + self.limits.breaker_cooloff_s
-            log.warning("backend %s breaker open for %.0f s after %d failed batches",
-                        self.name, self.limits.breaker_cooloff_s, self._failed_batches)
+        return self.breaker.reason
 
     # -- submitting ------------------------------------------------------------------------
 
@@ -231,10 +229,28 @@ class Batcher:
         _wake(self._waiter)
         return future
 
+    def submit_preview(self, text: str, source: str | None, target: str, *,
+                       model: str | None = None, protected: Protected | None = None,
+                       previous: str | None = None) -> asyncio.Future[Translation] | None:
+        """Queue a preview in the low-priority lane (``Batcher`` docstring); None when the
+        lane holds ``limits.max_previews`` already or the batcher is stopping: no preview then.
+        The caller cancels the future once the preview is superseded: unrun, it is dropped."""
+        if self._closed or len(self._previews) >= self.limits.max_previews:
+            return None
+        future: asyncio.Future[Translation] = asyncio.get_running_loop().create_future()
+        item = _Item(text, (source, target, model), future, protected=protected,
+                     preview=True, previous=previous, chars=len(text))
+        self._previews.push(item)
+        future.add_done_callback(functools.partial(self._on_done, item))
+        _wake(self._waiter)
+        return future
+
     def _on_done(self, item: _Item, future: asyncio.Future[Translation]) -> None:
         """A queued item cancelled by its caller gives its place back now (an item taken
         into a batch, or already counted out, is not waiting)."""
-        if self._queue.discard(item):
+        if item.preview:
+            self._previews.discard(item)
+        elif self._queue.discard(item):
             self._gauge()
 
     # -- the loop --------------------------------------------------------------------------
@@ -253,18 +269,23 @@ class Batcher:
 
     async def _next_batch(self) -> list[_Item]:
         """The group whose first item has waited longest, unless one is full: once it is
-        full or that item has waited ``max_wait_ms``, its batch."""
+        full or that item has waited ``max_wait_ms``, its batch. Previews only while no
+        segment waits: a segment always overtakes them."""
         size, chars = self.limits.max_batch_size, self.limits.max_batch_chars
         max_wait_s = self.limits.max_wait_ms / 1000.0
         while True:
-            head = self._queue.next_group(size, chars)
+            queue = self._queue
+            head = queue.next_group(size, chars)
+            if head is None:
+                queue = self._previews
+                head = queue.next_group(size, chars)
             if head is None:
                 await self._wait_changed(None)
                 continue
             pair, oldest, full = head
             remaining = oldest + max_wait_s - time.monotonic()
             if full or remaining <= 0:
-                batch = self._queue.take(size, chars, pair=pair)
+                batch = queue.take(size, chars, pair=pair)
                 self._gauge()
                 return batch
             await self._wait_changed(remaining)
@@ -294,8 +315,9 @@ class Batcher:
             served_by = self.translator.resolve_model(model, source, target)
             call = self.translator.run(self._job(live, texts))
             # A model one stream named may fail without the backend being at fault: only
-            # the backend's own choice counts for its breaker.
-            counted = model is None
+            # the backend's own choice counts for its breaker; previews never count.
+            preview = live[0].preview
+            counted = model is None and not preview
             partial: PartialOutput | None = None
             try:
                 try:
@@ -323,7 +345,7 @@ class Batcher:
                                                   f"{type(exc).__name__}"), counted=counted)
                 return
             if counted:
-                self._record(ok=True)
+                self.breaker.record(ok=True)
             elapsed = time.monotonic() - started
             self._batch_seconds.observe(elapsed)
             if self.translator.capabilities.billed:
@@ -335,7 +357,7 @@ class Batcher:
                     "queued_ms": round((started - live[0].enqueued) * 1000, 2),
                     **text_fields("\n".join(texts)),  # lengths and a hash, unless log_text
                 })
-            if partial is not None:
+            if partial is not None and not preview:
                 self.metrics.backend_errors.labels(self.name, kind_of(partial).slug).inc()
             for item, out in zip(live, outputs, strict=True):
                 queued_ms = (started - item.enqueued) * 1000.0
@@ -356,17 +378,22 @@ class Batcher:
         dues = [item.due for item in live]
         due = None if None in dues else max(d for d in dues if d is not None)
         protected = [item.protected for item in live]
+        preview = live[0].preview  # a batch comes from one lane
         return Job(texts, source, target, model, contexts, due,
-                   protected if any(p is not None for p in protected) else None)
+                   protected if any(p is not None for p in protected) else None,
+                   preview=preview,
+                   previous=[item.previous for item in live] if preview else None)
 
     def _fail_all(self, items: Sequence[_Item], exc: BackendError, *,
                   counted: bool = True) -> None:
         slug = kind_of(exc).slug
-        self.metrics.backend_errors.labels(self.name, slug).inc()
-        log.warning("batch failed", extra={"backend": self.name, "size": len(items),
-                                           "error": slug})
-        if counted:
-            self._record(ok=False)
+        preview = items[0].preview  # a preview's failure: no error metric, no breaker
+        if not preview:
+            self.metrics.backend_errors.labels(self.name, slug).inc()
+        log.log(logging.DEBUG if preview else logging.WARNING, "batch failed", extra={
+            "backend": self.name, "size": len(items), "error": slug, "preview": preview})
+        if counted and not preview:
+            self.breaker.record(ok=False)
         for item in items:
             _fail(item, exc)
 

@@ -9,20 +9,25 @@ and the pool replica's engine turns (``service/pool.py``).
   they wait are counted out at once and removed lazily: the queue is compacted once dead
   items outnumber live ones, so a push and a discard are O(1) amortised.
 - ``Cutoff``: what must not run, given up by its caller or past due, and who answers it.
+- ``Breaker``: a backend's circuit breaker, counting failed batches in a row.
 - ``check_outputs``: the one check of the contract's answer shape, as many strings as texts
   (Ray Serve's ``_validate_results``); no backend and no other batcher checks it again.
 """
 
 from __future__ import annotations
 
+import logging
 import sys
+import time
 from collections import OrderedDict, deque
 from collections.abc import Callable, Iterable, Sequence
 from typing import Generic, Protocol, TypeVar
 
 from models.errors import BadOutput
 
-__all__ = ["Cutoff", "GroupedQueue", "Pair", "Queueable", "by_pair", "check_outputs"]
+__all__ = ["Breaker", "Cutoff", "GroupedQueue", "Pair", "Queueable", "by_pair", "check_outputs"]
+
+log = logging.getLogger("thinktrans.batcher")
 
 # What a batch shares: (source, target, the model named or None).
 Pair = tuple[str | None, str, str | None]
@@ -94,6 +99,41 @@ class Cutoff(Generic[T]):
     def sift(self, items: Iterable[T]) -> list[T]:
         """The items to run, in order; the others handed to their handlers."""
         return [item for item in items if not self.drops(item)]
+
+
+class Breaker:
+    """A backend's circuit breaker: after ``failures`` failed batches in a row it opens, and
+    the backend is skipped until ``cooloff_s`` has passed; then one more batch is let
+    through to try it again (its success closes it)."""
+
+    __slots__ = ("cooloff_s", "failed", "failures", "name", "open_until")
+
+    def __init__(self, name: str, failures: int, cooloff_s: float) -> None:
+        self.name = name
+        self.failures = failures
+        self.cooloff_s = cooloff_s
+        self.failed = 0  # consecutive failed batches
+        self.open_until = 0.0
+
+    def available(self) -> bool:
+        return time.monotonic() >= self.open_until
+
+    @property
+    def reason(self) -> str | None:
+        if self.available():
+            return None
+        left = self.open_until - time.monotonic()
+        return f"skipped for {left:.0f} s more after {self.failed} failed batches in a row"
+
+    def record(self, ok: bool) -> None:
+        if ok:
+            self.failed = 0
+            return
+        self.failed += 1
+        if self.failed >= self.failures:
+            self.open_until = time.monotonic() + self.cooloff_s
+            log.warning("backend %s breaker open for %.0f s after %d failed batches",
+                        self.name, self.cooloff_s, self.failed)
 
 
 class GroupedQueue(Generic[T]):

@@ -165,9 +165,26 @@ class Cutter:
             if left:
                 cut(left)
 
+    def preview_decision(self, text: str) -> Decision | None:
+        """How the open sentence ``text`` would be decided were it cut now, when it would be
+        translated (its source sent with the decision); None: it would not (code, the
+        target's language, hidden, no target)."""
+        if self.target is None or self._unstarted is not None or not wants_detection(
+                text, "text"):
+            return None
+        detection = None if self.source is not None else self._detector.detect(text)
+        decision = decide(True, target=self.target, detection=detection,
+                          fallback_lang=self.recent_lang, source=self.source,
+                          policy=self.policy)
+        return decision if decision.status is None else None
+
     def pending_chars(self) -> int:
         """Characters fed and not cut into a segment yet."""
         return len(self.segmenter.pending)
+
+    def pending(self) -> str:
+        """The text fed and not cut into a segment yet: the sentence still open."""
+        return self.segmenter.pending
 
     def flush(self, *, final: bool = True) -> None:
         """Make whatever text is pending a segment (idle: ``final=False``, or close), and

@@ -318,7 +318,12 @@ class Dispatcher:
         return counter
 
     def _usable(self, name: str, attempt: _Attempt, errors: list[str]) -> bool:
-        source, target, model = attempt.source, attempt.target, attempt.model
+        return self.usable(name, attempt.source, attempt.target, attempt.model, errors)
+
+    def usable(self, name: str, source: str | None, target: str, model: str | None,
+               errors: list[str]) -> bool:
+        """Whether backend ``name`` would be tried for the pair now (ready, breaker closed,
+        serving it); if not, why, appended to ``errors``."""
         translator = self.backends[name]
         if not translator.ready:
             errors.append(f"{name}: {translator.reason or 'not ready'}")
@@ -334,6 +339,26 @@ class Dispatcher:
             errors.append(f"{name}: cannot translate {source or 'auto'} -> {target}{what}")
             return False
         return True
+
+    # -- previews ----------------------------------------------------------------------------
+
+    def preview(self, text: str, source: str | None, target: str, chain: Sequence[str], *,
+                model: str | None = None, protected: Protected | None = None,
+                previous: str | None = None,
+                billed: bool = False) -> asyncio.Future[Translation] | None:
+        """Start a preview on the first backend of the chain that would be tried for it,
+        passing over billed ones unless ``billed``; its batcher's low-priority lane, never
+        the cache, never down the chain. None: no backend, or its preview lane is full."""
+        for name in chain:
+            translator = self.backends[name]
+            if translator.capabilities.billed and not billed:
+                continue
+            if translator.model_problem(model) is not None:
+                continue
+            if self.usable(name, source, target, model, []):
+                return self.batchers[name].submit_preview(
+                    text, source, target, model=model, protected=protected, previous=previous)
+        return None
 
     def _check_language(self, result: Translation, target: str) -> None:
         """A translation reliably detected in another language than the target is bad."""

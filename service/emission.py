@@ -35,7 +35,7 @@ from service.batcher import Translation
 from service.decide import Decision
 from service.detect import Detection
 from service.errors import EventsGone
-from service.schemas import SegmentResult, SegmentUpdate, Status, StreamEnd
+from service.schemas import PreviewResult, SegmentResult, SegmentUpdate, Status, StreamEnd
 from service.segmenter import Piece
 
 # Memory an event takes beside its JSON (the tuple, its id, the deque's slot), as
@@ -142,7 +142,7 @@ class EventLog:
         # reads its events.
         self.results: list[SegmentResult] | None = [] if keep_results else None
 
-    def publish(self, data: SegmentResult | SegmentUpdate | StreamEnd, *,
+    def publish(self, data: SegmentResult | SegmentUpdate | PreviewResult | StreamEnd, *,
                 supersedes: int | None = None) -> int:
         """Publish an event; its id. ``supersedes``: the id of an earlier event this one
         replaces (readers that have not read that one yet skip it)."""
@@ -153,6 +153,8 @@ class EventLog:
             return self.next_id - 1
         if isinstance(data, SegmentResult):
             kind = "segment"
+        elif isinstance(data, PreviewResult):
+            kind = "preview"
         else:
             kind = "update" if isinstance(data, SegmentUpdate) else "end"
         return self.append(kind, data.model_dump_json(exclude_defaults=True),
@@ -308,12 +310,17 @@ class Emitter:
     ``on_result``: told of every segment result that goes out (metrics); ``on_end``:
     called once, when ``end`` is published. A deferred emitter (a one-shot text) starts
     no deadline until ``start``: its segments are started together, after admission.
+    Previews of the sentence still open (``publish_preview``) go out as they come; the
+    segment that sentence becomes supersedes them; ``on_cut`` is told of each segment cut.
     """
 
     def __init__(self, log: EventLog, *, target: str | None, deadline_s: float,
                  on_result: Callable[[SegmentResult], None], on_end: Callable[[], None],
                  deferred: bool = False) -> None:
         self.log = log
+        self.on_cut: Callable[[int], None] | None = None  # told of each segment cut
+        # The last preview event of each index not out yet: its segment supersedes it.
+        self._previews: dict[int, int] = {}
         self.target = target
         self.tight = is_tight(target)  # no spaces between its sentences
         self.deadline_s = deadline_s
@@ -340,6 +347,8 @@ class Emitter:
         seg = Segment(self.count, piece, decision, time.monotonic())
         self.count += 1
         self._waiting.append(seg)
+        if self.on_cut is not None:
+            self.on_cut(seg.index)
         return seg
 
     def add_held(self, piece: Piece, detection: Detection, memory: str | None) -> Segment:
@@ -349,7 +358,19 @@ class Emitter:
                       held=True, detection=detection, memory=memory)
         self.count += 1
         self._waiting.append(seg)
+        if self.on_cut is not None:
+            self.on_cut(seg.index)
         return seg
+
+    def publish_preview(self, preview: PreviewResult) -> bool:
+        """Publish a preview of the sentence still open, superseding the one before it;
+        False, and nothing published, once that sentence is a segment (or the stream is
+        closed): a preview never comes after its segment."""
+        if self.closed or self.dropped or preview.index < self.count:
+            return False
+        index = preview.index
+        self._previews[index] = self.log.publish(preview, supersedes=self._previews.get(index))
+        return True
 
     def start(self) -> None:
         """A deferred emitter's deadlines begin (its segments were started just now)."""
@@ -396,7 +417,8 @@ class Emitter:
             if result.status == "deadline":
                 seg.late = True
                 self._late[seg.index] = seg
-            self.log.publish(result)
+            self.log.publish(result, supersedes=self._previews.pop(seg.index, None)
+                             if self._previews else None)
         self._maybe_end()
 
     def _advance_later(self) -> None:
@@ -517,7 +539,8 @@ class Emitter:
             return
         waiting, self._waiting = self._waiting, deque()
         for seg in waiting:
-            self.log.publish(self._result(seg, unfinished="error", reason=reason))
+            self.log.publish(self._result(seg, unfinished="error", reason=reason),
+                             supersedes=self._previews.pop(seg.index, None))
         late, self._late = self._late, {}
         for seg in late.values():
             seg.late = False

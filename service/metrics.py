@@ -98,6 +98,14 @@ class Metrics:
             "stream's recent language, or took their `own` detection (a switch came next).",
             ["outcome"], registry=r,
         )
+        self.previews = Counter(
+            "thinktrans_previews",
+            "Previews of open sentences: `sent` to a backend, `shown` (a `preview` event), "
+            "`unchanged` (nothing new once masked), `superseded` (its sentence ended first: "
+            "dropped unrun, or its answer unused), `failed`, `no_backend` (none usable, or "
+            "its preview lane full).",
+            ["outcome"], registry=r,
+        )
         self._cache_metrics(r)
 
     def _cache_metrics(self, r: CollectorRegistry) -> None:

@@ -153,7 +153,7 @@ class Runtime:
             max_wait_ms=s.max_wait_ms, max_queue_size=s.max_queue_size,
             max_concurrency=translator.max_concurrency or s.max_concurrent_batches,
             timeout_s=s.backend_timeout_s, breaker_failures=s.breaker_failures,
-            breaker_cooloff_s=s.breaker_cooloff_s,
+            breaker_cooloff_s=s.breaker_cooloff_s, max_previews=s.preview_max_queue,
         )
 
     async def _close_streams(self, streams: StreamManager) -> None:

@@ -220,6 +220,8 @@ class OpenStreamResponse(BaseModel):
     target_source: TargetSource
     model: str | None = None
     policy: Policy = "translate"
+    previews: bool = Field(False, description="Whether the stream's open sentence is "
+                                              "previewed (`preview` events).")
 
 
 class Chunk(_Strict):

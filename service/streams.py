@@ -47,6 +47,7 @@ from service.intake import ChunkIntake
 from service.limits import check_chunks, check_encodable
 from service.locale import ResolvedTarget, resolve_target
 from service.metrics import Metrics
+from service.preview import PreviewConfig, Previewer, StartPreview
 from service.schemas import Policy, SegmentResult, TextResult
 from service.segmenter import Segmenter
 from service.settings import Settings
@@ -113,6 +114,7 @@ class Stream:
         release: Callable[[], None] | None = None,
         glossary: Glossary | None = None,
         protect: Callable[[str], Protected | None] | None = None,
+        previews: tuple[PreviewConfig, StartPreview, Callable[[str], None]] | None = None,
     ) -> None:
         self.stream_id = stream_id
         # Called once, when the stream ends or is dropped: its model may be evicted then.
@@ -124,6 +126,7 @@ class Stream:
         self.model = model  # the model it named for its chain's backends (None: theirs)
         self.policy: Policy = policy
         self.glossary = glossary  # the glossary it runs with (the file's and its own)
+        self.previews = previews is not None  # its open sentence previewed
         self.started_at = time.time()  # wall clock, for GET /v1/streams
         self.last_activity = time.monotonic()
         self.idle_timer: asyncio.TimerHandle | None = None
@@ -148,6 +151,14 @@ class Stream:
                                   accepted=admission.accepted,
                                   pending=self.cutter.pending_chars)
         self._admission = admission.stream(chain, self.cutter.pending_chars, self._feed_unfed)
+        # Previews of the open sentence (``service/preview.py``): (config, start, count).
+        self.previewer: Previewer | None = None
+        if previews is not None and not deferred:
+            preview_config, start, count = previews
+            self.previewer = Previewer(
+                preview_config, self.emitter, pending=self.cutter.pending,
+                decide=self.cutter.preview_decision, start=start, protect=protect, count=count)
+            self.emitter.on_cut = self.previewer.cut
 
     # -- what the parts say --------------------------------------------------------------
 
@@ -207,6 +218,8 @@ class Stream:
                 self.touch()
                 self._arm_idle_flush()
                 self.cutter.settle_overdue()
+                if self.previewer is not None:
+                    self.previewer.poke()
             return intake.next_seq - 1
 
     async def _add_chunks(self, chunks: Sequence[tuple[int, str]]) -> None:
@@ -320,6 +333,8 @@ class Stream:
             self.idle_timer.cancel()
         self._release_model()
         self.cutter.drop()
+        if self.previewer is not None:
+            self.previewer.drop()
         self.emitter.drop()
 
 
@@ -343,6 +358,7 @@ class StreamManager:
     ) -> None:
         self.settings = settings
         self.config = StreamConfig.from_settings(settings)
+        self.preview_config = PreviewConfig.from_settings(settings)
         # Protected spans are found once per segment, before its chain (models/spans.py).
         self.finder = (SpanFinder(settings.span_patterns, settings.span_kinds or None)
                        if settings.protect_spans else SpanFinder(kinds=()))
@@ -358,6 +374,7 @@ class StreamManager:
         self._ended_bytes = 0
         self._evicted: OrderedDict[str, None] = OrderedDict()
         self._counted: dict[tuple[str, str], tuple[Any, Any]] = {}
+        self._previews_counted: dict[str, Any] = {}
         self._sweeper: asyncio.Task[None] | None = None
         self.draining = False
 
@@ -399,6 +416,13 @@ class StreamManager:
         children[1].observe(result.latency_ms / 1000.0)
         if result.status == "deadline":
             self.metrics.deadline_misses.inc()
+
+    def preview_outcome(self, outcome: str) -> None:
+        """Metrics for a preview (``thinktrans_previews``: sent, shown, ...)."""
+        children = self._previews_counted.get(outcome)
+        if children is None:
+            children = self._previews_counted[outcome] = self.metrics.previews.labels(outcome)
+        children.inc()
 
     def memory(self, outcome: str) -> None:
         """Metrics for a segment the stream's memory settled (``kept`` or ``own``)."""
@@ -454,20 +478,30 @@ class StreamManager:
     def _new(self, stream_id: str, target: ResolvedTarget, chain: list[str], *,
              policy: Policy, model: str | None, backend_name: str | None = None,
              source: str | None = None, max_events: int | None = None,
-             deferred: bool = False, glossary: Glossary | None = None) -> Stream:
+             deferred: bool = False, glossary: Glossary | None = None,
+             previews: bool = False) -> Stream:
         """A stream on this manager's parts: its settings, detector, dispatcher, admission
-        and metrics; its segments' spans found with ``glossary``."""
+        and metrics; its segments' spans found with ``glossary``; with ``previews``, its
+        open sentence previewed (``service/preview.py``)."""
         protect = (None if not self.settings.protect_spans and not glossary
                    else functools.partial(self.finder.find, glossary=glossary))
-        return Stream(
+        previewing = None
+        if previews and target.target is not None:
+            start = functools.partial(self.dispatcher.preview, target=target.target,
+                                      chain=chain, model=model,
+                                      billed=self.preview_config.billed)
+            previewing = (self.preview_config, start, self.preview_outcome)
+        stream = Stream(
             stream_id, self.config, target=target, chain=chain, detector=self.detector,
             submit=self.dispatcher.submit, admission=self.admission, on_result=self.count,
             on_memory=self.memory, on_end=self.on_end, backend_name=backend_name,
             source=source, model=model, policy=policy,
             uses_context=self.dispatcher.uses_context(chain), max_events=max_events,
             deferred=deferred, release=self.dispatcher.use_model(chain, model),
-            glossary=glossary, protect=protect,
+            glossary=glossary, protect=protect, previews=previewing,
         )
+        stream.previews = previews  # asked for (a stream without a target has none to show)
+        return stream
 
     def oneshot(self, target: ResolvedTarget, chain: list[str], source: str | None, *,
                 model: str | None = None, policy: Policy | None = None,
@@ -488,13 +522,14 @@ class StreamManager:
 
     def open(self, stream_id: str, target: str | None, backend: str | None,
              user_text: str | None = None, *, model: str | None = None,
-             policy: Policy | None = None,
-             glossary: Mapping[str, Any] | None = None) -> tuple[Stream, bool]:
+             policy: Policy | None = None, glossary: Mapping[str, Any] | None = None,
+             previews: bool | None = None) -> tuple[Stream, bool]:
         """Open a stream, or return the one already open with the same choices."""
         if user_text is not None:
             check_encodable(user_text, "user_text")
         resolved = self.resolve(target, user_text)
         policy = policy or self.settings.policy
+        previews = self.settings.previews if previews is None else previews
         glossed = self.glossary_for(resolved, glossary)
         existing = self.streams.get(stream_id)
         if existing is not None:
@@ -508,6 +543,10 @@ class StreamManager:
             if existing.glossary != glossed:
                 raise Conflict(f"stream {stream_id!r} is already open with another glossary; "
                                "open it with the same, or use another stream id")
+            if existing.previews != previews:
+                raise Conflict(f"stream {stream_id!r} is already open with previews "
+                               f"{'on' if existing.previews else 'off'}; open it with the "
+                               "same, or use another stream id")
             existing.touch()
             return existing, False
         if self.draining:
@@ -522,7 +561,7 @@ class StreamManager:
         chain = self.dispatcher.chain(backend)
         stream = self._new(stream_id, resolved, chain, backend_name=backend, model=model,
                            policy=policy, max_events=self.settings.max_events_retained,
-                           glossary=glossed)
+                           glossary=glossed, previews=previews)
         self.streams[stream_id] = stream
         self._evicted.pop(stream_id, None)  # the id names this new stream now
         self._gauge()

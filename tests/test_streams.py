@@ -540,7 +540,7 @@ async def test_a_chunk_opens_an_unopened_stream_with_the_default_target() -> Non
         r = await c.post("/v1/streams", json={"stream_id": "new", "target": "fr"})
         assert r.status_code == 200
         assert r.json() == {"stream_id": "new", "target": "fr", "target_source": "default",
-                            "model": None, "policy": "translate"}
+                            "model": None, "policy": "translate", "previews": False}
         assert_problem(await c.post("/v1/streams", json={"stream_id": "new", "target": "de"}), 409)
         await c.post("/v1/streams/new/close")
         segs = segments(await read_until(c, "new"))
@@ -553,7 +553,7 @@ async def test_opening_twice_is_200_with_the_same_target_and_409_with_another() 
         r = await c.post("/v1/streams", json={"stream_id": "o", "target": "zh-CN"})
         assert r.status_code == 201
         assert r.json() == {"stream_id": "o", "target": "zh-CN", "target_source": "request",
-                            "model": None, "policy": "translate"}
+                            "model": None, "policy": "translate", "previews": False}
         r = await c.post("/v1/streams", json={"stream_id": "o", "target": "ZH-cn"})
         assert r.status_code == 200 and r.json()["target"] == "zh-CN"
         body = assert_problem(await c.post("/v1/streams", json={"stream_id": "o", "target": "ja"}),
@@ -905,18 +905,18 @@ async def test_the_target_comes_from_user_text_else_the_default_else_none() -> N
             "stream_id": "u", "user_text": "これは日本語のメッセージです。天気を教えてください。"})
         assert r.status_code == 201
         assert r.json() == {"stream_id": "u", "target": "ja", "target_source": "user_text",
-                            "model": None, "policy": "translate"}
+                            "model": None, "policy": "translate", "previews": False}
         await post_chunks(c, "u", [(0, "The user asked about the weather.")])
         await c.post("/v1/streams/u/close")
         assert [s["target"] for s in segments(await read_until(c, "u"))] == ["ja"]
         r = await c.post("/v1/streams", json={"stream_id": "d"})
         assert r.json() == {"stream_id": "d", "target": "fr", "target_source": "default",
-                            "model": None, "policy": "translate"}
+                            "model": None, "policy": "translate", "previews": False}
     async with app_with() as run:
         c = run.client
         r = await c.post("/v1/streams", json={"stream_id": "n"})
         assert r.json() == {"stream_id": "n", "target": None, "target_source": "none",
-                            "model": None, "policy": "translate"}
+                            "model": None, "policy": "translate", "previews": False}
         await post_chunks(c, "n", [(0, "Hello there, this is English.\n" + CODE)])
         await c.post("/v1/streams/n/close")
         segs = segments(await read_until(c, "n"))

@@ -104,10 +104,10 @@ async def open_stream(body: OpenStreamRequest, streams: StreamsDep) -> JSONRespo
     stream, created = streams.open(body.stream_id, body.target, body.backend, body.user_text,
                                    model=body.model, policy=body.policy,
                                    glossary=None if body.glossary is None
-                                   else body.glossary.model_dump())
+                                   else body.glossary.model_dump(), previews=body.previews)
     answer = OpenStreamResponse(stream_id=stream.stream_id, target=stream.target,
                                 target_source=stream.target_source, model=stream.model,
-                                policy=stream.policy)
+                                policy=stream.policy, previews=stream.previews)
     return JSONResponse(answer.model_dump(), status_code=201 if created else 200)
 
 
