@@ -8,7 +8,8 @@ deltas byte for byte. Needs only httpx and the standard library.
 
     python examples/agent_standin.py --url http://127.0.0.1:8088 --target zh-CN
 
-Open ``<url>/viewer`` beside it to watch the parts translate (``--keep`` leaves them there).
+Open ``<url>/viewer`` beside it to watch the parts translate (``--keep`` leaves them there;
+``--previews`` asks for provisional translations of long sentences while they stream).
 
 Exit status: 0 when every part came back whole, 1 when one did not, 2 when the service
 could not be reached or refused a request.
@@ -94,9 +95,14 @@ async def wait_ready(client: httpx.AsyncClient, timeout_s: float) -> None:
 
 
 async def stream_part(client: httpx.AsyncClient, stream_id: str, deltas: list[str], *,
-                      target: str, batch: int, interval_s: float, keep: bool = False) -> bool:
-    """Send one thinking part through a stream, print its segments; True if it came back whole."""
-    response = await client.post("/v1/streams", json={"stream_id": stream_id, "target": target})
+                      target: str, batch: int, interval_s: float, keep: bool = False,
+                      previews: bool = False) -> bool:
+    """Send one thinking part through a stream, print its segments (and, with ``previews``,
+    the provisional translations of sentences still open); True if it came back whole."""
+    body: dict[str, object] = {"stream_id": stream_id, "target": target}
+    if previews:
+        body["previews"] = True
+    response = await client.post("/v1/streams", json=body)
     response.raise_for_status()
     print(f"== {stream_id} -> {response.json()['target']}")
     originals: dict[int, str] = {}
@@ -113,6 +119,9 @@ async def stream_part(client: httpx.AsyncClient, stream_id: str, deltas: list[st
                         tag = data["status"] + (f"/{data['backend']}"
                                                 if data["status"] == "translated" else "")
                         print(f"  [{data['index']:>2} {tag}] {_shown(data['text'])}")
+                elif kind == "preview":
+                    print(f"  [{data['index']:>2} preview {data['revision']}] "
+                          f"{_shown(data['text'])} ...")
                 elif kind == "update":
                     tag = data["status"] + (f"/{data['backend']}" if data.get("backend") else "")
                     print(f"  [{data['index']:>2} update {tag}] {_shown(data['text'])}")
@@ -155,7 +164,7 @@ async def run(args: argparse.Namespace) -> int:
             stream_id = f"standin-{os.getpid()}:{number}"
             whole &= await stream_part(client, stream_id, deltas, target=args.target,
                                        batch=args.batch, interval_s=args.interval_ms / 1000,
-                                       keep=args.keep)
+                                       keep=args.keep, previews=args.previews)
     print(f"{len(parts)} parts streamed; " + ("all came back whole" if whole else "NOT whole"))
     return 0 if whole else 1
 
@@ -171,6 +180,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="pause between POSTs, as a model emits (default: 50)")
     parser.add_argument("--ready-timeout", type=float, default=600.0,
                         help="seconds to wait for /readyz (default: 600)")
+    parser.add_argument("--previews", action="store_true",
+                        help="ask for previews: provisional translations of long sentences "
+                             "while they stream, printed as `preview` lines")
     parser.add_argument("--keep", action="store_true",
                         help="leave each stream on the sidecar when done, to look at it in "
                              "the viewer (<url>/viewer)")

@@ -288,3 +288,18 @@ async def test_a_deadline_segment_supersedes_its_previews_and_its_update_follows
         assert [e["type"] for e in rest] == ["update", "update", "end"]  # no preview after
         assert fake.jobs[0].preview and not fake.jobs[1].preview
         assert await run.metric("thinktrans_previews_total", outcome="superseded") == 1
+
+
+async def test_a_sentence_short_of_the_length_gets_its_preview_once_old_enough() -> None:
+    fake = Previewing()
+    overrides = {**EAGER, "preview_min_words": 100, "preview_after_ms": 150}
+    async with app_with(fake, **overrides) as run:
+        await run.client.post("/v1/streams", json=_open(True))
+        await post_chunks(run.client, "p", [(0, "Let me think")])
+        await asyncio.sleep(0.05)
+        assert fake.previews() == [], "neither long nor old enough yet"
+        # Nothing more comes: the stream's own timer makes the preview.
+        events = await read_until(run.client, "p", "preview", timeout_s=5)
+        assert events[-1]["data"] == {"index": 0, "text": "<zh-CN>Let me thin",
+                                      "source_chars": 12, "revision": 1}
+        assert [job.texts for job in fake.previews()] == [["Let me think"]]
