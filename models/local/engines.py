@@ -9,10 +9,10 @@ the weights and turns a batch of token ids into generated ids:
 - ``load(model_id, tokenizer, offline, converted)`` loads one checkpoint;
 - ``generate(loaded, tokenizer, rows, forced, max_new)`` decodes greedily (or with beams) and
   returns, per row, the generated ids after the decoder start token, the forced language token
-  first when there is one, at most ``max_new`` of them. ``previous`` (per row, target-side
-  token ids or None) and ``bias`` ask for a preview's rows to be decoded towards their
-  sentence's previous preview; only CTranslate2 does (``CT2Engine``), transformers decodes
-  them as any other row.
+  first when there is one, at most ``max_new`` of them;
+- CTranslate2 alone (a ``Biasing`` engine) also has ``generate_biased(..., previous, bias)``:
+  a preview's rows decoded towards their sentence's previous preview (``previous``: per row,
+  target-side token ids or None). On transformers a preview decodes as any segment.
 
 Both honour the checkpoint's generation config (banned tokens, a minimum length), the beam
 width and the repetition guard (``no_repeat_ngram_size``), so that in float32 they produce the
@@ -30,10 +30,11 @@ import logging
 import math
 import os
 import weakref
+from collections.abc import Sequence
 from dataclasses import dataclass
 from importlib.util import find_spec
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 from models.errors import MissingExtra
 from models.local.checkpoint import LoadError, not_found_reason
@@ -99,9 +100,17 @@ class Engine(Protocol):
              d_model: int | None = None) -> Loaded: ...
 
     def generate(self, loaded: Loaded, tokenizer: Any, rows: list[list[int]],
-                 forced: int | None, max_new: int, *,
-                 previous: list[list[int] | None] | None = None,
-                 bias: float = 0.0) -> list[list[int]]: ...
+                 forced: int | None, max_new: int) -> list[list[int]]: ...
+
+
+@runtime_checkable
+class Biasing(Protocol):
+    """An engine that decodes rows towards a prefix of their own (``CT2Engine``)."""
+
+    def generate_biased(self, loaded: Loaded, tokenizer: Any, rows: list[list[int]],
+                        forced: int | None, max_new: int,
+                        previous: Sequence[Sequence[int] | None], bias: float
+                        ) -> list[list[int]]: ...
 
 
 # The CTranslate2 models loaded in this process and not yet freed (a slot the catalog drops
@@ -211,11 +220,7 @@ class TransformersEngine:
         return Loaded(model=model, eos_ids=eos)
 
     def generate(self, loaded: Loaded, tokenizer: Any, rows: list[list[int]],
-                 forced: int | None, max_new: int, *,
-                 previous: list[list[int] | None] | None = None,
-                 bias: float = 0.0) -> list[list[int]]:
-        """Every row as it is: ``previous`` and ``bias`` are CTranslate2's alone (a preview
-        decodes here as any segment)."""
+                 forced: int | None, max_new: int) -> list[list[int]]:
         import torch
 
         batch = tokenizer.pad({"input_ids": rows}, return_tensors="pt")
@@ -360,9 +365,13 @@ class CT2Engine:
         return loaded
 
     def generate(self, loaded: Loaded, tokenizer: Any, rows: list[list[int]],
-                 forced: int | None, max_new: int, *,
-                 previous: list[list[int] | None] | None = None,
-                 bias: float = 0.0) -> list[list[int]]:
+                 forced: int | None, max_new: int) -> list[list[int]]:
+        return self.generate_biased(loaded, tokenizer, rows, forced, max_new, (), 0.0)
+
+    def generate_biased(self, loaded: Loaded, tokenizer: Any, rows: list[list[int]],
+                        forced: int | None, max_new: int,
+                        previous: Sequence[Sequence[int] | None], bias: float
+                        ) -> list[list[int]]:
         """Decode ``rows``; those with a ``previous`` (when ``bias`` > 0) biased towards it.
 
         A biased row's target prefix is the language token (when ``forced``) and then its
@@ -380,7 +389,7 @@ class CT2Engine:
         lead = [] if forced is None else [tokenizer.convert_ids_to_tokens(forced)]
         # Each previous preview within the bound, with room for one token after it.
         room = max(1, max_new - len(lead) - 1)
-        wanted = {i: ids[:room] for i, ids in enumerate(previous or []) if ids and bias > 0}
+        wanted = {i: list(ids[:room]) for i, ids in enumerate(previous) if ids and bias > 0}
         biased = list(wanted)
         out: list[list[str] | None] = [None] * len(rows)
         if biased:

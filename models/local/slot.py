@@ -43,7 +43,7 @@ from models.local.checkpoint import (
     version,
 )
 from models.local.convert import is_converted, read_meta
-from models.local.engines import Engine, Loaded
+from models.local.engines import Biasing, Engine, Loaded
 from models.local.masking import FALLBACK, MASKED, SpanBatch, form_for
 from models.local.text import Keep, cut_texts, rejoin
 from models.spans import Protected
@@ -328,10 +328,10 @@ def generate(engine: Engine, route: Route, texts: list[str], max_input_tokens: i
     )["input_ids"]
     caps = [min(math.ceil(1.5 * len(row)) + 10, slot.max_positions - 2) for row in rows]
     prefixes = _target_ids(slot, previous) if beta > 0 and previous else None
-    if prefixes is not None and any(prefixes):
+    if prefixes is not None and any(prefixes) and isinstance(engine, Biasing):
         stats.biased_rows += sum(map(bool, prefixes))
-        out = engine.generate(slot.loaded, tokenizer, rows, route.forced_bos, max(caps),
-                              previous=prefixes, bias=beta)
+        out = engine.generate_biased(slot.loaded, tokenizer, rows, route.forced_bos,
+                                     max(caps), prefixes, beta)
     else:
         out = engine.generate(slot.loaded, tokenizer, rows, route.forced_bos, max(caps))
     stats.generate_calls += 1
