@@ -13,9 +13,9 @@ most. Everything here runs on the backend's threads, never on the event loop.
 
 A preview's texts may come with ``previous``, per text the sentence's previous preview as
 shown: with ``bias`` > 0, a text that goes to the model whole (one part, not masked) is
-decoded towards it (``Engine.generate``; CTranslate2's prefix bias). A text cut into parts, or
-one with protected spans (masked, or sent as its runs), decodes unbiased: a part's share of
-the previous preview, or a placeholder's place in it, is not known.
+decoded towards it (``Biasing.generate_biased``: CTranslate2's prefix bias). A text cut into
+parts, or one with protected spans (masked, or sent as its runs), decodes unbiased: a part's
+share of the previous preview, or a placeholder's place in it, is not known.
 """
 
 from __future__ import annotations
@@ -96,7 +96,7 @@ class Stats:
     generate_calls: int = 0
     split_segments: int = 0
     output_tokens: int = 0  # generated, as kept (before EOS, within the bound)
-    biased_rows: int = 0  # preview rows decoded towards their previous preview
+    biased_rows: int = 0  # preview rows sent to be decoded towards their previous preview
     last_generate_sizes: list[int] = field(default_factory=list)
     # Texts with protected spans: kept by their placeholders, or by translating their runs.
     spans_masked: int = 0
