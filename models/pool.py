@@ -25,6 +25,15 @@ runs between them); a text cut for the pool is never cut inside a span, and each
 its own spans. The spans count in a call's body, which is cut to the pool's
 ``max_call_bytes``; the pool's answer says how each call's spans were kept, counted in
 ``info()`` (``spans: {"masked", "fallback"}``).
+
+A preview batch (``Job.preview``) goes as a call with ``preview: true`` and ``previous``,
+per text its sentence's previous preview (or null), which the pool's CTranslate2 replicas
+decode towards as ``local`` does (``local_preview_bias``). ``previous`` is bounded by the
+call's limits: each is cut to the pool's ``max_text_chars`` (a prefix of a preview is still
+one), and a call carries at most ``max_call_chars`` of them in all, the texts' own
+characters aside (past that, a text's previous goes null: it decodes unbiased); they count
+in its body's bytes. A text cut into parts for the pool goes unbiased, as in ``local``. A
+call that is not a preview carries neither field.
 """
 
 from __future__ import annotations
@@ -97,6 +106,12 @@ class PoolCall(BaseModel):
         None, description="Per text, its protected spans as [start, end, kind, out]: offsets "
         "into the text, in order, not overlapping; out is what its translation holds in the "
         "span's place. Null: no text has any.")
+    preview: bool = Field(False, description="A preview batch: provisional translations of "
+                          "sentences still streaming, never cached.")
+    previous: list[str | None] | None = Field(
+        None, description="A preview's, per text: its sentence's previous preview as shown "
+        "(null: none), which a CTranslate2 replica decodes towards (local_preview_bias). Each "
+        "at most max_text_chars, at most max_call_chars in all. Ignored unless preview.")
 
     def protected(self) -> list[Protected | None] | None:
         """The spans as the local engine takes them (``Job.protected``); None: none."""
@@ -338,7 +353,9 @@ class PoolTranslator(RemoteTranslator):
                 _part_spans(job.protected[part.index], part) for part in pieces.parts]
             # Sent as they are: a part holding a span longer than the bound is refused.
             outputs = await self._send(replace(job, texts=sent, contexts=None,
-                                               protected=protected), deadline_s)
+                                               protected=protected,
+                                               previous=_whole_previous(job, pieces.parts)),
+                                       deadline_s)
             if len(outputs) != len(sent):
                 raise BadOutput(f"pool returned {len(outputs)} translations for {len(sent)}")
             for part, out in zip(pieces.parts, outputs, strict=True):
@@ -351,33 +368,40 @@ class PoolTranslator(RemoteTranslator):
         """The job's texts as calls within the pool's limits, all at once; their answers."""
         texts, source, target, model = job.texts, job.source, job.target, job.model
         spans = wire_spans(job.protected, len(texts))
+        max_chars = self._limit("max_call_chars", MAX_CALL_CHARS)
+        previous = _wire_previous(job, self._limit("max_text_chars", MAX_TEXT_CHARS))
         room = self._limit("max_call_bytes", MAX_CALL_BYTES) - _envelope(job, self.config.sidecar)
-        parts = _parts(list(texts), self._call_texts(),
-                       self._limit("max_call_chars", MAX_CALL_CHARS), _sizes(texts, spans), room)
+        parts = _parts(list(texts), self._call_texts(), max_chars,
+                       _sizes(texts, spans, previous), room)
         calls, at = [], 0
         for batch in parts:
             own = None if spans is None else spans[at:at + len(batch)]
-            calls.append((batch, own if own and any(own) else None))
+            shown = None if previous is None else _within(previous[at:at + len(batch)],
+                                                          max_chars)
+            calls.append((batch, own if own and any(own) else None, shown))
             at += len(batch)
         try:
             # A hair past it: the stream's own timer sends the originals out first.
             async with asyncio.timeout(None if deadline_s is None else deadline_s + GRACE_S):
                 due = None if deadline_s is None else time.monotonic() + deadline_s
-                answers = await _all([self._call(batch, own, source, target, model, due)
-                                      for batch, own in calls])
+                answers = await _all([self._call(PoolCall(
+                    texts=batch, source=source, target=target, model=model, deadline_ms=None,
+                    sidecar=self.config.sidecar, spans=own, preview=job.preview,
+                    previous=shown), due) for batch, own, shown in calls])
         except TimeoutError:
             # The pool kept it past its deadline: slow or stuck, the breaker counts it.
             raise BackendTimeout("no answer from the pool by the batch's deadline") from None
         return [text for answer in answers for text in answer]
 
-    async def _call(self, texts: list[str], spans: list[list[WireSpan]] | None,
-                    source: str | None, target: str, model: str | None, due: float | None
-                    ) -> list[str]:
+    async def _call(self, call: PoolCall, due: float | None) -> list[str]:
+        """``call`` sent, its deadline as it stands now; its translations."""
         assert self._client is not None
-        left_ms = None if due is None else (due - time.monotonic()) * 1000.0
-        call = PoolCall(texts=texts, source=source, target=target, model=model,
-                        deadline_ms=left_ms, sidecar=self.config.sidecar, spans=spans)
-        payload = _dumps(call.model_dump(exclude={"spans"} if spans is None else None))
+        source, target, model = call.source, call.target, call.model
+        call.deadline_ms = None if due is None else (due - time.monotonic()) * 1000.0
+        unsaid = {name for name, none in (("spans", call.spans is None),
+                                          ("preview", not call.preview),
+                                          ("previous", not call.preview)) if none}
+        payload = _dumps(call.model_dump(exclude=unsaid))
         try:
             resp = await self._client.post("/v1/batch", content=payload,
                                            headers={"Content-Type": "application/json"})
@@ -458,17 +482,55 @@ def _dumps(body: Any) -> bytes:
     return json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
 
 
-def _sizes(texts: Sequence[str], spans: list[list[WireSpan]] | None) -> list[int]:
-    """What each text adds to a call's body, its spans included (and their commas)."""
+def _sizes(texts: Sequence[str], spans: list[list[WireSpan]] | None,
+           previous: Sequence[str | None] | None = None) -> list[int]:
+    """What each text adds to a call's body, its spans and previous preview included (and
+    their commas)."""
     return [len(_dumps(text)) + 1 + (len(_dumps(spans[i])) + 1 if spans else 0)
+            + (len(_dumps(previous[i])) + 1 if previous is not None else 0)
             for i, text in enumerate(texts)]
 
 
 def _envelope(job: Job, sidecar: str) -> int:
-    """A call's body without its texts and spans: a bound, the deadline at its longest."""
+    """A call's body without its texts, spans and previous previews: a bound, the deadline
+    at its longest."""
     return len(_dumps({"texts": [], "source": job.source, "target": job.target,
                        "model": job.model, "deadline_ms": -1.7976931348623157e308,
-                       "sidecar": sidecar, "spans": []}))
+                       "sidecar": sidecar, "spans": [], "preview": True, "previous": []}))
+
+
+def _wire_previous(job: Job, max_text: int) -> list[str | None] | None:
+    """A preview's previous previews as a call carries them, one per text, each cut to
+    ``max_text`` characters; None for a job that is not a preview, or has none."""
+    if not job.preview or not job.previous or not any(job.previous):
+        return None
+    given = list(job.previous)[:len(job.texts)]
+    given += [None] * (len(job.texts) - len(given))
+    return [None if text is None else text[:max_text] for text in given]
+
+
+def _within(previous: list[str | None], max_chars: int) -> list[str | None] | None:
+    """One call's previous previews, in order while they fit ``max_chars`` in all (the rest
+    null); None when none is left."""
+    out: list[str | None] = []
+    chars = 0
+    for text in previous:
+        chars += len(text or "")
+        out.append(text if chars <= max_chars else None)
+    return out if any(out) else None
+
+
+def _whole_previous(job: Job, parts: Sequence[Part]) -> list[str | None] | None:
+    """Per part of a job's cut texts, its text's previous preview where the text went whole;
+    a part of a text cut in several goes unbiased (its share of the preview is unknown)."""
+    if not job.preview or not job.previous:
+        return None
+    count = [0] * len(job.texts)
+    for part in parts:
+        count[part.index] += 1
+    previous = list(job.previous)
+    return [previous[part.index] if count[part.index] == 1 and part.index < len(previous)
+            else None for part in parts]
 
 
 def _stretches(protected: Sequence[Protected | None] | None, count: int

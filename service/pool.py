@@ -30,6 +30,13 @@ checked here: in range, in order, not overlapping; a 422 otherwise); the engine 
 ``Job.protected`` and keeps each, and the answer says how (``spans: {"masked", "fallback"}``).
 Calls with spans and without merge into one engine call all the same.
 
+A preview call (``preview: true``) may carry ``previous``, per text its sentence's previous
+preview or null (one per text, each at most ``max_text_chars``, at most ``max_call_chars``
+in all: a 422 or a 413 otherwise). The engine gets them as ``Job.previous`` of a preview job,
+and its CTranslate2 engine decodes those texts towards them (``local_preview_bias``); a
+preview call and final ones merge as any calls do, the final ones' texts with no previous
+(decoded as ever). A call that is not a preview has its ``previous`` ignored.
+
 ``thinktrans pool`` writes JSON lines on stderr, as the service does: its own, its
 replicas', Ray's (a JSON ``LoggingConfig``, so worker lines come without Ray's coloured
 prefix); Serve's own logs go, as JSON, to its files in Ray's session directory
@@ -229,6 +236,33 @@ def _check_spans(call: PoolCall) -> None:
                     f"({len(text)} characters) after the one before it (ending at {at}): "
                     "spans are offsets into their text, in order, not empty, not overlapping")
             at = end
+
+
+def _check_previous(call: PoolCall, limits: Limits) -> None:
+    """A preview call's previous previews: one per text (InputError: a 422), within the
+    call's character limits (PayloadTooLarge: a 413)."""
+    if call.previous is None:
+        return
+    if len(call.previous) != len(call.texts):
+        raise InputError(f"previous: {len(call.previous)} for {len(call.texts)} texts; send "
+                         "one per text, null for a text without a previous preview")
+    sizes = [len(text or "") for text in call.previous]
+    if max(sizes) > limits.max_text_chars or sum(sizes) > limits.max_call_chars:
+        raise PayloadTooLarge(
+            f"previous: at most {limits.max_text_chars} characters each and "
+            f"{limits.max_call_chars} in all (pool_max_text_chars, pool_max_call_chars)")
+
+
+def _previous(calls: Sequence[PoolCall]) -> list[str | None] | None:
+    """A group's previous previews, one per text of all its calls (None for a text of a
+    call that is not a preview); None: no preview call has any."""
+    if not any(call.preview and call.previous for call in calls):
+        return None
+    out: list[str | None] = []
+    for call in calls:
+        out += (call.previous if call.preview and call.previous is not None
+                else [None] * len(call.texts))
+    return out
 
 
 def _protected(calls: Sequence[PoolCall]) -> list[Protected | None] | None:
@@ -439,6 +473,7 @@ class Pool:
                 f"{limits.max_call_chars} (pool_max_call_chars, THINKTRANS_POOL_MAX_CALL_CHARS): "
                 "send them as several calls")
         _check_spans(call)
+        _check_previous(call, limits)
         return call
 
     # -- the batch ---------------------------------------------------------------------------
@@ -504,7 +539,8 @@ class Pool:
                          model: str | None) -> None:
         calls = [w.sent.call for w in members]
         texts = [text for call in calls for text in call.texts]
-        job = Job(texts, source, target, model, protected=_protected(calls))
+        job = Job(texts, source, target, model, protected=_protected(calls),
+                  preview=any(call.preview for call in calls), previous=_previous(calls))
         try:
             outputs, kept = await asyncio.wait_for(self.translator.run_kept(job), self.timeout_s)
             check_outputs(LocalTranslator.name, texts, outputs)

@@ -588,6 +588,46 @@ def test_the_pool_checks_each_calls_spans() -> None:
         assert str(caught.value).startswith(where), (spans, str(caught.value))
 
 
+async def test_a_preview_call_gives_the_engine_its_previous_previews_and_checks_them() -> None:
+    """A preview call's previous previews reach the engine as a preview job's, merged with a
+    final call's texts (no previous for them); their count and size are checked."""
+    _ray()
+    from models.pool import PoolCall
+    from service.batching import GroupedQueue
+    from service.errors import InputError, PayloadTooLarge
+    from service.pool import Limits, _Queued, _Stats
+    from service.pool import Pool as Deployment
+
+    jobs: list[Job] = []
+
+    class Engine:
+        async def run_kept(self, job: Job) -> tuple[list[str], list[str | None]]:
+            jobs.append(job)
+            return [t.upper() for t in job.texts], [None] * len(job.texts)
+
+    cls = Deployment.func_or_class.__bases__[0]
+    replica = object.__new__(cls)
+    replica.translator, replica.timeout_s, replica.max_batch_size = Engine(), 5.0, 10
+    replica.tally, replica.waiting, replica.engine = _Stats(), GroupedQueue(), asyncio.Lock()
+    replica.limits = Limits(max_text_chars=20, max_call_chars=30)
+
+    def parse(**body: Any) -> PoolCall:
+        call: PoolCall = replica._parse(json.dumps({"target": "de", **body}).encode())
+        return call
+
+    preview = parse(texts=["the user said", "so"], preview=True, previous=["der", None])
+    final = parse(texts=["done."], previous=["ignored"])
+    answers = await cls.run.__wrapped__(replica, [_Queued(preview, None), _Queued(final, None)])
+    assert answers == [["THE USER SAID", "SO"], ["DONE."]]
+    [job] = jobs
+    assert job.preview and list(job.previous or []) == ["der", None, None]
+    for previous, error in ((["a"], InputError),  # one for two texts
+                            (["x" * 21, None], PayloadTooLarge),  # over max_text_chars
+                            (["x" * 20, "y" * 11], PayloadTooLarge)):  # over max_call_chars
+        with pytest.raises(error):
+            parse(texts=["a", "b"], preview=True, previous=previous)
+
+
 # -- the backend alone: no Ray needed ---------------------------------------------------------
 
 INFO = {"ready": True, "reason": None, "max_batch_size": 2, "engine": "ctranslate2",
@@ -874,3 +914,38 @@ async def test_a_sidecar_logs_no_line_per_pool_call(capfd: pytest.CaptureFixture
     lines = [json.loads(line) for line in capfd.readouterr().err.splitlines() if line]
     assert [line["msg"] for line in lines if line["logger"] == "httpx"] == [
         "a warning still shows"], lines
+
+
+async def test_a_preview_goes_with_its_previous_previews_within_the_pools_limits() -> None:
+    """``preview`` and ``previous`` go only in a preview's calls, each previous cut to
+    max_text_chars and at most max_call_chars of them a call; a text cut into parts goes
+    without its previous; a final batch's call carries neither."""
+    limits = {**INFO, "max_batch_size": 64, "max_text_chars": 40, "max_call_chars": 70}
+    bodies: list[dict[str, Any]] = []
+
+    async def pool(request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/v1/info":
+            return httpx.Response(200, json=limits)
+        body = json.loads(request.content)
+        bodies.append(body)
+        return httpx.Response(200, json={"translations": body["texts"], "identity": "abc"})
+
+    backend = PoolTranslator(PoolConfig(url="http://pool", transport=httpx.MockTransport(pool)))
+    await backend.start()
+    assert await backend.wait_ready(5)
+    long = "The first one reads the file. The second one writes it all again."
+    try:
+        await backend.run(Job(["So the user", "Then I", long], "en", "de", preview=True,
+                              previous=["x" * 50, "Dann", "lang"]))
+        await backend.run(Job(["So the user"], "en", "de", previous=["Also"]))
+    finally:
+        await backend.aclose()
+    *previews, final = bodies
+    assert all(body["preview"] is True for body in previews)
+    sent = {t: p for body in previews for t, p in zip(body["texts"], body["previous"] or
+                                                       [None] * len(body["texts"]),
+                                                       strict=True)}
+    assert sent["So the user"] == "x" * 40 and sent["Then I"] == "Dann"
+    assert [p for t, p in sent.items() if t not in ("So the user", "Then I")] == [None, None]
+    assert all(sum(len(p or "") for p in body["previous"] or []) <= 70 for body in previews)
+    assert "preview" not in final and "previous" not in final

@@ -9,7 +9,10 @@ the weights and turns a batch of token ids into generated ids:
 - ``load(model_id, tokenizer, offline, converted)`` loads one checkpoint;
 - ``generate(loaded, tokenizer, rows, forced, max_new)`` decodes greedily (or with beams) and
   returns, per row, the generated ids after the decoder start token, the forced language token
-  first when there is one, at most ``max_new`` of them.
+  first when there is one, at most ``max_new`` of them;
+- CTranslate2 alone (a ``Biasing`` engine) also has ``generate_biased(..., previous, bias)``:
+  a preview's rows decoded towards their sentence's previous preview (``previous``: per row,
+  target-side token ids or None). On transformers a preview decodes as any segment.
 
 Both honour the checkpoint's generation config (banned tokens, a minimum length), the beam
 width and the repetition guard (``no_repeat_ngram_size``), so that in float32 they produce the
@@ -27,10 +30,11 @@ import logging
 import math
 import os
 import weakref
+from collections.abc import Sequence
 from dataclasses import dataclass
 from importlib.util import find_spec
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 from models.errors import MissingExtra
 from models.local.checkpoint import LoadError, not_found_reason
@@ -97,6 +101,16 @@ class Engine(Protocol):
 
     def generate(self, loaded: Loaded, tokenizer: Any, rows: list[list[int]],
                  forced: int | None, max_new: int) -> list[list[int]]: ...
+
+
+@runtime_checkable
+class Biasing(Protocol):
+    """An engine that decodes rows towards a prefix of their own (``CT2Engine``)."""
+
+    def generate_biased(self, loaded: Loaded, tokenizer: Any, rows: list[list[int]],
+                        forced: int | None, max_new: int,
+                        previous: Sequence[Sequence[int] | None], bias: float
+                        ) -> list[list[int]]: ...
 
 
 # The CTranslate2 models loaded in this process and not yet freed (a slot the catalog drops
@@ -352,25 +366,71 @@ class CT2Engine:
 
     def generate(self, loaded: Loaded, tokenizer: Any, rows: list[list[int]],
                  forced: int | None, max_new: int) -> list[list[int]]:
+        return self.generate_biased(loaded, tokenizer, rows, forced, max_new, (), 0.0)
+
+    def generate_biased(self, loaded: Loaded, tokenizer: Any, rows: list[list[int]],
+                        forced: int | None, max_new: int,
+                        previous: Sequence[Sequence[int] | None], bias: float
+                        ) -> list[list[int]]:
+        """Decode ``rows``; those with a ``previous`` (when ``bias`` > 0) biased towards it.
+
+        A biased row's target prefix is the language token (when ``forced``) and then its
+        previous preview's tokens; ``prefix_bias_beta`` = ``bias`` mixes each step's
+        distribution with that prefix, ``(1 - bias) * p + bias * prefix``, until a beam leaves
+        it, so a preview keeps to the words shown before while its model disagrees little,
+        and departs where it disagrees strongly (Arivazhagan et al. 2020, sec. 4.2). Biasing
+        needs beam search: such rows decode with ``max(2, num_beams)`` beams. As the prefix
+        is then a bias, not forced, the language token is too: a hypothesis that does not
+        start with it is passed over, and a row none of whose hypotheses does decodes
+        unbiased. The other rows decode as ever (in a call of their own, since the bias is
+        per call), so a preview's output equals a segment's decode when it has no previous.
+        """
         source = [tokenizer.convert_ids_to_tokens(row) for row in rows]
-        prefix = None
-        if forced is not None:
-            token = tokenizer.convert_ids_to_tokens(forced)
-            prefix = [[token] for _ in rows]
+        lead = [] if forced is None else [tokenizer.convert_ids_to_tokens(forced)]
+        # Each previous preview within the bound, with room for one token after it.
+        room = max(1, max_new - len(lead) - 1)
+        wanted = {i: list(ids[:room]) for i, ids in enumerate(previous) if ids and bias > 0}
+        biased = list(wanted)
+        out: list[list[str] | None] = [None] * len(rows)
+        if biased:
+            prefixes = [lead + tokenizer.convert_ids_to_tokens(wanted[i]) for i in biased]
+            found = self._decode(loaded, [source[i] for i in biased], prefixes, max_new,
+                                 max(2, self.options.num_beams), bias)
+            for i, hypotheses in zip(biased, found, strict=True):
+                out[i] = next((h for h in hypotheses if h[: len(lead)] == lead), None)
+        plain = [i for i, tokens in enumerate(out) if tokens is None]
+        if plain:
+            found = self._decode(loaded, [source[i] for i in plain],
+                                 [lead for _ in plain] if lead else None, max_new,
+                                 self.options.num_beams, 0.0)
+            for i, hypotheses in zip(plain, found, strict=True):
+                out[i] = hypotheses[0]
+        return [tokenizer.convert_tokens_to_ids(tokens) for tokens in out]
+
+    def _decode(self, loaded: Loaded, source: list[list[str]],
+                prefix: list[list[str]] | None, max_new: int, beams: int,
+                bias: float) -> list[list[list[str]]]:
+        """One ``translate_batch``: per row its hypotheses, best first (all ``beams`` of
+        them when biased, the best alone otherwise)."""
+        extra: dict[str, Any] = {}
+        if bias > 0:
+            extra = {"prefix_bias_beta": bias, "num_hypotheses": beams}
         results = loaded.model.translate_batch(
             source,
             target_prefix=prefix,
-            beam_size=self.options.num_beams,
+            beam_size=beams,
             max_decoding_length=max_new,  # counts the target prefix, like max_new_tokens
             min_decoding_length=min(loaded.min_length, max_new),
             no_repeat_ngram_size=self.options.no_repeat_ngram_size,
             suppress_sequences=loaded.suppress,
             max_input_length=0,  # the backend bounds inputs itself (split_text)
             # Parts of the batch for the workers, run at once, answers in the input order.
-            max_batch_size=math.ceil(len(rows) / loaded.workers) if loaded.workers > 1 else 0,
+            max_batch_size=(math.ceil(len(source) / loaded.workers) if loaded.workers > 1
+                            else 0),
             return_scores=False,
+            **extra,
         )
-        return [tokenizer.convert_tokens_to_ids(result.hypotheses[0]) for result in results]
+        return [list(result.hypotheses) for result in results]
 
 
 def _generation_config(path: Path) -> dict[str, Any]:

@@ -112,6 +112,14 @@ class SpanBatch:
                 self._runs_first[i] = self._runs(spans, self._send_first)
                 self.outcomes[i] = FALLBACK
 
+    def plain_in_first(self, values: Sequence[str | None]) -> list[str | None]:
+        """``values`` (one per text) as the first call's list takes them: a text without
+        spans, sent as it is, keeps its own; a masked text, or one sent as its runs, None."""
+        out: list[str | None] = [None] * len(self.first)
+        for i, k in self._plain.items():
+            out[k] = values[i] if i < len(values) else None
+        return out
+
     def _send_first(self, text: str, keep: Keep = ()) -> int:
         self.first.append(text)
         self.first_keep.append(keep)

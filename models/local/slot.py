@@ -10,6 +10,12 @@ tokens, put back in order and rejoined. Texts with protected spans are masked wi
 family's placeholders before the cut and restored after, their prose runs translated on
 their own where a placeholder was lost (models/local/masking.py): a second engine call at
 most. Everything here runs on the backend's threads, never on the event loop.
+
+A preview's texts may come with ``previous``, per text the sentence's previous preview as
+shown: with ``bias`` > 0, a text that goes to the model whole (one part, not masked) is
+decoded towards it (``Biasing.generate_biased``: CTranslate2's prefix bias). A text cut into
+parts, or one with protected spans (masked, or sent as its runs), decodes unbiased: a part's
+share of the previous preview, or a placeholder's place in it, is not known.
 """
 
 from __future__ import annotations
@@ -17,6 +23,7 @@ from __future__ import annotations
 import logging
 import math
 import time
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from types import SimpleNamespace
@@ -36,7 +43,7 @@ from models.local.checkpoint import (
     version,
 )
 from models.local.convert import is_converted, read_meta
-from models.local.engines import Engine, Loaded
+from models.local.engines import Biasing, Engine, Loaded
 from models.local.masking import FALLBACK, MASKED, SpanBatch, form_for
 from models.local.text import Keep, cut_texts, rejoin
 from models.spans import Protected
@@ -89,6 +96,7 @@ class Stats:
     generate_calls: int = 0
     split_segments: int = 0
     output_tokens: int = 0  # generated, as kept (before EOS, within the bound)
+    biased_rows: int = 0  # preview rows sent to be decoded towards their previous preview
     last_generate_sizes: list[int] = field(default_factory=list)
     # Texts with protected spans: kept by their placeholders, or by translating their runs.
     spans_masked: int = 0
@@ -186,24 +194,41 @@ def warm_up(engine: Engine, slot: Slot, max_input_tokens: int) -> None:
 # -- a batch -----------------------------------------------------------------------------------
 
 
+@dataclass(frozen=True)
+class Bias:
+    """A preview's decoding towards its sentence's previous previews: per text the one
+    shown (or None), and ``prefix_bias_beta``; ``of`` answers None for an index outside."""
+
+    previous: Sequence[str | None]
+    beta: float
+
+    def of(self, indices: Sequence[int]) -> list[str | None]:
+        """The previous preview of each text at ``indices`` (None past the list)."""
+        return [self.previous[i] if 0 <= i < len(self.previous) else None for i in indices]
+
+
 def translate_batch(engine: Engine, route: Route, texts: list[str], max_input_tokens: int,
                     stats: Stats, protected: Sequence[Protected | None] | None = None,
-                    strategy: str = "mask") -> list[str]:
+                    strategy: str = "mask", bias: Bias | None = None) -> list[str]:
     """Split, sort by length, generate in slices, restore the order, rejoin; texts with
-    ``protected`` spans masked (``strategy`` "mask") or sent as their runs ("runs")."""
+    ``protected`` spans masked (``strategy`` "mask") or sent as their runs ("runs"); a
+    preview's whole texts biased towards their previous previews (``bias``)."""
     return translate_kept(engine, route, texts, max_input_tokens, stats, protected,
-                          strategy)[0]
+                          strategy, bias)[0]
 
 
 def translate_kept(engine: Engine, route: Route, texts: list[str], max_input_tokens: int,
                    stats: Stats, protected: Sequence[Protected | None] | None = None,
-                   strategy: str = "mask") -> tuple[list[str], list[str | None]]:
+                   strategy: str = "mask", bias: Bias | None = None
+                   ) -> tuple[list[str], list[str | None]]:
     """``translate_batch``'s translations, and per text how its spans were kept
     (``MASKED``, ``FALLBACK``, None: it had none). The one place the engines' errors
     (torch's, transformers', CTranslate2's) become the backend's."""
+    if bias is not None and (bias.beta <= 0 or not any(bias.previous)):
+        bias = None
     try:
         return _translate_batch(engine, route, texts, max_input_tokens, stats, protected,
-                                strategy)
+                                strategy, bias)
     except BackendError:
         raise
     except Exception as exc:
@@ -219,17 +244,20 @@ def translate_kept(engine: Engine, route: Route, texts: list[str], max_input_tok
 
 def _translate_batch(engine: Engine, route: Route, texts: list[str], max_input_tokens: int,
                      stats: Stats, protected: Sequence[Protected | None] | None,
-                     strategy: str) -> tuple[list[str], list[str | None]]:
+                     strategy: str, bias: Bias | None) -> tuple[list[str], list[str | None]]:
     started = time.perf_counter()
     sizes: list[int] = []
     if protected is None or not any(p is not None and p.spans for p in protected):
-        results = _translate(engine, route, texts, max_input_tokens, stats, sizes)
+        results = _translate(engine, route, texts, max_input_tokens, stats, sizes, None, bias)
         kept: list[str | None] = [None] * len(texts)
     else:
         batch = SpanBatch(texts, protected,
                           form_for(route.slot.family) if strategy == "mask" else None)
+        # Only the texts without spans go biased: they go first, as they are.
+        first_bias = None if bias is None else Bias(batch.plain_in_first(bias.previous),
+                                                    bias.beta)
         first = _translate(engine, route, batch.first, max_input_tokens, stats, sizes,
-                           batch.first_keep)
+                           batch.first_keep, first_bias)
         second = batch.settle(first)
         results = batch.finish(
             _translate(engine, route, second, max_input_tokens, stats, sizes) if second else [])
@@ -248,9 +276,11 @@ def _translate_batch(engine: Engine, route: Route, texts: list[str], max_input_t
 
 
 def _translate(engine: Engine, route: Route, texts: list[str], max_input_tokens: int,
-               stats: Stats, sizes: list[int], keep: Sequence[Keep] | None = None) -> list[str]:
+               stats: Stats, sizes: list[int], keep: Sequence[Keep] | None = None,
+               bias: Bias | None = None) -> list[str]:
     """One engine call: the texts cut into parts (never inside a stretch of ``keep``),
-    longest first in slices, each slice's size added to ``sizes``; the texts rejoined."""
+    longest first in slices, each slice's size added to ``sizes``; the texts rejoined. A text
+    left whole goes biased towards its previous preview (``bias``); a text cut, unbiased."""
     slot = route.slot
     tokenizer = slot.tokenizer
     if route.src_code is not None:
@@ -261,6 +291,10 @@ def _translate(engine: Engine, route: Route, texts: list[str], max_input_tokens:
 
     pieces = cut_texts(texts, count, max_input_tokens, keep)
     stats.split_segments += pieces.split
+    if bias is not None:
+        parts_of = Counter(part.index for part in pieces.parts)
+        whole = [i if parts_of[i] == 1 else -1 for i in range(len(texts))]
+        bias = Bias(bias.of(whole), bias.beta)
     # Longest first, so that each slice pads little and the slow one starts early.
     order = sorted(pieces.parts, key=lambda part: part.n_tokens, reverse=True)
     start = 0
@@ -268,7 +302,9 @@ def _translate(engine: Engine, route: Route, texts: list[str], max_input_tokens:
         longest = order[start].n_tokens + 4
         size = max(1, min(len(order) - start, MAX_BATCH_TOKENS // max(longest, 1)))
         chunk = order[start : start + size]
-        outputs = generate(engine, route, [part.text for part in chunk], max_input_tokens, stats)
+        outputs = generate(engine, route, [part.text for part in chunk], max_input_tokens, stats,
+                           None if bias is None else bias.of([part.index for part in chunk]),
+                           0.0 if bias is None else bias.beta)
         for part, out in zip(chunk, outputs, strict=True):
             part.out = out
         sizes.append(size)
@@ -277,10 +313,12 @@ def _translate(engine: Engine, route: Route, texts: list[str], max_input_tokens:
 
 
 def generate(engine: Engine, route: Route, texts: list[str], max_input_tokens: int,
-             stats: Stats) -> list[str]:
+             stats: Stats, previous: Sequence[str | None] | None = None,
+             beta: float = 0.0) -> list[str]:
     """Run ``texts`` through the route's model in one engine call, each output cut to its
     own bound (1.5 x its input + 10 tokens, so that a looping segment cannot run to the
-    batch's bound), counted into ``stats``."""
+    batch's bound), counted into ``stats``; a text with a ``previous`` preview decoded
+    towards it when ``beta`` > 0."""
     slot = route.slot
     tokenizer = slot.tokenizer
     rows = tokenizer(
@@ -289,7 +327,13 @@ def generate(engine: Engine, route: Route, texts: list[str], max_input_tokens: i
         max_length=max_input_tokens + 8,  # a safety net: split_text already bounds
     )["input_ids"]
     caps = [min(math.ceil(1.5 * len(row)) + 10, slot.max_positions - 2) for row in rows]
-    out = engine.generate(slot.loaded, tokenizer, rows, route.forced_bos, max(caps))
+    prefixes = _target_ids(slot, previous) if beta > 0 and previous else None
+    if prefixes is not None and any(prefixes) and isinstance(engine, Biasing):
+        stats.biased_rows += sum(map(bool, prefixes))
+        out = engine.generate_biased(slot.loaded, tokenizer, rows, route.forced_bos,
+                                     max(caps), prefixes, beta)
+    else:
+        out = engine.generate(slot.loaded, tokenizer, rows, route.forced_bos, max(caps))
     stats.generate_calls += 1
     eos_ids = slot.loaded.eos_ids
     texts_out = []
@@ -303,3 +347,24 @@ def generate(engine: Engine, route: Route, texts: list[str], max_input_tokens: i
         stats.output_tokens += len(ids)
         texts_out.append(tokenizer.decode(ids, skip_special_tokens=True).strip())
     return texts_out
+
+
+def _target_ids(slot: Slot, previous: Sequence[str | None]) -> list[list[int] | None]:
+    """Each previous preview as target-side token ids, no special tokens (the engine puts the
+    language token first itself); None for a text without one. Marian has a target
+    sentencepiece model of its own; NLLB and M2M-100 share theirs."""
+    texts = [(text or "").strip() for text in previous]
+    wanted = [text for text in texts if text]
+    if not wanted:
+        return [None] * len(texts)
+    tokenizer = slot.tokenizer
+    if slot.family == "marian":
+        ids = tokenizer(text_target=wanted, add_special_tokens=False)["input_ids"]
+    else:
+        ids = tokenizer(wanted, add_special_tokens=False)["input_ids"]
+    found = iter(ids)
+    out: list[list[int] | None] = []
+    for text in texts:
+        kept = [int(i) for i in next(found) if i not in slot.drop_ids] if text else []
+        out.append(kept or None)
+    return out

@@ -20,6 +20,16 @@ waits only for the attempt in flight: it answers False as soon as one has failed
 A job's protected spans (``Job.protected``) are kept by placeholders, or by translating the
 prose runs between them where a placeholder is lost (models/local/masking.py); ``info()``
 counts which, ``spans: {"masked", "fallback"}``, per text.
+
+A preview job (``Job.preview``) is decoded like any other, except on CTranslate2 with
+``preview_bias`` > 0: each of its texts with a ``previous`` preview is decoded towards it,
+CTranslate2's ``prefix_bias_beta`` = ``preview_bias`` over a target prefix of the language
+token and the previous preview's target-side tokens, with at least 2 beams (biased decoding
+needs beam search), so that a sentence's previews flicker less (``CT2Engine.generate``). A
+text cut into parts, or one with protected spans, decodes unbiased, and so does every text of
+a job that is not a preview, whatever ``previous`` it carries; ``cache_identity`` is the
+same (previews are never cached). On transformers a preview decodes as any segment.
+``info()`` counts the biased rows (``preview_biased``).
 """
 
 from __future__ import annotations
@@ -41,7 +51,7 @@ from models.local.catalog import Catalog
 from models.local.checkpoint import LoadError, Spec, model_specs
 from models.local.engines import ConversionFailed, EngineOptions
 from models.local.masking import STRATEGIES
-from models.local.slot import Route, Slot, Stats, load_slot, translate_kept, warm_up
+from models.local.slot import Bias, Route, Slot, Stats, load_slot, translate_kept, warm_up
 
 log = logging.getLogger(__name__)
 
@@ -74,7 +84,7 @@ class LocalConfig:
     compute_type: str = "auto"  # ctranslate2: auto (int8 on CPU, int8_float16 on CUDA), ...
     num_beams: int = 1
     # CTranslate2: a preview's decoding biased towards its sentence's previous preview
-    # (``prefix_bias_beta``, with at least 2 beams); 0: off.
+    # (``prefix_bias_beta``, in [0, 1), with at least 2 beams); 0: off.
     preview_bias: float = 0.5
     no_repeat_ngram_size: int = NO_REPEAT_NGRAM_SIZE  # the loop guard; 0: off
     max_input_tokens: int = 256  # longer segments are split and rejoined
@@ -304,6 +314,7 @@ class LocalTranslator(Translator):
             "threads": self._engine.threads if self.ready else self.config.threads,
             "engine_note": self.engine_note,
             "output_tokens": self.stats.output_tokens,  # generated since start, for benchmarks
+            "preview_biased": self.stats.biased_rows,  # preview texts decoded towards the last
             "spans": {"masked": self.stats.spans_masked, "fallback": self.stats.spans_fallback},
             "load_s": self.load_s,
             "load_attempts": self.load_attempts,
@@ -334,7 +345,8 @@ class LocalTranslator(Translator):
         try:
             future = loop.run_in_executor(self._executor, translate_kept, self._engine, route,
                                           list(job.texts), self.config.max_input_tokens,
-                                          self.stats, job.protected, self.config.span_strategy)
+                                          self.stats, job.protected, self.config.span_strategy,
+                                          _bias(job, self.config, self.engine_name))
         except RuntimeError as exc:  # "cannot schedule new futures after shutdown"
             raise BackendUnavailable("the local backend is closed") from exc
         try:
@@ -425,6 +437,17 @@ def _route(catalog: Catalog, job: Job) -> Route:
     return catalog.route(job.source, job.target, model)
 
 
+def _bias(job: Job, config: LocalConfig, engine: str) -> Bias | None:
+    """How ``job`` is biased: towards each text's previous preview for a preview job on
+    CTranslate2 with ``preview_bias`` > 0; None (plain decoding) for any other.
+
+    The bias moves a preview's output towards what was shown, never a final segment's
+    (``job.preview`` is False for those, whatever ``previous`` holds)."""
+    if not job.preview or not job.previous or config.preview_bias <= 0 or engine != "ctranslate2":
+        return None
+    return Bias(list(job.previous), config.preview_bias)
+
+
 def _spans_key(config: LocalConfig) -> str:
     """The span strategy in a cache identity: named unless the default, so that keys made
     before it still hold (it decides only the output of texts with spans, whose keys hold
@@ -443,6 +466,9 @@ def _checked_engine(config: LocalConfig) -> str:
     if config.max_extra_models < 0:
         raise BackendConfigError(
             f"local_max_extra_models must be >= 0, got {config.max_extra_models}")
+    if not 0 <= config.preview_bias < 1:
+        raise BackendConfigError(f"local_preview_bias must be in [0, 1), got "
+                                 f"{config.preview_bias!r}")
     if config.span_strategy not in STRATEGIES:
         raise BackendConfigError(f"local_span_strategy must be one of {', '.join(STRATEGIES)}, "
                                  f"got {config.span_strategy!r}")
