@@ -17,9 +17,11 @@ the chain, never counted by the breaker. The answer, less its last ``preview_mas
 words (characters, for a target written without spaces: mask-k, where a prefix's
 translation changes most), goes out as a ``preview`` event unless it is what was shown
 already or it lost a protected span; the sentence's next preview is decoded towards it
-(``Job.previous``, CTranslate2's prefix bias). When the sentence is cut, the segment it
-becomes supersedes its previews, and a preview still queued is cancelled (dropped unrun);
-one whose answer comes after is not shown.
+(``Job.previous``, CTranslate2's prefix bias). Held text that already ends as a sentence
+ends (the segmenter waits for what follows to cut it) gets no preview: its segment is due
+with the next text, and a preview decode then would only hold it up. When the sentence is
+cut, the segment it becomes supersedes its previews, and a preview still queued is
+cancelled (dropped unrun); one whose answer comes after is not shown.
 """
 
 from __future__ import annotations
@@ -41,6 +43,9 @@ from service.schemas import PreviewResult
 from service.settings import Settings
 
 _WORD = re.compile(r"\S+")
+# Held text that ends as a sentence ends: the segmenter holds it only to see what comes
+# next, and the next text cuts it. A preview then would only hold up its segment.
+_ENDED = re.compile(r"(?:[.!?…。！？][\"'”’)\]」』）》]*|\n)\s*$")
 # Text the segmenter holds that starts a code fence is code until the fence closes.
 _FENCES = ("```", "~~~")
 
@@ -149,8 +154,8 @@ class Previewer:
         if self._inflight is not None or emitter.closed or emitter.dropped:
             return  # one at a time: its answer pokes again
         text = self._pending()
-        if not text.strip():
-            return
+        if not text.strip() or _ENDED.search(text):
+            return  # nothing open, or its end is there already (``_ENDED``)
         now = time.monotonic()
         if emitter.count != self._index:  # a new sentence
             self._new_sentence(emitter.count, now)

@@ -303,3 +303,17 @@ async def test_a_sentence_short_of_the_length_gets_its_preview_once_old_enough()
         assert events[-1]["data"] == {"index": 0, "text": "<zh-CN>Let me thin",
                                       "source_chars": 12, "revision": 1}
         assert [job.texts for job in fake.previews()] == [["Let me think"]]
+
+
+async def test_a_sentence_held_only_for_what_follows_its_end_gets_no_preview() -> None:
+    """Text that ends as a sentence ends waits in the segmenter only for the next text,
+    which cuts it: a preview then would hold up its segment, so none is made."""
+    fake = Previewing()
+    async with app_with(fake, **EAGER) as run:
+        await run.client.post("/v1/streams", json=_open(True))
+        await post_chunks(run.client, "p", [(0, "Let me check the numbers again. ")])
+        await asyncio.sleep(0.2)  # held: the next text cuts it
+        await post_chunks(run.client, "p", [(1, "Then I look at how the parser reads it")])
+        await asyncio.sleep(0.2)
+        prefixes = [job.texts[0] for job in fake.previews()]
+        assert prefixes and all(p.startswith("Then") for p in prefixes), prefixes
