@@ -53,9 +53,11 @@ prompt turn (the agent's answer to ``session/prompt``) and ``session/cancel``.
 
 ACP chunks are append-only, so a late ``update`` of a segment that went out as
 ``deadline`` cannot replace it; the translator leaves it out (a UI that can replace text
-can read ``ThinkingStream.results`` itself). With the sidecar down, slow or failing, the
-thoughts pass through with status ``error``: ``thinktrans_client.client`` never blocks
-and never loses text.
+can read ``ThinkingStream.results`` itself). For the same reason it never forwards
+previews: every stream opens with ``previews`` false, so that a sidecar whose
+THINKTRANS_PREVIEWS is on spends nothing on them, and ``stream_options`` cannot ask. With
+the sidecar down, slow or failing, the thoughts pass through with status ``error``:
+``thinktrans_client.client`` never blocks and never loses text.
 
 Stream ids are ``<sessionId>:<nonce>.<n>``: the nonce keeps a restarted agent, whose
 session ids may repeat, out of streams the sidecar still holds from before.
@@ -493,8 +495,8 @@ class ThoughtTranslator:
     called from a task of the translator, one message at a time. Call ``drain`` when a turn
     ends (thoughts still open are flushed) and ``aclose`` at the end. ``stream_options`` go
     to ``ThinktransClient.stream`` (``model``, ``policy``, ``backend``,
-    ``flush_interval_s``...). ``advertise_locales``: add the locales thoughts can be
-    translated into to the agent's ``initialize`` answer.
+    ``flush_interval_s``...; ``previews`` is always False). ``advertise_locales``: add the
+    locales thoughts can be translated into to the agent's ``initialize`` answer.
 
     It composes what the client's messages tell (``_Sessions``), the output order
     (``_Output``), and one sidecar stream per open thinking part.
@@ -524,7 +526,11 @@ class ThoughtTranslator:
                         unusable, len(allowed))
         self._allowed = allowed
         self._lane = lane
-        self._stream_options = dict(stream_options or {})
+        if (stream_options or {}).get("previews"):
+            raise ValueError("ACP chunks are append-only: a preview could never be replaced "
+                             "by its segment, so the translator takes no previews")
+        # Asked off, not left to the sidecar: its THINKTRANS_PREVIEWS may be on.
+        self._stream_options = {**(stream_options or {}), "previews": False}
         self._sessions = _Sessions(allowed, advertise=advertise_locales)
         self._out = _Output(send, max_pending)
         self._nonce = secrets.token_hex(3)

@@ -27,6 +27,15 @@ empty text and the original kept). Each is sent only when set, so a sidecar that
 them keeps serving everyone else. ``supported_targets()`` says which targets the sidecar
 can translate into now (None: any), for a client to offer only those.
 
+Previews. ``stream(..., previews=True)`` asks the sidecar for provisional translations of
+the sentence still streaming: ``results`` then yields ``Preview`` items too, each replaced
+by the next of its index and all by the ``TranslatedSegment`` of that index, never after
+it. A stream that did not ask never yields one, whatever the sidecar sends;
+``previews=False`` asks the sidecar not to make them (against a THINKTRANS_PREVIEWS=true),
+and None leaves the field out. A sidecar older than previews refuses the field (422): the
+stream opens again without it, with no previews (``stream.previews`` False, one log line
+for the client).
+
 Sending (``posting.ChunkPoster``). ``push`` only appends to a buffer; a background task
 posts the buffer as one chunk every ``flush_interval_s`` (or sooner once ``flush_chars``
 are waiting). Each chunk gets the next seq when it is formed and never changes after, so
@@ -88,6 +97,7 @@ from thinktrans_client.posting import ChunkPoster
 from thinktrans_client.reading import EventReader
 from thinktrans_client.reasons import CLOSED_EARLY, client_bug, http_reason, transport_reason
 from thinktrans_client.results import (
+    Preview,
     SegmentUpdate,
     StreamItem,
     TranslatedSegment,
@@ -98,6 +108,7 @@ from thinktrans_client.sidecar import PastCloseWait, SidecarError, Skipped
 
 __all__ = [
     "Policy",
+    "Preview",
     "SegmentUpdate",
     "SidecarError",
     "StreamItem",
@@ -173,8 +184,9 @@ def _retry_after(response: httpx.Response) -> float | None:
         return None
 
 
-def _problem(response: httpx.Response) -> tuple[str, str]:
-    """The problem type's slug (e.g. ``invalid-locale``) and its detail, "" where absent.
+def _problem(response: httpx.Response) -> tuple[str, str, tuple[str, ...]]:
+    """The problem type's slug (e.g. ``invalid-locale``), its detail ("" where absent) and
+    the body's fields its ``errors`` refuse as not known (``extra_forbidden``).
 
     The detail only tells cases apart (``reasons.http_reason``); it is never logged or
     recorded, as it may echo what the request carried.
@@ -182,12 +194,17 @@ def _problem(response: httpx.Response) -> tuple[str, str]:
     try:
         body = response.json()
     except ValueError:
-        return "", ""
+        return "", "", ()
     if not isinstance(body, dict):
-        return "", ""
-    kind, detail = body.get("type"), body.get("detail")
+        return "", "", ()
+    kind, detail, errors = body.get("type"), body.get("detail"), body.get("errors")
     slug = kind.rsplit(":", 1)[-1][:64] if isinstance(kind, str) else ""
-    return slug, detail[:1000] if isinstance(detail, str) else ""
+    unknown = tuple(
+        str(error["loc"][1]) for error in (errors if isinstance(errors, list) else ())
+        if isinstance(error, dict) and error.get("type") == "extra_forbidden"
+        and isinstance(error.get("loc"), list) and len(error["loc"]) == 2
+        and error["loc"][0] == "body")
+    return slug, detail[:1000] if isinstance(detail, str) else "", unknown
 
 
 # -- the client ----------------------------------------------------------------------------
@@ -229,6 +246,8 @@ class ThinktransClient:
                                        timeout=httpx.Timeout(timeout_s + poll_wait_s + 1.0),
                                        transport=transport)
         self._down_until = 0.0
+        # Fields of opening a stream that the sidecar refused as unknown (an older one).
+        self.unknown_fields: set[str] = set()
         self._background: set[asyncio.Task[None]] = set()
         self._closing = False
         self._closed = False
@@ -260,6 +279,13 @@ class ThinktransClient:
         """Record a failed call: a failure of the sidecar itself starts ``cooloff_s``."""
         if not isinstance(exc, Skipped) and exc.sidecar_failed:
             self._down_until = time.monotonic() + self.cooloff_s
+
+    def note_unknown_field(self, name: str) -> None:
+        """The sidecar refused a stream's optional field as unknown: logged once a field."""
+        if name not in self.unknown_fields:
+            self.unknown_fields.add(name)
+            log.warning("the sidecar does not know %r in opening a stream (it is older than "
+                        "that field); streams open without it", name)
 
     def release_stream(self, stream_id: str) -> None:
         """Delete the sidecar's stream in the background (``aclose`` waits for it).
@@ -304,9 +330,10 @@ class ThinktransClient:
             raise SidecarError(transport_reason(exc)) from None
         status = response.status_code
         if status >= 400:
-            slug, detail = _problem(response)
+            slug, detail, unknown = _problem(response)
             raise SidecarError(http_reason(status, slug or None, detail), status=status,
-                               retry_after_s=_retry_after(response), slug=slug or None)
+                               retry_after_s=_retry_after(response), slug=slug or None,
+                               unknown_fields=unknown)
         if status == 204:
             return None
         try:
@@ -439,6 +466,7 @@ class ThinktransClient:
         model: str | None = None,
         policy: Policy | None = None,
         glossary: Mapping[str, Any] | None = None,
+        previews: bool | None = None,
         flush_interval_s: float = 0.05,
         flush_chars: int = 256,
         close_wait_s: float | None = None,
@@ -448,6 +476,8 @@ class ThinktransClient:
         ``model``, ``policy`` and ``glossary`` as in ``translate``, sent when the stream
         opens, only when set; the fallback under ``policy="hide"`` shows the originals too
         (status ``error``).
+        ``previews``: True asks for ``Preview`` items in ``results`` (see the module
+        docstring); False asks the sidecar to make none; None (the default) sends nothing.
         ``close_wait_s``: once the stream is closed, how long ``results`` waits for the rest;
         then what no result covered comes out as it was pushed, status ``deadline`` (None:
         as long as the sidecar's own deadline and the client's budgets allow). For readers
@@ -463,10 +493,12 @@ class ThinktransClient:
             raise ValueError(f"close_wait_s must be >= 0 or None, got {close_wait_s}")
         _choices(model, policy)  # a bad value is the caller's bug: say so now, not in a log
         _glossary(glossary)
+        if previews is not None and not isinstance(previews, bool):
+            raise ValueError("previews must be True, False or None")
         return ThinkingStream(self, stream_id, target=target, user_text=user_text,
                               backend=backend, model=model, policy=policy, glossary=glossary,
                               flush_interval_s=flush_interval_s, flush_chars=flush_chars,
-                              close_wait_s=close_wait_s)
+                              close_wait_s=close_wait_s, previews=previews)
 
 
 
@@ -485,7 +517,8 @@ class ThinkingStream:
                  user_text: str | None, backend: str | None, flush_interval_s: float,
                  flush_chars: int, model: str | None = None,
                  policy: Policy | None = None, close_wait_s: float | None = None,
-                 glossary: Mapping[str, Any] | None = None) -> None:
+                 glossary: Mapping[str, Any] | None = None,
+                 previews: bool | None = None) -> None:
         self.client = client
         self._glossary = glossary
         self.stream_id = stream_id
@@ -494,6 +527,9 @@ class ThinkingStream:
         # As asked; once open, as the sidecar answers (its policy when none was asked).
         self.model = model
         self.policy: str | None = policy
+        # As asked; once open, whether ``results`` yields previews: asked, and taken.
+        self.previews = previews
+        self._asked_previews = previews
         self._user_text = user_text
         self._backend = backend
         self._pending = PendingText()  # pushed, not yet yielded by results()
@@ -501,7 +537,9 @@ class ThinkingStream:
         self._fallback = Fallback(client, stream_id, self._pending)
         self._poster = ChunkPoster(client, stream_id, open_body=self._open_body,
                                    on_open=self._opened_as, on_failure=self._fail,
-                                   flush_interval_s=flush_interval_s, flush_chars=flush_chars)
+                                   flush_interval_s=flush_interval_s, flush_chars=flush_chars,
+                                   optional=frozenset({"previews"}),
+                                   on_unknown=client.note_unknown_field)
         self._reader = EventReader(client, stream_id, pending=self._pending, stall=self._stall,
                                    fallback=self._fallback, opened=self._poster.opened)
         self._closing = False
@@ -576,6 +614,7 @@ class ThinkingStream:
     def _open_body(self) -> dict[str, Any]:
         return {"stream_id": self.stream_id, "target": self.target, "backend": self._backend,
                 **_choices(self.model, self.policy), **_glossary(self._glossary),
+                **({} if self._asked_previews is None else {"previews": self._asked_previews}),
                 "user_text": self._user_text}
 
     def _opened_as(self, data: Any) -> None:
@@ -587,6 +626,9 @@ class ThinkingStream:
             self.model = optional_str(data["model"])
         if isinstance(data.get("policy"), str):
             self.policy = data["policy"]
+        # An older sidecar, opened again without the field, does not answer it: none.
+        self.previews = self._asked_previews is True and data.get("previews") is True
+        self._reader.previews = self.previews
 
     def _close_wait_over(self) -> None:
         """``close_wait_s`` after close: what no segment has covered goes out as it is (a
@@ -604,6 +646,9 @@ class ThinkingStream:
 
     async def results(self, *, updates: bool = True) -> AsyncIterator[StreamItem]:
         """Segments in order, and late updates; ends after close once all text is out.
+
+        A stream opened with ``previews=True`` also yields a ``Preview`` of a segment not
+        out yet, as it comes; the segment of its index supersedes it.
 
         With ``updates`` False it ends as soon as every pushed character is covered,
         without waiting for the late translations of ``deadline`` segments.

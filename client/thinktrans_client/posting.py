@@ -4,7 +4,9 @@
 ``flush_interval_s`` (or sooner once ``flush_chars`` are waiting). Each chunk gets the next
 seq when it is formed and never changes after, so a retry re-posts the same seq and text,
 which the server ignores: retries are safe. 429 and 503 (a full queue) are retried after
-``Retry-After``, as long as that keeps the wait within the client's ``timeout_s``.
+``Retry-After``, as long as that keeps the wait within the client's ``timeout_s``. An open
+that a sidecar refuses (422) for an optional field it does not know is sent once more
+without it.
 """
 
 from __future__ import annotations
@@ -54,18 +56,23 @@ class ChunkPoster:
 
     ``open_body`` gives the body of the open, called when it is sent; ``on_open`` takes the
     sidecar's answer (KeyError or TypeError: malformed); ``on_failure`` hears why posting
-    gave up, once, after which nothing more is posted.
+    gave up, once, after which nothing more is posted. ``optional``: fields of the open a
+    sidecar older than they are may not know; one it refuses as unknown is left out and
+    the open sent again, and ``on_unknown`` hears its name.
     """
 
     def __init__(self, client: Sidecar, stream_id: str, *,
                  open_body: Callable[[], Mapping[str, Any]], on_open: Callable[[Any], None],
                  on_failure: Callable[[SidecarError], None], flush_interval_s: float,
-                 flush_chars: int) -> None:
+                 flush_chars: int, optional: frozenset[str] = frozenset(),
+                 on_unknown: Callable[[str], None] | None = None) -> None:
         self._client = client
         self._stream_id = stream_id
         self._open_body = open_body
         self._on_open = on_open
         self._on_failure = on_failure
+        self._optional = optional
+        self._on_unknown = on_unknown
         self._flush_interval_s = flush_interval_s
         self._flush_chars = flush_chars
         self.opened = asyncio.Event()  # the sidecar's stream is open: its events can be read
@@ -153,14 +160,22 @@ class ChunkPoster:
                 await backoff(exc, since, self._client.timeout_s)
 
     async def _open(self) -> None:
-        body = self._open_body()
-        try:
-            data = await self._retrying(
-                lambda: self._client.request("POST", "/v1/streams", json=body),
-                time.monotonic())
-        except SidecarError as exc:
-            self._refused = exc.status is not None
-            raise
+        body = dict(self._open_body())
+        while True:
+            try:
+                data = await self._retrying(
+                    lambda: self._client.request("POST", "/v1/streams", json=body),
+                    time.monotonic())
+                break
+            except SidecarError as exc:
+                unknown = sorted(self._optional.intersection(exc.unknown_fields, body))
+                if exc.status != 422 or not unknown:
+                    self._refused = exc.status is not None
+                    raise
+            for name in unknown:  # each round leaves one out at least: it ends
+                del body[name]
+                if self._on_unknown is not None:
+                    self._on_unknown(name)
         try:
             self._on_open(data)
         except (KeyError, TypeError):

@@ -21,7 +21,9 @@ process and relays JSON-RPC over stdio both ways, line by line and in order:
 Once a thinking part ends (the session's next message is waiting), that message waits at
 most ``--deadline-ms`` for the part's last translations; what is missing then goes out as
 the original (status ``deadline``): ACP cannot replace a chunk, so a later translation
-would never be shown.
+would never be shown. For the same reason the proxy never asks for previews (provisional
+translations of a sentence still streaming): its streams open with ``previews`` false,
+whatever the sidecar's THINKTRANS_PREVIEWS, and it has no option to turn them on.
 
 It is never in the way: with the sidecar down, slow or failing, thoughts pass through
 unchanged and in order (the client's fallback: a request gives up after ``--timeout``, a

@@ -1,5 +1,8 @@
 """Reading one stream's events: long-polled in order, segments checked against the pushed text.
 
+Previews are taken only by a reader that asked for them, and only while their segment is
+not out: the segment of an index supersedes its previews.
+
 ``GET /v1/streams/{id}/events?after=N`` where ``after`` is the last event id seen, so a
 failed poll resumes where it stopped. Long-poll rather than SSE because every poll then has
 a bounded duration (``poll_wait_s`` + ``timeout_s``): a hung sidecar is noticed within that,
@@ -13,14 +16,16 @@ from typing import Any
 
 from thinktrans_client.fallback import Fallback, StallClock
 from thinktrans_client.pending import PendingText
-from thinktrans_client.results import SegmentUpdate, StreamItem, TranslatedSegment
+from thinktrans_client.results import Preview, SegmentUpdate, StreamItem, TranslatedSegment
 from thinktrans_client.sidecar import Sidecar, SidecarError
 
 __all__ = ["EventReader"]
 
 
 class EventReader:
-    """One stream's events in order: segments that continue the pending text, updates, end.
+    """One stream's events in order: segments that continue the pending text, updates, end,
+    and previews once ``previews`` is set (until then they are skipped, as any event of a
+    kind not known): the stream asked for them, and the sidecar took it.
 
     Polls once ``opened`` is set; a poll gives up as soon as ``fallback`` has the stream fall
     back, and waits no longer than ``stall`` allows.
@@ -34,6 +39,7 @@ class EventReader:
         self._stall = stall
         self._fallback = fallback
         self._opened = opened
+        self.previews = False  # take previews
         self._after = -1  # the last event id taken
         self.ended = False  # the sidecar sent ``end``
 
@@ -69,6 +75,8 @@ class EventReader:
                 item: StreamItem | None = TranslatedSegment.from_json(data)
             elif kind == "update":
                 item = SegmentUpdate.from_json(data)
+            elif kind == "preview" and self.previews:
+                item = Preview.from_json(data)
             else:
                 item = None
         except (KeyError, TypeError, ValueError):
@@ -83,6 +91,8 @@ class EventReader:
                                    "pushed text")
             self._pending.give_out(len(item.original))
             self._stall.resulted()
+        elif isinstance(item, Preview) and item.index < self._pending.next_index:
+            item = None  # its segment is out, which supersedes it
         self._after = event_id
         if kind == "end":
             self.ended = True

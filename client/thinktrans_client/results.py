@@ -1,4 +1,5 @@
-"""What the sidecar answers (API.md, 'Segment result'): segments, late updates, whole texts."""
+"""What the sidecar answers (API.md, 'Segment result'): segments, late updates, previews,
+whole texts."""
 
 from __future__ import annotations
 
@@ -6,7 +7,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["SegmentUpdate", "StreamItem", "TranslatedSegment", "TranslatedText", "optional_str"]
+__all__ = ["Preview", "SegmentUpdate", "StreamItem", "TranslatedSegment", "TranslatedText",
+           "optional_str"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,6 +64,27 @@ class SegmentUpdate:
 
 
 @dataclass(frozen=True, slots=True)
+class Preview:
+    """A provisional translation of segment ``index`` while its sentence still streams.
+
+    ``text`` translates the first ``source_chars`` characters of that sentence; each
+    preview of an index replaces the one before (``revision`` rises from 1), and the
+    segment of the same index replaces them all. Only a stream opened with
+    ``previews=True`` yields them, never after their segment.
+    """
+
+    index: int
+    text: str
+    source_chars: int
+    revision: int
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> Preview:
+        return cls(index=int(data["index"]), text=str(data["text"]),
+                   source_chars=int(data["source_chars"]), revision=int(data["revision"]))
+
+
+@dataclass(frozen=True, slots=True)
 class TranslatedText:
     """One text of a one-shot request: the whole text to show and its segments."""
 
@@ -69,7 +92,8 @@ class TranslatedText:
     segments: tuple[TranslatedSegment, ...]
 
 
-StreamItem = TranslatedSegment | SegmentUpdate
+# What ``ThinkingStream.results`` yields; a Preview only to a stream that asked for them.
+StreamItem = TranslatedSegment | SegmentUpdate | Preview
 
 
 def optional_str(value: object) -> str | None:

@@ -17,12 +17,15 @@ class SidecarError(Exception):
     """The sidecar did not serve a request; ``reason`` says why, without thinking text."""
 
     def __init__(self, reason: str, *, status: int | None = None,
-                 retry_after_s: float | None = None, slug: str | None = None) -> None:
+                 retry_after_s: float | None = None, slug: str | None = None,
+                 unknown_fields: tuple[str, ...] = ()) -> None:
         super().__init__(reason)
         self.reason = reason
         self.status = status
         self.retry_after_s = retry_after_s
         self.slug = slug  # the problem type's slug, e.g. ``invalid-locale``
+        # The body's fields a 422 refused as not known (a sidecar older than they are).
+        self.unknown_fields = unknown_fields
 
     @property
     def transient(self) -> bool:
