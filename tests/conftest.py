@@ -23,6 +23,7 @@ from models.base import Translator
 from service.app import create_app
 from service.runtime import Runtime
 from service.settings import Settings, load_settings
+from tests import checkpoints
 from tests.fakes_deepl import MarkupDeepL
 from tests.fakes_remote import FakeChat, FakeDeepL
 
@@ -39,6 +40,14 @@ def hub_offline(monkeypatch: pytest.MonkeyPatch) -> None:
 
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+
+
+@pytest.fixture(scope="session")
+def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """The session's tiny checkpoints (tests/checkpoints.py), built once; read only."""
+    for module in ("torch", "transformers", "sentencepiece"):
+        pytest.importorskip(module, reason="needs the local extra: pip install 'thinktrans[local]'")
+    return checkpoints.build(tmp_path_factory.mktemp("models"))
 
 
 @pytest.fixture(scope="session")

@@ -29,7 +29,6 @@ from service.cli import app
 from service.settings import load_settings
 from tests.conftest import make_settings, post_chunks, read_until, segments, start_app
 from tests.test_local import TEXTS as LOCAL_TEXTS
-from tests.test_local import models  # noqa: F401 - the session's checkpoints, built once
 
 pytestmark = pytest.mark.filterwarnings("ignore:Recommended. pip install sacremoses")
 
@@ -38,8 +37,8 @@ TEXTS = LOCAL_TEXTS[:4]  # the English ones
 
 
 @pytest.fixture(scope="module")
-def checkpoints(models: dict[str, Path]) -> dict[str, Path]:  # noqa: F811 - the fixture
-    """The session's test checkpoints (tests/test_local.py), one per family; read only."""
+def checkpoints(models: dict[str, Path]) -> dict[str, Path]:
+    """The session's test checkpoints (tests/checkpoints.py), one per family; read only."""
     return {family: models[family] for family in FAMILIES}
 
 
