@@ -23,6 +23,7 @@ from models.base import Translator
 from service.app import create_app
 from service.runtime import Runtime
 from service.settings import Settings, load_settings
+from tests import checkpoints
 from tests.fakes_deepl import MarkupDeepL
 from tests.fakes_remote import FakeChat, FakeDeepL
 
@@ -39,6 +40,28 @@ def hub_offline(monkeypatch: pytest.MonkeyPatch) -> None:
 
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "child_conversion: CTranslate2 conversions run in a "
+                            "child process, as the backend runs them (tests/checkpoints.py)")
+
+
+@pytest.fixture(scope="session")
+def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """The session's tiny checkpoints (tests/checkpoints.py), built once; read only."""
+    for module in ("torch", "transformers", "sentencepiece"):
+        pytest.importorskip(module, reason="needs the local extra: pip install 'thinktrans[local]'")
+    return checkpoints.build(tmp_path_factory.mktemp("models"))
+
+
+@pytest.fixture(autouse=True)
+def _conversions_in_process(request: pytest.FixtureRequest,
+                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """CTranslate2 conversions run in the test process (tests/checkpoints.py), unless the
+    test is marked ``child_conversion``."""
+    if request.node.get_closest_marker("child_conversion") is None:
+        monkeypatch.setattr(checkpoints.convert, "subprocess", checkpoints.InProcessConversions())
 
 
 @pytest.fixture(scope="session")

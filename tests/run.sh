@@ -19,7 +19,7 @@ if ! command -v chromium >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1; 
              && $as_root apt-get install -y -q chromium >/dev/null 2>&1; }; } \
         || echo "no Chromium could be installed: the viewer's browser tests will skip" >&2
 fi
-.venv/bin/pytest -q -p no:cacheprovider "$@"
+.venv/bin/pytest -q -p no:cacheprovider --durations=25 "$@"
 .venv/bin/ruff check service models client tests bench examples
 .venv/bin/mypy service models client/thinktrans_client
 echo "tests, ruff and mypy passed"

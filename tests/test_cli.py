@@ -312,13 +312,9 @@ def test_json_logs_take_in_warnings_and_hub_logs() -> None:
 
 
 @pytest.fixture(scope="module")
-def tiny_nllb(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    pytest.importorskip("torch")
-    pytest.importorskip("transformers")
-    pytest.importorskip("sentencepiece")
-    from service.tools.testmodel import make_test_model
-
-    return make_test_model("nllb", tmp_path_factory.mktemp("models") / "nllb")
+def tiny_nllb(models: dict[str, Path]) -> Path:
+    """The session's NLLB checkpoint (tests/checkpoints.py)."""
+    return models["nllb"]
 
 
 def test_serve_logs_are_json_lines_with_a_model(tiny_nllb: Path) -> None:

@@ -48,12 +48,10 @@ def corpus(tmp_path: Path) -> Path:
     return path
 
 
-@pytest.fixture(scope="session")
-def nllb_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A tiny random-weight NLLB checkpoint, built once (about a second)."""
-    from service.tools.testmodel import make_test_model
-
-    return Path(make_test_model("nllb", tmp_path_factory.mktemp("models") / "nllb"))
+@pytest.fixture
+def nllb_checkpoint(models: dict[str, Path]) -> Path:
+    """The session's tiny random-weight NLLB checkpoint (tests/checkpoints.py)."""
+    return models["nllb"]
 
 
 def one_line_failure(result: Any, code: int, needle: str) -> None:

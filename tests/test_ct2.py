@@ -3,6 +3,10 @@
 Tiny test checkpoints of the three families (``service.tools.testmodel``) are converted by the
 real converter and served by a real ``ctranslate2.Translator``; the engine-agnostic behaviour
 (codes, splitting, bounds, failures) is covered for both engines by tests/test_local.py.
+
+The backend converts in a child process; here the child's command runs in the test process
+(tests/checkpoints.py), but for the test marked ``child_conversion``, which only a real child
+passes.
 """
 
 from __future__ import annotations
@@ -29,7 +33,6 @@ from service.cli import app
 from service.settings import load_settings
 from tests.conftest import make_settings, post_chunks, read_until, segments, start_app
 from tests.test_local import TEXTS as LOCAL_TEXTS
-from tests.test_local import models  # noqa: F401 - the session's checkpoints, built once
 
 pytestmark = pytest.mark.filterwarnings("ignore:Recommended. pip install sacremoses")
 
@@ -38,8 +41,8 @@ TEXTS = LOCAL_TEXTS[:4]  # the English ones
 
 
 @pytest.fixture(scope="module")
-def checkpoints(models: dict[str, Path]) -> dict[str, Path]:  # noqa: F811 - the fixture
-    """The session's test checkpoints (tests/test_local.py), one per family; read only."""
+def checkpoints(models: dict[str, Path]) -> dict[str, Path]:
+    """The session's test checkpoints (tests/checkpoints.py), one per family; read only."""
     return {family: models[family] for family in FAMILIES}
 
 
@@ -225,7 +228,7 @@ async def test_a_checkpoint_is_converted_once_and_again_when_it_changes(
         (source / entry.name).write_bytes(entry.read_bytes())
     cache = tmp_path / "cache"
     runs: list[list[str]] = []
-    real_run = subprocess.run
+    real_run = convert_module.subprocess.run
 
     def counting_run(command: list[str], **kwargs: Any) -> Any:
         runs.append(command)
@@ -261,10 +264,13 @@ async def test_an_unwritable_cache_names_the_setting_and_auto_falls_back(
     assert all(out)
 
 
+@pytest.mark.child_conversion
 async def test_a_failed_conversion_says_why_and_auto_falls_back(
     checkpoints: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The converter's own message reaches the reason; under auto, torch serves instead."""
+    """The converter's own message reaches the reason; under auto, torch serves instead.
+    The converter is shadowed for child processes only: this passes only if the conversion
+    runs in one, as it must (the full-precision checkpoint stays out of the service)."""
     monkeypatch.setenv("PYTHONPATH", str(tmp_path / "shadow"))
     shadow = tmp_path / "shadow" / "ctranslate2" / "converters"
     shadow.mkdir(parents=True)
@@ -394,7 +400,7 @@ async def test_other_spellings_of_the_model_convert_nothing_again(
 ) -> None:
     [a] = _copies(checkpoints["marian"], tmp_path / "models", "a")
     runs: list[list[str]] = []
-    real_run = subprocess.run
+    real_run = convert_module.subprocess.run
     monkeypatch.setattr(convert_module.subprocess, "run",
                         lambda command, **kw: runs.append(command) or real_run(command, **kw))
     backend = await started(a, local_ct2_cache=str(tmp_path / "cache"))

@@ -68,19 +68,6 @@ TEXTS = [
 ]
 
 
-@pytest.fixture(scope="session")
-def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    root = tmp_path_factory.mktemp("models")
-    return {
-        "nllb": make_test_model("nllb", root / "nllb"),
-        "m2m100": make_test_model("m2m100", root / "m2m100"),
-        "marian": make_test_model("marian", root / "marian-en-de"),
-        "marian-en-ja": make_test_model(
-            "marian", root / "marian-en-ja", source_lang="en", target_lang="ja"
-        ),
-    }
-
-
 @pytest.fixture(autouse=True)
 def _offline(hub_offline: None, monkeypatch: pytest.MonkeyPatch, engine: str) -> None:
     """No test may reach the hub (conftest has cleared THINKTRANS_* from the caller's shell

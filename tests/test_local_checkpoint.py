@@ -151,14 +151,10 @@ def test_detect_family(model_type: str | None, tokenizer: Any, family: str | Non
 
 
 @pytest.fixture(scope="module")
-def tokenizers(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    pytest.importorskip("torch")
+def tokenizers(models: dict[str, Path]) -> dict[str, Any]:
     from transformers import AutoTokenizer
 
-    from service.tools.testmodel import make_test_model
-
-    root = tmp_path_factory.mktemp("checkpoints")
-    return {family: AutoTokenizer.from_pretrained(make_test_model(family, root / family))
+    return {family: AutoTokenizer.from_pretrained(models[family])
             for family in ("nllb", "m2m100", "marian")}
 
 

@@ -25,7 +25,6 @@ pytest.importorskip("transformers", reason="needs the local extra: pip install '
 from models.errors import BackendUnavailable, UnsupportedLanguage
 from models.local import M2M_CODES, LocalTranslator, catalog
 from models.local.checkpoint import directory_fingerprint
-from service.tools.testmodel import make_test_model
 from tests.test_local import (  # noqa: F401 - autouse fixtures and the parametrize hook
     TEXTS,
     _offline,
@@ -43,15 +42,13 @@ LOADING = "on demand; it serves once loaded"
 
 
 @pytest.fixture(scope="module")
-def ckpt(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
-    """Marian en-de, M2M-100, Marian en-ja, and a copy of the en-de one at another path."""
-    root = tmp_path_factory.mktemp("models")
-    paths = {
-        "marian": make_test_model("marian", root / "marian-en-de"),
-        "m2m": make_test_model("m2m100", root / "m2m100"),
-        "marian-ja": make_test_model("marian", root / "marian-en-ja", target_lang="ja"),
-    }
-    paths["marian-copy"] = Path(shutil.copytree(paths["marian"], root / "marian-copy"))
+def ckpt(models: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    """Marian en-de, M2M-100, Marian en-ja (the session's, tests/checkpoints.py), and a copy
+    of the en-de one at another path."""
+    paths = {"marian": models["marian"], "m2m": models["m2m100"],
+             "marian-ja": models["marian-en-ja"]}
+    copy = tmp_path_factory.mktemp("models") / "marian-copy"
+    paths["marian-copy"] = Path(shutil.copytree(models["marian"], copy))
     return {name: str(path) for name, path in paths.items()}
 
 

@@ -23,7 +23,6 @@ from models.local import LocalConfig, LocalTranslator
 from models.registry import build_backend
 from models.spans import SpanFinder
 from service.settings import load_settings
-from tests.test_local import models  # noqa: F401 - the session's checkpoints, built once
 
 pytestmark = pytest.mark.filterwarnings("ignore:Recommended. pip install sacremoses")
 
@@ -56,7 +55,7 @@ def common_prefix(a: str, b: str) -> int:
 
 @pytest.mark.parametrize("family", ["nllb", "marian"])
 async def test_a_high_bias_keeps_a_preview_to_the_previous_one(
-        models: dict[str, Path], family: str) -> None:  # noqa: F811 - the fixture
+        models: dict[str, Path], family: str) -> None:
     """NLLB's previous preview tokenized with its shared model, Marian's with its target
     one: either way the biased preview starts with what was shown, the unbiased one not."""
     backend = await started(models[family], local_preview_bias=0.9)
@@ -75,7 +74,7 @@ async def test_a_high_bias_keeps_a_preview_to_the_previous_one(
 
 
 async def test_no_bias_is_plain_decoding_and_only_previews_are_biased(
-        models: dict[str, Path]) -> None:  # noqa: F811 - the fixture
+        models: dict[str, Path]) -> None:
     """Beta 0 decodes a preview as any segment; with a bias, a job that is not a preview is
     never biased, whatever ``previous`` it carries; the cache identity is the bias's none."""
     off = await started(models["nllb"], local_preview_bias=0)
@@ -94,7 +93,7 @@ async def test_no_bias_is_plain_decoding_and_only_previews_are_biased(
 
 
 async def test_a_mixed_preview_batch_biases_only_whole_plain_texts_with_a_previous(
-        models: dict[str, Path]) -> None:  # noqa: F811 - the fixture
+        models: dict[str, Path]) -> None:
     """One preview batch: a text with a previous (biased), one without, one with protected
     spans and a previous (unbiased: masked or sent as its runs); each unbiased text comes
     out as its segment would."""
@@ -117,7 +116,7 @@ async def test_a_mixed_preview_batch_biases_only_whole_plain_texts_with_a_previo
 
 
 async def test_a_text_cut_into_parts_decodes_unbiased(
-        models: dict[str, Path]) -> None:  # noqa: F811 - the fixture
+        models: dict[str, Path]) -> None:
     backend = await started(models["nllb"], local_preview_bias=0.9, local_max_input_tokens=24)
     try:
         [plain] = await backend.run(Job([SENTENCE], "en", "de"))
@@ -131,7 +130,7 @@ async def test_a_text_cut_into_parts_decodes_unbiased(
 
 
 async def test_on_transformers_a_preview_decodes_as_any_segment(
-        models: dict[str, Path]) -> None:  # noqa: F811 - the fixture
+        models: dict[str, Path]) -> None:
     backend = await started(models["nllb"], engine="transformers", local_preview_bias=0.9)
     try:
         plain, shown = await backend.run(Job([SENTENCE, PREFIX], "en", "de"))

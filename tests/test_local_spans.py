@@ -29,10 +29,7 @@ from models.local.masking import FALLBACK, FORMS, MASKED, SpanBatch
 from models.local.slot import Route, Slot, Stats, translate_kept
 from models.local.text import cut_texts
 from models.spans import Glossary, Protected, SpanFinder, needs_words
-from tests.test_local import (
-    make_backend,
-    models,  # noqa: F401 - the session's checkpoints, built once
-)
+from tests.test_local import make_backend
 from tests.test_local_slot import EOS, FILLER, EchoEngine, WordTokenizer, route
 
 pytestmark = pytest.mark.filterwarnings("ignore:Recommended. pip install sacremoses")
@@ -89,7 +86,7 @@ async def started(model: Path, engine: str, **config: Any) -> LocalTranslator:
 @pytest.mark.parametrize("engine", ENGINES)
 @pytest.mark.parametrize("family", FAMILIES)
 async def test_every_span_is_kept_on_every_family_and_engine(
-    models: dict[str, Path], family: str, engine: str,  # noqa: F811 - the fixture
+    models: dict[str, Path], family: str, engine: str,
 ) -> None:
     backend = await started(models[family], engine)
     try:
@@ -116,7 +113,7 @@ async def test_every_span_is_kept_on_every_family_and_engine(
 
 
 @pytest.mark.parametrize("engine", ENGINES)
-async def test_a_long_text_is_split_and_keeps_its_spans(models: dict[str, Path],  # noqa: F811
+async def test_a_long_text_is_split_and_keeps_its_spans(models: dict[str, Path],
                                                        engine: str) -> None:
     sentence = ("Then I open src/module_{i}.py and call run_step_{i}() with --level={i} "
                 "before the next check. ")
@@ -133,7 +130,7 @@ async def test_a_long_text_is_split_and_keeps_its_spans(models: dict[str, Path],
 
 
 @pytest.mark.parametrize("engine", ENGINES)
-async def test_the_runs_strategy_sends_every_text_as_its_runs(models: dict[str, Path],  # noqa: F811
+async def test_the_runs_strategy_sends_every_text_as_its_runs(models: dict[str, Path],
                                                              engine: str) -> None:
     backend = await started(models["m2m100"], engine, span_strategy="runs")
     try:

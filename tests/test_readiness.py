@@ -39,9 +39,9 @@ pytestmark = pytest.mark.filterwarnings("ignore:Recommended. pip install sacremo
 
 
 @pytest.fixture(scope="module")
-def marian(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """An en-de Marian checkpoint: it translates into German only."""
-    return make_test_model("marian", tmp_path_factory.mktemp("models") / "marian-en-de")
+def marian(models: dict[str, Path]) -> Path:
+    """An en-de Marian checkpoint (the session's): it translates into German only."""
+    return models["marian"]
 
 
 def with_passthrough(local: LocalTranslator) -> dict[str, Any]:

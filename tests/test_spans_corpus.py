@@ -22,7 +22,6 @@ from models.spans import Glossary, SpanFinder
 from tests.conftest import app_with
 from tests.fakes_deepl import MarkupDeepL
 from tests.fakes_remote import FakeChat
-from tests.test_local import models  # noqa: F401 - the session's checkpoints, built once
 
 CORPUS = [json.loads(line) for line in
           (Path(__file__).parent / "data" / "spans_corpus.jsonl").read_text("utf-8").splitlines()
@@ -95,7 +94,7 @@ def _offline(hub_offline: None) -> Iterator[None]:
 @pytest.mark.parametrize("engine", ENGINES)
 @pytest.mark.parametrize("family", ["nllb", "m2m100", "marian"])
 async def test_local_keeps_every_span_of_the_corpus(
-        models: dict[str, Path], family: str, engine: str,  # noqa: F811 - the fixture
+        models: dict[str, Path], family: str, engine: str,
 ) -> None:
     """Random weights mangle every placeholder: the prose runs between the spans are what
     the model translates, so every segment comes out translated with its spans."""

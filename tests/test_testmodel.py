@@ -28,9 +28,9 @@ TARGET_TOKEN = {"nllb": "deu_Latn", "m2m100": "__de__", "marian": None}
 
 
 @pytest.fixture(scope="module")
-def tiny(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    root = tmp_path_factory.mktemp("testmodels")
-    return {family: make_test_model(family, root / family) for family in testmodel.FAMILIES}
+def tiny(models: dict[str, Path]) -> dict[str, Path]:
+    """The session's checkpoints (tests/checkpoints.py), made by make_test_model."""
+    return {family: models[family] for family in testmodel.FAMILIES}
 
 
 def convert_and_translate(model_dir: Path, out: Path, family: str, quantization: str) -> None:
