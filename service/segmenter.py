@@ -51,7 +51,10 @@ _ABBREVIATIONS = frozenset(
 # What may open an inline code span or inline math; a dollar before an amount ("$5. Then",
 # "$6,768 saved", "$160-$240") is a price, as models.spans has it, not math.
 _SPAN_OPENER = re.compile(r"[`$]")
-_PRICE = re.compile(r"\$[\d.,]*\d(?:[\s)\-–]|[.,;:!?](?:\s|$)|$)")
+_PRICE = re.compile(r"\$[\d.,]*\d(?:[\s)\-–]|[.,;:!?](?:\s|$)|$)", re.ASCII)
+# Whitespace as ``models.spans`` reads it (its patterns are ASCII): a dollar after "\x1f"
+# closes math there, so it must here too.
+_SPACE = frozenset(" \t\n\r\f\v")
 _TOKEN_BEFORE = re.compile(r"(\S+)$")
 # Code pieces may run longer than prose before the size bound cuts them.
 _CODE_BOUND_FACTOR = 8
@@ -183,7 +186,7 @@ def _in_span(buf: str, pos: int, limit: int, done: bool) -> bool | None:
             close, at = buf.find("$$", j + 2, end), j + 2
             if close >= 0:
                 close += 1
-        elif _word_at(buf, j - 1, "_\\$") or buf[j + 1].isspace() or _PRICE.match(buf, j):
+        elif _word_at(buf, j - 1, "_\\$") or buf[j + 1] in _SPACE or _PRICE.match(buf, j):
             at = j + 1  # not an opening dollar: "US$5", "costs $ 5", "$5. Then"
             continue
         else:
@@ -230,7 +233,7 @@ def _closing_dollar(buf: str, at: int, end: int, complete: bool) -> int:
     non-space and before no letter, digit or dollar. -1: none on the line; -2: the text
     looked at ends in a dollar that may close it, before what follows it."""
     while (i := buf.find("$", at, end)) >= 0:
-        if not buf[i - 1].isspace():
+        if buf[i - 1] not in _SPACE:
             if i + 1 == end and not complete:
                 return -2
             if not _word_at(buf, i + 1, "_$"):
