@@ -7,6 +7,7 @@ THINKTRANS_TEST_CHROMIUM=/path/to/chrome); `bash tests/run.sh` installs it where
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import shutil
@@ -20,6 +21,7 @@ import httpx
 import pytest
 
 from models.passthrough import PassthroughTranslator
+from service.schemas import PreviewResult
 from tests.conftest import InThread
 from tests.fakes import FakeTranslator
 
@@ -160,10 +162,11 @@ def as_now(found: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [out[i] for i in sorted(out)]
 
 
-def watching(opened: Callable[..., Page], url: str, c: httpx.Client, sid: str
-             ) -> tuple[Page, Any]:
-    """A stream opened, and a page on it that is reading it live."""
-    c.post("/v1/streams", json={"stream_id": sid})
+def watching(opened: Callable[..., Page], url: str, c: httpx.Client, sid: str,
+             **opening: Any) -> tuple[Page, Any]:
+    """A stream opened (with ``opening``'s choices), and a page on it that is reading it
+    live."""
+    assert c.post("/v1/streams", json={"stream_id": sid, **opening}).status_code in (200, 201)
     view = opened(url)
     page = view.open(f"#stream={sid}")
     page.wait_for_selector("#state[data-state='live']")
@@ -500,6 +503,85 @@ def test_a_hostile_thought_runs_no_script(opened: Callable[..., Page]) -> None:
                   if not r.url.startswith("blob:")
                   and not any(r.url.startswith(url + path) for path in allowed)]
         assert strays == []
+
+
+# -- previews ----------------------------------------------------------------------------------
+
+LONG = ("Let me think about how the cache handles an entry that expired while a reader was "
+        "still holding a reference to it, because that decides the answer. ")
+# Previews at every other word of a sentence of three or more (as in test_previews.py).
+EAGER: dict[str, Any] = {"preview_min_words": 3, "preview_step_words": 2,
+                         "preview_interval_ms": 0, "preview_mask_k": 1, "preview_max_decodes": 10,
+                         "flush_idle_ms": 5000}
+PREVIEW_ROW = """() => { const r = document.querySelector('#rows .row.preview');
+    return r && { index: Number(r.dataset.index), status: r.dataset.status, mark: r.dataset.mark,
+                  revision: r.querySelector('.status .rev').textContent,
+                  label: r.querySelector('.status').getAttribute('aria-label'), title: r.title,
+                  text: r.querySelector('.tran').textContent,
+                  style: getComputedStyle(r.querySelector('.tran')).fontStyle }; }"""
+
+
+def test_a_preview_shows_in_its_row_until_its_segment_replaces_it(
+    opened: Callable[..., Page],
+) -> None:
+    with served(FakeTranslator(delay_s=0.005), **EAGER) as url, httpx.Client(base_url=url) as c:
+        view, page = watching(opened, url, c, "pv", target="zh-CN", previews=True)
+        words = LONG.split(" ")[:-1]
+        seq = 0
+        for word in words[:8]:  # slowly, as a model thinks
+            seq = post(c, "pv", seq, word + " ")
+            time.sleep(0.03)
+        until(page, "document.querySelector('#rows .row.preview') !== null", 5)
+        first = page.evaluate(PREVIEW_ROW)
+        assert (first["index"], first["status"], first["style"]) == (0, "preview", "italic")
+        assert first["text"].startswith("<zh-CN>Let me")  # the sentence is not done yet
+        assert "provisional" in first["label"] and "replace" in first["title"]
+        page.evaluate("document.querySelector('#rows .row.preview').dataset.mark = 'it'")
+        for word in words[8:]:
+            seq = post(c, "pv", seq, word + " ")
+            time.sleep(0.03)
+        until(page, "document.querySelector('#rows .row.preview .rev').textContent "
+                    f"!== {first['revision']!r}", 5)
+        later = page.evaluate(PREVIEW_ROW)
+        assert later["mark"] == "it" and len(page.query_selector_all("#rows .row")) == 1
+        assert int(later["revision"][1:]) > int(first["revision"][1:])  # replaced in place
+        assert len(later["text"]) > len(first["text"])
+        post(c, "pv", seq, "Then done.")  # the next sentence begins: the first is cut
+        page.wait_for_selector(".row[data-index='0'][data-status='translated']", timeout=5000)
+        c.post("/v1/streams/pv/close")
+        page.wait_for_selector("#state[data-state='ended']")
+        stream = as_now(events(c, "pv"))
+        rows = view.rows()
+        assert [r["index"] for r in rows] == [0, 1]  # no second row for index 0
+        assert [r["text"] for r in rows] == [s["text"].strip() for s in stream]
+        assert rows[0]["original"] == LONG.strip()
+        assert page.get_attribute(".row[data-index='0']", "data-mark") == "it"  # the same row
+        assert page.locator("#rows .preview, #rows .rev, #rows [aria-label]").count() == 0
+        assert page.get_attribute(".row[data-index='0']", "title") is None
+
+
+def test_a_preview_whose_segment_never_comes_is_gone_at_the_end(
+    opened: Callable[..., Page],
+) -> None:
+    server = served(**EAGER)
+    with server as url, httpx.Client(base_url=url) as c:
+        view, page = watching(opened, url, c, "left", target="zh-CN", previews=True)
+        # The service's own call for a preview of the open sentence; none is open, so
+        # closing the stream cuts no segment: its end comes with the preview unsuperseded.
+        preview = PreviewResult(index=0, text="缓存会保留", source_chars=30, revision=1)
+        uv = server._server
+        app: Any = uv.config.app
+        emitter = app.state.runtime.streams.streams["left"].emitter
+
+        async def publish() -> bool:  # on the server's loop, where the stream lives
+            return bool(emitter.publish_preview(preview))
+
+        assert asyncio.run_coroutine_threadsafe(publish(), uv.servers[0].get_loop()).result(5)
+        page.wait_for_selector("#rows .row.preview[data-index='0']", timeout=5000)
+        assert view.rows()[0]["text"] == "缓存会保留"
+        assert c.post("/v1/streams/left/close").json() == {"segments": 0}
+        page.wait_for_selector("#state[data-state='ended']", timeout=5000)
+        assert page.locator("#rows .row").count() == 0
 
 
 # -- connections -------------------------------------------------------------------------------

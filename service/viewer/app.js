@@ -104,7 +104,10 @@ function onEvent(event, data) {
     if (data.target) view.target = data.target;
   } else if (event.type === "update") {
     rows.update(data);
+  } else if (event.type === "preview") {
+    rows.preview(data, view.target ?? known.get(view.id)?.target);
   } else if (event.type === "end") {
+    rows.dropPreviews(); // a preview left has no segment coming
     rows.running = false;
     rows.relax();
     setState("ended", `ended · ${data.segments} segments`);

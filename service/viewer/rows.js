@@ -1,6 +1,7 @@
 // A stream's segments as rows: the original and its translation, the status, and the
-// backend and model on demand. Everything a stream says is put in as text (textContent),
-// never as HTML: thinking is untrusted.
+// backend and model on demand; a preview of the sentence still open in the row its segment
+// will take, provisional until that segment replaces it. Everything a stream says is put
+// in as text (textContent), never as HTML: thinking is untrusted.
 
 const LABELS = {
   translated: "translated",
@@ -61,13 +62,15 @@ export class Rows {
     this.container = container;
     this.onCopy = onCopy;
     this.segments = []; // by index: the segment as the stream says it now
-    this.nodes = new Map();
+    this.nodes = new Map(); // index: its row (a segment's, or a preview's)
+    this.previews = new Map(); // index: the revision of the preview shown in its row
     this.running = false; // rows keep their height while the stream runs
   }
 
   clear() {
     this.segments = [];
     this.nodes.clear();
+    this.previews.clear();
     this.container.replaceChildren();
   }
 
@@ -76,6 +79,10 @@ export class Rows {
   }
 
   segment(data) {
+    // The segment replaces its preview in place; previews before it will get no segment
+    // here (it went out while the page could not read it).
+    this.dropPreviews(data.index);
+    this.previews.delete(data.index);
     // Code: a segment that opens a fence, or one inside a block that an earlier one opened.
     const inside = data.index > 0 && Boolean(this.segments[data.index - 1]?.fenceOpen);
     const code = inside || FENCE.test(data.original);
@@ -90,6 +97,35 @@ export class Rows {
     }
     this.render(row, segment);
     return row;
+  }
+
+  // A preview of the sentence still open, in the row its segment will take: a newer
+  // revision replaces the one shown; none comes after its segment.
+  preview(data, target) {
+    const index = data.index;
+    // Segments come in order: one at this index or after it means this sentence is done.
+    if (!Number.isInteger(index) || index < this.segments.length) return null;
+    if ((this.previews.get(index) ?? 0) >= data.revision) return null;
+    this.previews.set(index, data.revision);
+    let row = this.nodes.get(index);
+    if (!row) {
+      row = this.build({ index });
+      this.nodes.set(index, row);
+      this.insert(row, index);
+    }
+    this.renderPreview(row, data, target);
+    return row;
+  }
+
+  // Take out the previews whose segments will not come: those before index ``below``, or
+  // all of them (at the stream's end).
+  dropPreviews(below = Infinity) {
+    for (const index of [...this.previews.keys()]) {
+      if (index >= below) continue;
+      this.previews.delete(index);
+      this.nodes.get(index)?.remove();
+      this.nodes.delete(index);
+    }
   }
 
   update(data) {
@@ -157,9 +193,36 @@ export class Rows {
     return row;
   }
 
+  renderPreview(row, data, target) {
+    const what = `Provisional (revision ${data.revision}): a preview of the sentence still `
+      + "open, which its segment will replace";
+    row.classList.add("preview");
+    row.classList.remove("cached", "updated", "same");
+    row.dataset.status = "preview";
+    row.title = what;
+    const button = row.querySelector(".status");
+    button.replaceChildren("preview", el("span", "rev", `r${data.revision}`));
+    button.title = what;
+    button.setAttribute("aria-label", `provisional preview, revision ${data.revision}, `
+      + "to be replaced by its segment");
+    const original = row.querySelector(".orig");
+    original.replaceChildren(el("span", "placeholder",
+      `(still open: ${data.source_chars} characters so far)`));
+    original.removeAttribute("lang");
+    const translation = row.querySelector(".tran");
+    fill(translation, String(data.text ?? ""), false);
+    setLang(translation, target);
+    translation.title = "";
+    row.querySelector(".meta").textContent = [`preview, revision ${data.revision}`,
+      `${data.source_chars} characters of the open sentence`, `→ ${target || "?"}`,
+      "its segment will replace it"].join(" · ");
+  }
+
   render(row, segment) {
     const status = segment.status;
     row.dataset.status = status;
+    row.classList.remove("preview");
+    row.removeAttribute("title");
     row.classList.toggle("cached", Boolean(segment.cached));
     row.classList.toggle("updated", segment.updated);
     row.classList.toggle("same", segment.text === segment.original);
@@ -168,6 +231,7 @@ export class Rows {
     const button = row.querySelector(".status");
     button.textContent = segment.cached && status === "translated" ? "cached"
       : LABELS[status] || status;
+    button.removeAttribute("aria-label");
     button.title = segment.updated ? "Translated after its deadline; click for details"
       : "Backend, model, languages and latency";
     const original = row.querySelector(".orig");
