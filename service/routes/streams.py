@@ -229,10 +229,10 @@ _SSE_ITEM = {
     "required": ["id", "event", "data"],
     "properties": {
         "id": {"type": "string"},
-        "event": {"enum": ["segment", "update", "end"]},
+        "event": {"enum": ["segment", "update", "preview", "end"]},
         "data": {"type": "string", "contentMediaType": "application/json",
                  "contentSchema": {"oneOf": [_ref("SegmentResult"), _ref("SegmentUpdate"),
-                                             _ref("StreamEnd")]}},
+                                             _ref("PreviewResult"), _ref("StreamEnd")]}},
     },
 }
 
@@ -247,8 +247,9 @@ async def stream_events(
     streams: StreamsDep,
     wait_ms: Annotated[int, Query(ge=0, le=3_600_000, description="Long-poll: longest wait.")] = 0,
 ) -> Response:
-    """Segment, update and end events: SSE with `Accept: text/event-stream`, else long-poll
-    JSON (waiting up to `wait_ms` for the first event after `after`)."""
+    """Segment, update, preview (a stream opened with `previews`) and end events: SSE with
+    `Accept: text/event-stream`, else long-poll JSON (waiting up to `wait_ms` for the first
+    event after `after`)."""
     stream, after = cursor
     max_wait_ms = streams.settings.max_wait_poll_ms
     events = await stream.wait_events(after, min(wait_ms, max_wait_ms) / 1000.0)
