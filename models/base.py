@@ -9,10 +9,11 @@ in one place, ``raise BackendUnavailable(...) from exc``.
 
 from __future__ import annotations
 
+import threading
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import ClassVar
 
 from models.spans import Protected
@@ -70,6 +71,9 @@ class Job:
     # which a backend may keep close to (CTranslate2's prefix bias), so previews flicker less.
     preview: bool = False
     previous: Sequence[str | None] | None = None
+    # A preview job's: set (from the event loop) once segments wait for the backend while
+    # this job holds it; a backend that can stops decoding then and raises ``Stopped``.
+    stop: threading.Event | None = field(default=None, compare=False)
 
     def seconds_left(self) -> float | None:
         """Seconds until ``due`` (negative once past); None without a deadline."""

@@ -6,6 +6,7 @@
     ├── BackendUnavailable   not loaded, not configured, auth, quota, outage
     ├── BackendTimeout       no answer in time
     ├── Expired              dropped unrun: every segment of it was past its deadline
+    ├── Stopped              a preview's decode stopped: segments came to wait for it
     ├── RateLimited          the vendor asked us to slow down
     ├── UnsupportedLanguage  the backend cannot serve this language pair
     └── BadOutput            wrong count, empty text, wrong language
@@ -44,6 +45,11 @@ class Expired(BackendError):
     """Work a backend dropped unrun because every segment in it was past its deadline (the
     pool sheds it so fresh work goes first). Not the backend's fault: the circuit breaker
     does not count it."""
+
+
+class Stopped(BackendError):
+    """A preview job's decode stopped before its end because segments came to wait for the
+    backend it held (``Job.stop``). Not a failure: its answer is simply not shown."""
 
 
 class RateLimited(BackendError):

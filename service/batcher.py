@@ -14,7 +14,9 @@ lane of their own, bounded by ``BatchLimits.max_previews``: a preview batch is f
 while no segment waits, so segments always overtake them; one superseded before it ran is
 dropped unrun (its caller cancels it); they take no place in the queue the admission
 counts, and their failures neither open the breaker nor count as the backend's errors (nor
-does their success close it).
+does their success close it). A segment that comes while preview batches hold every slot
+sets their ``Job.stop``: a backend that can (the local one, decoding greedily) stops such a
+decode then, so that the segment waits for no preview.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import asyncio
 import contextlib
 import functools
 import logging
+import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -138,6 +141,9 @@ class Batcher:
         # The low-priority lane: previews (provisional translations of open sentences). A
         # batch is taken from it only while no segment waits; it has its own bound.
         self._previews: GroupedQueue[_Item] = GroupedQueue()
+        # The stop signals of the preview batches running (``Job.stop``): set when a
+        # segment comes while every slot is taken, so that it waits for no preview decode.
+        self._preview_stops: set[threading.Event] = set()
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -227,6 +233,9 @@ class Batcher:
         future.add_done_callback(functools.partial(self._on_done, item))
         self._gauge()
         _wake(self._waiter)
+        if self._preview_stops and len(self._running) >= self.limits.max_concurrency:
+            for stop in self._preview_stops:  # a segment waits no decode of a preview
+                stop.set()
         return future
 
     def submit_preview(self, text: str, source: str | None, target: str, *,
@@ -304,6 +313,7 @@ class Batcher:
                 timer.cancel()
 
     async def _run(self, batch: list[_Item]) -> None:
+        stop: threading.Event | None = None  # a preview batch's (``_preview_stops``)
         try:
             live = _GIVEN_UP.sift(batch)
             if not live:
@@ -313,7 +323,10 @@ class Batcher:
             started = time.monotonic()
             self._batch_size.observe(len(live))
             served_by = self.translator.resolve_model(model, source, target)
-            call = self.translator.run(self._job(live, texts))
+            job = self._job(live, texts)
+            if (stop := job.stop) is not None:
+                self._preview_stops.add(stop)
+            call = self.translator.run(job)
             # A model one stream named may fail without the backend being at fault: only
             # the backend's own choice counts for its breaker; previews never count.
             preview = live[0].preview
@@ -367,6 +380,8 @@ class Batcher:
                 elif not item.future.done():
                     item.future.set_result(Translation(out, self.name, queued_ms, served_by))
         finally:
+            if stop is not None:
+                self._preview_stops.discard(stop)
             self._slots.release()
 
     def _job(self, live: Sequence[_Item], texts: list[str]) -> Job:
@@ -382,7 +397,8 @@ class Batcher:
         return Job(texts, source, target, model, contexts, due,
                    protected if any(p is not None for p in protected) else None,
                    preview=preview,
-                   previous=[item.previous for item in live] if preview else None)
+                   previous=[item.previous for item in live] if preview else None,
+                   stop=threading.Event() if preview else None)
 
     def _fail_all(self, items: Sequence[_Item], exc: BackendError, *,
                   counted: bool = True) -> None:

@@ -102,8 +102,9 @@ class Metrics:
             "thinktrans_previews",
             "Previews of open sentences: `sent` to a backend, `shown` (a `preview` event), "
             "`unchanged` (nothing new once masked), `superseded` (its sentence ended first: "
-            "dropped unrun, or its answer unused), `failed`, `no_backend` (none usable, or "
-            "its preview lane full).",
+            "dropped unrun, or its answer unused), `stopped` (its decode ended early: "
+            "segments came to wait for its backend), `failed`, `no_backend` (none usable, "
+            "or its preview lane full).",
             ["outcome"], registry=r,
         )
         self._cache_metrics(r)

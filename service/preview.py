@@ -35,6 +35,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
+from models.errors import Stopped
 from models.spans import Protected
 from service.batcher import Translation
 from service.decide import Decision
@@ -224,7 +225,9 @@ class Previewer:
             self._inflight = None
         if future.cancelled():
             return  # superseded (counted by ``cut``) or dropped with the stream
-        if future.exception() is not None:
+        if isinstance(future.exception(), Stopped):
+            self._count("stopped")  # segments came to wait for its backend
+        elif future.exception() is not None:
             self._count("failed")
         elif index != self._index or self._emitter.count > index:
             self._count("superseded")

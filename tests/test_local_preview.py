@@ -8,6 +8,7 @@ shown it; its next preview, of the longer sentence, is decoded towards it.
 
 from __future__ import annotations
 
+import threading
 from itertools import takewhile
 from pathlib import Path
 from typing import Any
@@ -18,7 +19,7 @@ pytest.importorskip("ctranslate2", reason="needs the ct2 extra: pip install 'thi
 pytest.importorskip("torch", reason="needs the local extra: pip install 'thinktrans[local]'")
 
 from models.base import Job
-from models.errors import BackendConfigError
+from models.errors import BackendConfigError, Stopped
 from models.local import LocalConfig, LocalTranslator
 from models.registry import build_backend
 from models.spans import SpanFinder
@@ -145,3 +146,38 @@ def test_the_bias_must_be_a_beta_ctranslate2_takes() -> None:
     for beta in (1.0, -0.1):
         with pytest.raises(BackendConfigError, match="local_preview_bias"):
             LocalTranslator(LocalConfig(engine="ctranslate2", preview_bias=beta))
+
+
+class StopAfter(threading.Event):
+    """A stop signal that reads as set from its ``steps``-th look on: the engine looks once
+    before a decode and at each step of it (greedy CTranslate2's callback, transformers'
+    stopping criterion), so a decode is told to stop a few steps in."""
+
+    def __init__(self, steps: int) -> None:
+        super().__init__()
+        self.steps, self.looks = steps, 0
+
+    def is_set(self) -> bool:
+        self.looks += 1
+        return self.looks >= self.steps
+
+
+@pytest.mark.parametrize("engine", ["ctranslate2", "transformers"])
+async def test_a_preview_told_to_stop_ends_its_decode_a_step_later(
+        models: dict[str, Path], engine: str) -> None:
+    """A preview whose stop is set while it decodes (segments came to wait) ends within a
+    step, raising Stopped; one never told decodes to its end, as without a signal."""
+    backend = await started(models["nllb"], engine)
+    try:
+        [plain] = await backend.run(Job([SENTENCE], "en", "de", preview=True))
+        told = StopAfter(steps=3)
+        with pytest.raises(Stopped):
+            await backend.run(Job([SENTENCE], "en", "de", preview=True, stop=told))
+        never = StopAfter(steps=10**9)
+        [untold] = await backend.run(Job([SENTENCE], "en", "de", preview=True, stop=never))
+    finally:
+        await backend.aclose()
+    assert untold == plain
+    assert told.looks <= 4, told.looks  # the look before, and the step it was set at
+    # Looked at each step: more looks than steps the told decode ran.
+    assert never.looks > told.looks + 5, never.looks

@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from models.base import Capabilities, Job
-from models.errors import BackendUnavailable
+from models.errors import BackendUnavailable, Stopped
 from service.batcher import Batcher, BatchLimits
 from service.metrics import Metrics
 from service.preview import mask, measure
@@ -110,6 +110,67 @@ async def test_a_segment_overtakes_previews_and_a_preview_cancelled_is_dropped_u
         assert [job.preview for job in fake.jobs] == [False, False, True]
     finally:
         await batcher.stop()
+
+
+@dataclass
+class Stoppable(FakeTranslator):
+    """A fake whose preview decodes run until their job's stop is set, then raise Stopped,
+    as the local backend's do."""
+
+    async def run(self, job: Job) -> list[str]:
+        if not job.preview:
+            return await super().run(job)
+        self.jobs.append(job)
+        self.started.set()
+        assert job.stop is not None, "a preview job carries its stop signal"
+        while not job.stop.is_set():
+            await asyncio.sleep(0.005)
+        raise Stopped("told to stop")
+
+
+@pytest.mark.parametrize("slots", [1, 2])
+async def test_a_segment_stops_the_preview_decode_that_holds_the_backend(slots: int) -> None:
+    """With every slot held by a preview, a segment that comes tells it to stop (its future
+    gets Stopped, the segment runs at once); with a slot free, the preview runs on."""
+    fake = Stoppable(concurrency=slots)
+    batcher = Batcher(fake, BatchLimits(max_wait_ms=0, max_concurrency=slots), Metrics())
+    await batcher.start()
+    try:
+        preview = batcher.submit_preview("a preview", "en", "zh-CN")
+        assert preview is not None
+        await fake.started.wait()
+        final = await asyncio.wait_for(batcher.submit("a segment", "en", "zh-CN"), 2)
+        assert final.text == "<zh-CN>a segment"
+        [job] = [j for j in fake.jobs if j.preview]
+        assert job.stop is not None and job.stop.is_set() is (slots == 1)
+        if slots == 1:
+            with pytest.raises(Stopped):
+                await preview
+        else:
+            assert not preview.done()
+            job.stop.set()
+            with pytest.raises(Stopped):
+                await preview
+    finally:
+        await batcher.stop()
+
+
+async def test_a_segment_of_another_stream_stops_a_preview_and_it_is_counted() -> None:
+    """A preview holding the local-like backend (it decodes until told to stop) does not
+    hold up another stream's segment: that segment stops it, and it is counted."""
+    fake = Stoppable()
+    async with app_with(fake, **EAGER) as run:
+        await run.client.post("/v1/streams", json=_open(True))
+        await post_chunks(run.client, "p", [(0, "Let me think about how the cache")])
+        await fake.started.wait()  # the preview holds the backend's one slot
+        await run.client.post("/v1/streams", json=_open(False, sid="q"))
+        await post_chunks(run.client, "q", [(0, "Another stream thinks too. ")])
+        assert (await run.client.post("/v1/streams/q/close")).status_code == 200
+        events = await read_until(run.client, "q", timeout_s=5)
+        assert [e["data"]["status"] for e in events if e["type"] == "segment"] == [
+            "translated"]
+        assert await run.metric("thinktrans_previews_total", outcome="stopped") == 1
+        assert not await poll(run.client, "p", -1), "a stopped preview is not shown"
 
 
 # -- through the service -----------------------------------------------------------------

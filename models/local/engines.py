@@ -14,6 +14,12 @@ the weights and turns a batch of token ids into generated ids:
   a preview's rows decoded towards their sentence's previous preview (``previous``: per row,
   target-side token ids or None). On transformers a preview decodes as any segment.
 
+A preview's decode may be stopped: while ``stopping(event)`` holds (the backend's worker
+thread, around a preview job), a decode ends early once ``event`` is set, and the engine
+raises ``Stopped`` (segments came to wait; the preview is not shown). transformers stops
+any decode (a stopping criterion); CTranslate2 stops greedy ones only (its step callback is
+called with one beam alone), so a biased preview, decoded with beams, runs to its end.
+
 Both honour the checkpoint's generation config (banned tokens, a minimum length), the beam
 width and the repetition guard (``no_repeat_ngram_size``), so that in float32 they produce the
 same greedy output. Both run in the backend's single worker thread.
@@ -29,14 +35,16 @@ import json
 import logging
 import math
 import os
+import threading
 import weakref
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from importlib.util import find_spec
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
-from models.errors import MissingExtra
+from models.errors import MissingExtra, Stopped
 from models.local.checkpoint import LoadError, not_found_reason
 from models.local.convert import (
     ConversionError,
@@ -111,6 +119,34 @@ class Biasing(Protocol):
                         forced: int | None, max_new: int,
                         previous: Sequence[Sequence[int] | None], bias: float
                         ) -> list[list[int]]: ...
+
+
+# The stop signal of the preview job this thread decodes (``stopping``); None: no preview.
+_STOP = threading.local()
+
+
+@contextmanager
+def stopping(event: threading.Event | None) -> Iterator[None]:
+    """While it holds, this thread's decodes end early once ``event`` is set (module
+    docstring); None: they run to their end."""
+    _STOP.event = event
+    try:
+        yield
+    finally:
+        _STOP.event = None
+
+
+def stop_signal() -> threading.Event | None:
+    """The stop signal of the job this thread decodes (``stopping``), or None."""
+    event: threading.Event | None = getattr(_STOP, "event", None)
+    return event
+
+
+def check_stopped() -> None:
+    """Stopped when this thread's preview has been told to stop."""
+    event = stop_signal()
+    if event is not None and event.is_set():
+        raise Stopped("the preview's decode stopped: segments came to wait for the backend")
 
 
 # The CTranslate2 models loaded in this process and not yet freed (a slot the catalog drops
@@ -232,9 +268,12 @@ class TransformersEngine:
         }
         if forced is not None:
             kwargs["forced_bos_token_id"] = forced
+        if (stop := stop_signal()) is not None:
+            kwargs["stopping_criteria"] = _stopping_criteria(stop)
         batch = batch.to(loaded.model.device)
         with torch.inference_mode():
             out = loaded.model.generate(**batch, **kwargs)
+        check_stopped()
         return [row[1:] for row in out.tolist()]  # row[0] is the decoder start token
 
 
@@ -415,6 +454,10 @@ class CT2Engine:
         extra: dict[str, Any] = {}
         if bias > 0:
             extra = {"prefix_bias_beta": bias, "num_hypotheses": beams}
+        stop = stop_signal()
+        if stop is not None and beams == 1:  # CTranslate2 calls it with one beam alone
+            extra["callback"] = lambda _step: stop.is_set()
+        check_stopped()
         results = loaded.model.translate_batch(
             source,
             target_prefix=prefix,
@@ -430,7 +473,21 @@ class CT2Engine:
             return_scores=False,
             **extra,
         )
+        check_stopped()
         return [list(result.hypotheses) for result in results]
+
+
+def _stopping_criteria(stop: threading.Event) -> Any:
+    """transformers' criteria that end a decode once ``stop`` is set."""
+    import torch
+    from transformers import StoppingCriteria, StoppingCriteriaList
+
+    class Stop(StoppingCriteria):
+        def __call__(self, input_ids: Any, scores: Any, **kwargs: Any) -> Any:
+            return torch.full((input_ids.shape[0],), stop.is_set(), dtype=torch.bool,
+                              device=input_ids.device)
+
+    return StoppingCriteriaList([Stop()])
 
 
 def _generation_config(path: Path) -> dict[str, Any]:

@@ -43,7 +43,7 @@ from models.local.checkpoint import (
     version,
 )
 from models.local.convert import is_converted, read_meta
-from models.local.engines import Biasing, Engine, Loaded
+from models.local.engines import Biasing, Engine, Loaded, check_stopped
 from models.local.masking import FALLBACK, MASKED, SpanBatch, form_for
 from models.local.text import Keep, cut_texts, rejoin
 from models.spans import Protected
@@ -299,6 +299,7 @@ def _translate(engine: Engine, route: Route, texts: list[str], max_input_tokens:
     order = sorted(pieces.parts, key=lambda part: part.n_tokens, reverse=True)
     start = 0
     while start < len(order):
+        check_stopped()  # a preview told to stop goes no further
         longest = order[start].n_tokens + 4
         size = max(1, min(len(order) - start, MAX_BATCH_TOKENS // max(longest, 1)))
         chunk = order[start : start + size]

@@ -35,13 +35,16 @@ same (previews are never cached). On transformers a preview decodes as any segme
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
+import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from importlib.util import find_spec
 from pathlib import Path
+from typing import TypeVar
 
 from models.base import Job, Translator, first_line
 from models.errors import BackendConfigError, BackendUnavailable, UnsupportedLanguage
@@ -49,9 +52,11 @@ from models.languages import canonical, table_key
 from models.local import engines
 from models.local.catalog import Catalog
 from models.local.checkpoint import LoadError, Spec, model_specs
-from models.local.engines import ConversionFailed, EngineOptions
+from models.local.engines import ConversionFailed, EngineOptions, stopping
 from models.local.masking import STRATEGIES
 from models.local.slot import Bias, Route, Slot, Stats, load_slot, translate_kept, warm_up
+
+_T = TypeVar("_T")
 
 log = logging.getLogger(__name__)
 
@@ -343,10 +348,10 @@ class LocalTranslator(Translator):
             return [], []
         loop = asyncio.get_running_loop()
         try:
-            future = loop.run_in_executor(self._executor, translate_kept, self._engine, route,
-                                          list(job.texts), self.config.max_input_tokens,
-                                          self.stats, job.protected, self.config.span_strategy,
-                                          _bias(job, self.config, self.engine_name))
+            future = loop.run_in_executor(self._executor, _stoppable, job.stop, functools.partial(
+                translate_kept, self._engine, route, list(job.texts),
+                self.config.max_input_tokens, self.stats, job.protected,
+                self.config.span_strategy, _bias(job, self.config, self.engine_name)))
         except RuntimeError as exc:  # "cannot schedule new futures after shutdown"
             raise BackendUnavailable("the local backend is closed") from exc
         try:
@@ -435,6 +440,13 @@ def _route(catalog: Catalog, job: Job) -> Route:
             raise BackendUnavailable(problem)
         catalog.extras.touch(model)
     return catalog.route(job.source, job.target, model)
+
+
+def _stoppable(stop: threading.Event | None, call: Callable[[], _T]) -> _T:
+    """``call()`` in the worker thread, its decodes stopped once ``stop`` is set (a preview
+    job's ``Job.stop``: models/local/engines.py)."""
+    with stopping(stop):
+        return call()
 
 
 def _bias(job: Job, config: LocalConfig, engine: str) -> Bias | None:
