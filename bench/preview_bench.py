@@ -76,7 +76,7 @@ from service.emission import is_tight  # noqa: E402
 # slower one, where previews come before their sentence ends.
 DEFAULT_CONFIGS = ("marian:de:2:0.5,marian:de:2:0.5:100,marian:de:0:0.5:100,"
                    "marian:de:2:0:100,nllb-600m:zh-CN:2:0.5")
-OUTCOMES = ("sent", "shown", "unchanged", "superseded", "failed", "no_backend")
+OUTCOMES = ("sent", "shown", "unchanged", "superseded", "stopped", "failed", "no_backend")
 
 
 @dataclass(frozen=True)
@@ -134,10 +134,13 @@ def sample(metrics: str, name: str, **labels: str) -> float:
     return 0.0
 
 
-async def wait_idle(client: httpx.AsyncClient, timeout_s: float) -> None:
-    """Until the local backend runs no batch (every batch begun has ended or failed; a
-    failed preview batch counts no error, so the wait ends at ``timeout_s`` then)."""
+async def wait_idle(client: httpx.AsyncClient, timeout_s: float, still_s: float = 2.0
+                    ) -> None:
+    """Until the local backend runs no batch: every batch begun has ended or failed, or,
+    as a failed or stopped preview batch counts no error, no batch has begun or ended for
+    ``still_s`` (longer than a decode here) with no segment waiting."""
     until = time.monotonic() + timeout_s
+    last, since = None, time.monotonic()
     while time.monotonic() < until:
         text = (await client.get("/metrics")).text
         begun = sample(text, "thinktrans_batch_size_count", backend="local")
@@ -145,6 +148,11 @@ async def wait_idle(client: httpx.AsyncClient, timeout_s: float) -> None:
         failed = sum(float(v) for v in re.findall(
             r'^thinktrans_backend_errors_total\{[^}]*backend="local"[^}]*\} (\S+)$', text, re.M))
         if begun <= ended + failed:
+            return
+        if (begun, ended) != last:
+            last, since = (begun, ended), time.monotonic()
+        elif (time.monotonic() - since >= still_s
+              and not sample(text, "thinktrans_queue_depth", backend="local")):
             return
         await asyncio.sleep(0.1)
     print(f"  the backend was still busy after {timeout_s:g} s; going on", file=sys.stderr)
