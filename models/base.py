@@ -87,6 +87,9 @@ class Translator(ABC):
     capabilities: Capabilities = Capabilities()
     # Batches the batcher may run at once on this backend; None: the service setting.
     max_concurrency: int | None = None
+    # The most segments a batch of this backend holds, under the service setting; None:
+    # the setting's (a backend that sends one segment a request says 1).
+    max_batch_size: int | None = None
 
     def __init__(self) -> None:
         self.ready = True

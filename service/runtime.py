@@ -149,7 +149,8 @@ class Runtime:
     def _limits(self, translator: Translator) -> BatchLimits:
         s = self.settings
         return BatchLimits(
-            max_batch_size=s.max_batch_size, max_batch_chars=s.max_batch_chars,
+            max_batch_size=min(s.max_batch_size, translator.max_batch_size or s.max_batch_size),
+            max_batch_chars=s.max_batch_chars,
             max_wait_ms=s.max_wait_ms, max_queue_size=s.max_queue_size,
             max_concurrency=translator.max_concurrency or s.max_concurrent_batches,
             timeout_s=s.backend_timeout_s, breaker_failures=s.breaker_failures,

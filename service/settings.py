@@ -35,6 +35,8 @@ from pydantic_settings import (
 
 from models.deepl import DeepLConfig
 from models.llm import LLMConfig
+from models.llm.dialects import extra_body_problem
+from models.llm.templates import template_problem
 from models.local import LocalConfig
 from models.pool import PoolConfig
 from models.spans import KINDS, SpanFinder
@@ -554,6 +556,31 @@ class LLMSection(BaseModel):
         "or URLs, or whose length is far from its source's (the chain's next backend serves "
         "it); see docs/backends.md."
     )
+    llm_dialect: Literal["auto", "openai", "vllm", "sglang", "deepseek", "none"] = Field(
+        "auto", description="How each request switches reasoning off: `openai` "
+        "(`reasoning_effort`), `vllm`/`sglang` (`chat_template_kwargs: {\"enable_thinking\": "
+        "false}`), `deepseek` (`thinking: {\"type\": \"disabled\"}`), `none`; `auto` reads the "
+        "endpoint's host (docs/backends.md)."
+    )
+    llm_extra_body: dict[str, Any] = Field(
+        default_factory=dict, description="A JSON object merged into every request, over what "
+        "the dialect sends (objects key by key; `null` removes a key), e.g. "
+        "`{\"top_k\": 20, \"repetition_penalty\": 1.05}`; not `model`, `messages` or `stream`."
+    )
+    llm_stream: bool = Field(
+        False, description="Ask for streamed answers (`stream: true`); streamed and whole "
+        "answers are read either way."
+    )
+    llm_prompt_style: Literal["json", "plain"] = Field(
+        "json", description="`json`: numbered segments in one request, for chat models; "
+        "`plain`: one segment a request in a translation model's own prompt "
+        "(`llm_plain_template`), requests run concurrently."
+    )
+    llm_plain_template: str = Field(
+        "auto", description="The plain style's prompt: `auto` (from the model's name), "
+        "`hunyuan-mt`, `hy-mt1.5`, `seed-x`, `tower`, `generic`, or a template holding "
+        "`{text}` and `{target}` (and optionally `{source}`)."
+    )
 
     def llm_config(self) -> LLMConfig:
         """The LLM backend's config."""
@@ -566,6 +593,11 @@ class LLMSection(BaseModel):
             json_mode=self.llm_json_mode,
             check_items=self.llm_check_items,
             context=self.llm_context,
+            dialect=self.llm_dialect,
+            extra_body=self.llm_extra_body,
+            stream=self.llm_stream,
+            prompt_style=self.llm_prompt_style,
+            plain_template=self.llm_plain_template,
         )
 
 
@@ -710,6 +742,22 @@ class Settings(
             raise ValueError(f"unknown languages {', '.join(unknown)}; detection knows "
                              f"{', '.join(sorted(KNOWN_LANGUAGES))}")
         return out
+
+    @field_validator("llm_extra_body")
+    @classmethod
+    def _llm_extra_body(cls, value: dict[str, Any]) -> dict[str, Any]:
+        problem = extra_body_problem(value)
+        if problem is not None:
+            raise ValueError(problem)
+        return value
+
+    @field_validator("llm_plain_template")
+    @classmethod
+    def _llm_plain_template(cls, value: str) -> str:
+        problem = template_problem(value)
+        if problem is not None:
+            raise ValueError(problem)
+        return value
 
     @field_validator("span_kinds")
     @classmethod

@@ -758,19 +758,29 @@ async def test_cache_identity_names_model_prompt_and_options(make: Make) -> None
     assert default is not None
     endpoint = default.split("|")[2]
     assert re.fullmatch(r"at=[0-9a-f]{12}", endpoint)
-    assert default == f"llm|fake-model|{endpoint}|{PROMPT_ID}|json=False|check=True|ctx=True"
+    tail = default.split("|ctx=True")[1]
+    assert re.fullmatch(r"\|dialect=vllm\|extra=[0-9a-f]{12}", tail)
+    assert default == f"llm|fake-model|{endpoint}|{PROMPT_ID}|json=False|check=True|ctx=True{tail}"
     assert backend.cache_identity("fake-model", "en", "de") == default
     assert backend.cache_identity("other-model", "en", "de") == default.replace(
         "fake-model", "other-model"
     )
     assert make(llm_json_mode=True, llm_check_items=False).cache_identity(None, "en", "de") == (
-        f"llm|fake-model|{endpoint}|{PROMPT_ID}|json=True|check=False|ctx=True"
+        f"llm|fake-model|{endpoint}|{PROMPT_ID}|json=True|check=False|ctx=True{tail}"
     )
+    # The dialect, the extra body and the prompt style change answers: other identities.
+    assert make(llm_dialect="none").cache_identity(None, "en", "de") != default
+    assert make(llm_extra_body={"top_k": 20}).cache_identity(None, "en", "de") != default
+    plain = make(llm_prompt_style="plain").cache_identity(None, "en", "de")
+    assert plain is not None and PROMPT_ID not in plain
     # Another endpoint serving a model of the same name: another identity.
     other = make(llm_base_url="http://127.0.0.1:9/v1").cache_identity(None, "en", "de")
     assert other is not None and other != default
     assert make(llm_model=None).cache_identity(None, "en", "de") is None
     assert make(llm_model=None).cache_identity("named", "en", "de") is not None
+
+
+JSON_STYLE = "; JSON batches (THINKTRANS_LLM_PROMPT_STYLE=json)"
 
 
 async def _listed_once(backend: LLMTranslator) -> list[dict[str, object]]:
@@ -782,15 +792,16 @@ async def _listed_once(backend: LLMTranslator) -> list[dict[str, object]]:
 async def test_catalog_lists_the_endpoint_models(fake: FakeChat, make: Make) -> None:
     fake.models = ["big-model", "fake-model", "other-model"]
     backend = make()
-    assert backend.catalog() == [{"model": "fake-model", "languages": None, "default": True,
-                                  "notes": "configured (THINKTRANS_LLM_MODEL)"}]  # fmt: skip
+    assert backend.catalog() == [{
+        "model": "fake-model", "languages": None, "default": True,
+        "notes": "configured (THINKTRANS_LLM_MODEL)" + JSON_STYLE}]  # fmt: skip
     assert await _listed_once(backend) == [
         {"model": "fake-model", "languages": None, "default": True,
-         "notes": "configured (THINKTRANS_LLM_MODEL)"},
+         "notes": "configured (THINKTRANS_LLM_MODEL)" + JSON_STYLE},
         {"model": "big-model", "languages": None, "default": False,
-         "notes": "listed by the endpoint"},
+         "notes": "listed by the endpoint" + JSON_STYLE},
         {"model": "other-model", "languages": None, "default": False,
-         "notes": "listed by the endpoint"},
+         "notes": "listed by the endpoint" + JSON_STYLE},
     ]  # fmt: skip
 
 
@@ -800,7 +811,7 @@ async def test_catalog_keeps_an_unlisted_configured_model(fake: FakeChat, make: 
     assert [(e["model"], e["default"]) for e in catalog] == [
         ("private-model", True), ("fake-model", False), ("other-model", False),
     ]  # fmt: skip
-    assert catalog[0]["notes"] == "configured; not in the endpoint's /models list"
+    assert catalog[0]["notes"] == "configured; not in the endpoint's /models list" + JSON_STYLE
 
 
 async def test_catalog_without_a_models_route(fake: FakeChat, make: Make) -> None:
@@ -808,7 +819,8 @@ async def test_catalog_without_a_models_route(fake: FakeChat, make: Make) -> Non
     backend = make()
     assert await _listed_once(backend) == [
         {"model": "fake-model", "languages": None, "default": True,
-         "notes": "configured (THINKTRANS_LLM_MODEL); the endpoint does not list its models"},
+         "notes": "configured (THINKTRANS_LLM_MODEL); the endpoint does not list its models"
+         + JSON_STYLE},
     ]  # fmt: skip
     assert backend.ready  # a server without the route is fine
 
@@ -913,7 +925,7 @@ async def test_context_off(fake: FakeChat) -> None:
     backend = LLMTranslator(LLMConfig(f"{fake.origin}/v1", "fake-model", context=False))
     try:
         assert not backend.capabilities.context and backend.info()["context"] is False
-        assert str(backend.cache_identity(None, "en", "de")).endswith("|ctx=False")
+        assert "|ctx=False|" in str(backend.cache_identity(None, "en", "de"))
         await backend.translate(CORES[1:], source="en", target="de", contexts=["x. ", "y. "])
     finally:
         await backend.aclose()

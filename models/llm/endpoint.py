@@ -17,8 +17,12 @@ from models.errors import (
     BackendError,
     BackendTimeout,
     BackendUnavailable,
+    BadOutput,
     RateLimited,
 )
+from models.llm.dialects import Refusals
+from models.llm.replies import Reply, read_reply
+from models.llm.replies import short_int as _short_int
 
 log = logging.getLogger("models.llm")
 
@@ -39,15 +43,6 @@ def usage_count(value: object) -> int | None:
             return None
         value = int(value)
     return value if 0 <= value <= MAX_USAGE_TOKENS else None
-
-
-def _short_int(digits: str) -> int | None:
-    """``parse_int`` for answers: an integer literal too long to be a count is None.
-
-    Python refuses to parse integers over 4,300 digits (ValueError); without this one
-    such number in ``usage`` would make the whole answer unreadable.
-    """
-    return int(digits) if len(digits) <= 30 else None
 
 
 # What servers say when a chat request names a model they do not have: OpenAI answers 404
@@ -125,6 +120,10 @@ class Usage:
     span_failures: int = 0
     prompt_tokens: int = 0
     completion_tokens: int = 0
+    # Answers that came with reasoning (the switch missing or ignored), and its tokens.
+    reasoning_answers: int = 0
+    reasoning_tokens: int = 0
+    out_of_tokens: int = 0  # empty answers cut off by the token limit
 
     def count_tokens(self, usage: object) -> None:
         """Add an answer's token counts; what is not a sane count is skipped."""
@@ -133,6 +132,9 @@ class Usage:
         if not isinstance(usage, dict):
             log.debug("llm usage ignored: a %s, not an object", type(usage).__name__)
             return
+        details = usage.get("completion_tokens_details")
+        if isinstance(details, dict):
+            self.reasoning_tokens += usage_count(details.get("reasoning_tokens")) or 0
         for key in ("prompt_tokens", "completion_tokens"):
             value = usage.get(key)
             count = usage_count(value)
@@ -194,13 +196,16 @@ class ChatEndpoint:
     def __init__(
         self, base_url: str | None, *, model: str | None, api_key: str | None,
         timeout_s: float, concurrency: int, json_mode: bool,
-        on_down: Callable[[str, bool], None],
+        on_down: Callable[[str, bool], None], refusals: Refusals, stream: bool = False,
     ) -> None:
         self.base_url = base_url
         self.model = model  # the configured one: its failures are the backend's
         self.timeout_s = timeout_s
         self.json_mode = json_mode
+        self.refusals = refusals
+        self.stream = stream
         self.usage = Usage()
+        self._warned: set[str | None] = set()  # models whose reasoning was logged once
         self._on_down = on_down
         self._semaphore = asyncio.Semaphore(concurrency)
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
@@ -215,30 +220,71 @@ class ChatEndpoint:
     async def aclose(self) -> None:
         await self._client.aclose()
 
-    async def complete(self, body: dict[str, Any], *, chars: int,
-                       context_chars: int) -> str | None:
-        """One chat completion; its message content, or None when the reply has none.
-        ``chars`` (billed) and ``context_chars`` are what it sends, counted in ``usage``."""
+    async def complete(self, body: dict[str, Any], *, chars: int, context_chars: int,
+                       path: str = "chat/completions") -> Reply:
+        """One chat completion, with the dialect's switch and the extra body; its answer
+        (``Reply.content`` without reasoning, None when it has none). ``chars`` (billed) and
+        ``context_chars`` are what it sends, counted in ``usage``. A field of the service's
+        own that the endpoint refuses by name is changed or dropped and the request sent
+        again; an empty answer cut off by the token limit is BadOutput, saying why."""
+        model = body.get("model")
+        if self.stream:
+            body = {**body, "stream": True, "stream_options": {"include_usage": True}}
+        for _ in range(4):  # the reasoning_effort values, then without it
+            sent = self.refusals.shape(body, model)
+            try:
+                reply = await self._exchange(path, sent, chars=chars,
+                                             context_chars=context_chars)
+                break
+            except httpx.HTTPStatusError as exc:
+                change = self.refusals.refused(exc.response, model)
+                if change is None:
+                    raise self.map_error(exc, model) from exc
+                log.info("llm endpoint refused a field for model %s (HTTP %d); sending %s",
+                         model, exc.response.status_code, change)  # fmt: skip
+            except (httpx.HTTPError, TimeoutError) as exc:
+                raise self.map_error(exc, model) from exc
+        else:
+            raise BackendError("the LLM endpoint refused every form of the request")
+        return self._judge(reply, model)
+
+    async def _exchange(self, path: str, sent: dict[str, Any], *, chars: int,
+                        context_chars: int) -> Reply:
         started = time.monotonic()
         async with self._semaphore:
             self.usage.requests += 1
             self.usage.billed_characters += chars
             self.usage.context_characters += context_chars
-            try:
-                async with asyncio.timeout(self.timeout_s):
-                    response = await self._client.post("chat/completions", json=body)
+            async with asyncio.timeout(self.timeout_s), self._client.stream(
+                    "POST", path, json=sent) as response:
+                if response.is_error:
+                    await response.aread()
                     response.raise_for_status()
-            except (httpx.HTTPError, TimeoutError) as exc:
-                raise self.map_error(exc, body.get("model")) from exc
+                reply = await read_reply(response)
         log.debug("llm request: %d chars, HTTP %d in %.0f ms", chars, response.status_code,
                   (time.monotonic() - started) * 1000)  # fmt: skip
-        try:
-            data = response.json(parse_int=_short_int)
-            content = data["choices"][0]["message"]["content"]
-        except (ValueError, KeyError, IndexError, TypeError, AttributeError):
-            return None
-        self.usage.count_tokens(data.get("usage"))
-        return content if isinstance(content, str) else None
+        return reply
+
+    def _judge(self, reply: Reply, model: str | None) -> Reply:
+        """Count what the answer used; raise for an answer that is an error or empty for
+        want of tokens."""
+        self.usage.count_tokens(reply.usage)
+        if reply.reasoned:
+            self.usage.reasoning_answers += 1
+            if model not in self._warned and len(self._warned) < 100:
+                self._warned.add(model)
+                log.warning("llm model %s reasoned before answering (dialect %s): check "
+                            "THINKTRANS_LLM_DIALECT", model, self.refusals.dialect)  # fmt: skip
+        if reply.error is not None:
+            raise BackendError(f"the LLM endpoint answered an error ({reply.error})")
+        if not (reply.content or "").strip() and reply.finish_reason == "length":
+            self.usage.out_of_tokens += 1
+            while_ = " while reasoning" if reply.reasoned else ""
+            raise BadOutput(
+                f"the LLM ran out of tokens{while_} before it answered (finish_reason length, "
+                f"no content): reasoning is likely left on (THINKTRANS_LLM_DIALECT is "
+                f"{self.refusals.dialect!r}) or max_tokens is too small")
+        return reply
 
     async def models(self) -> httpx.Response:
         """GET /models, within the timeout; HTTP and timeout errors as they come."""

@@ -146,6 +146,10 @@ class Request:
     target_name: str
     source_name: str | None
     model: str
+    # The canonical tags behind the names (the plain style's tables read them); None:
+    # unknown. Never the client's raw tag.
+    target: str | None = None
+    source: str | None = None
 
 
 def span_fields(protected: Protected | None) -> dict[str, Any]:

@@ -1,38 +1,29 @@
-"""The LLM backend's translator: batches into chat requests, answers checked and retried."""
+"""The LLM backend's translator: segments into chat requests in the configured prompt
+style (``batches.JsonStyle`` or ``plain.PlainStyle``), answers checked and retried."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import hashlib
+import json
 import logging
-from collections.abc import Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 import httpx
 
 from models.base import Capabilities, Job
-from models.errors import BadOutput, PartialOutput, UnsupportedLanguage
+from models.errors import PartialOutput, UnsupportedLanguage
 from models.languages import canonical
-from models.llm.answers import (
-    SPAN_PROBLEM,
-    MalformedAnswer,
-    judge,
-    parse_answer,
-    rewrap,
-    summary,
-)
+from models.llm.answers import summary
+from models.llm.batches import JsonStyle
+from models.llm.dialects import Refusals, resolve_dialect
 from models.llm.endpoint import ChatEndpoint, ModelList, safe_url
-from models.llm.prompt import (
-    PROMPT_ID,
-    UNNAMED,
-    Request,
-    chat_body,
-    context_fields,
-    language_name,
-)
+from models.llm.plain import PlainStyle
+from models.llm.prompt import UNNAMED, Request, language_name
 from models.remote import RemoteTranslator
-from models.spans import Protected
 
 log = logging.getLogger("models.llm")
 
@@ -56,6 +47,14 @@ class LLMConfig:
     check_items: bool = True
     # Send each segment's preceding stream text as its item's "context" (capabilities.context).
     context: bool = True
+    # How reasoning is switched off (models.llm.dialects), and what every request adds.
+    dialect: str = "auto"
+    extra_body: Mapping[str, Any] = field(default_factory=dict)
+    stream: bool = False  # ask for server-sent events (answers are read either way)
+    # "json": numbered batches; "plain": one segment a request in a translation model's
+    # own prompt, ``plain_template`` (a family of models.llm.plain, "auto", or a template).
+    prompt_style: str = "json"
+    plain_template: str = "auto"
 
 
 class LLMTranslator(RemoteTranslator):
@@ -63,9 +62,6 @@ class LLMTranslator(RemoteTranslator):
 
     name = "llm"
     capabilities = Capabilities(context=True, billed=True)
-    # Smaller requests keep answers short, so a malformed one costs less to retry.
-    max_segments_per_request: int = 16
-    max_chars_per_request: int = 6000
     # Seconds a fetched GET /models list serves the catalog before it is fetched again.
     models_refresh_s: float = 300.0
 
@@ -78,13 +74,26 @@ class LLMTranslator(RemoteTranslator):
         self._endpoint_id = hashlib.sha256((base_url or "").encode()).hexdigest()[:12]
         self._model = config.model or None
         self._check_items = config.check_items
-        self.capabilities = replace(self.capabilities, context=config.context)
         self.max_concurrency = config.concurrency
+        self.dialect = resolve_dialect(config.dialect, base_url)
+        self._extra_id = hashlib.sha256(json.dumps(
+            config.extra_body, sort_keys=True, ensure_ascii=False).encode()).hexdigest()[:12]
         self._endpoint = ChatEndpoint(
             base_url, model=self._model, api_key=config.api_key, timeout_s=config.timeout_s,
             concurrency=config.concurrency, json_mode=config.json_mode,
             on_down=lambda reason, fail_fast: self._mark_down(reason, fail_fast=fail_fast),
+            refusals=Refusals(self.dialect, config.extra_body), stream=config.stream,
         )
+        self._style: JsonStyle | PlainStyle
+        if config.prompt_style == "plain":
+            self._style = PlainStyle(self._endpoint, checks=config.check_items,
+                                     template=config.plain_template)
+            # One segment a request: each goes as soon as a slot is free, none waits for
+            # batch mates; the concurrency is the batching.
+            self.max_batch_size = 1
+        else:
+            self._style = JsonStyle(self._endpoint, checks=config.check_items)
+        self.capabilities = replace(self.capabilities, context=config.context)
         self._models = ModelList()
         self._listing: asyncio.Task[None] | None = None
         missing = [env for env, value in (("THINKTRANS_LLM_BASE_URL", base_url),
@@ -110,12 +119,13 @@ class LLMTranslator(RemoteTranslator):
         return name
 
     def supports(self, source: str | None, target: str, model: str | None = None) -> bool:
-        """Any target the service can name; a chat model handles most languages."""
+        """Any target the service can name; a chat model handles most languages, a
+        translation model's template those its family lists."""
         try:
             self._language_name(target)
         except UnsupportedLanguage:
             return False
-        return True
+        return self._style.supports(canonical(target), self.resolve_model(model, source, target))
 
     # -- models ------------------------------------------------------------------------------
 
@@ -133,15 +143,23 @@ class LLMTranslator(RemoteTranslator):
         if resolved is None:
             return None
         return (
-            f"llm|{resolved}|at={self._endpoint_id}|{PROMPT_ID}|json={self.config.json_mode}"
-            f"|check={self._check_items}|ctx={self.capabilities.context}"
+            f"llm|{resolved}|at={self._endpoint_id}|{self._style.prompt_id(resolved)}"
+            f"|json={self.config.json_mode}|check={self._check_items}"
+            f"|ctx={self.capabilities.context}|dialect={self.dialect}|extra={self._extra_id}"
         )
 
     def catalog(self) -> list[dict[str, object]]:
         """The configured model first, then what the endpoint's GET /models lists; a list
         older than ``models_refresh_s`` is fetched again in the background."""
         self._maybe_refresh_models()
-        return [] if self._model is None else self._models.catalog(self._model)
+        if self._model is None:
+            return []
+        entries = self._models.catalog(self._model)
+        for entry in entries:
+            model = str(entry["model"])
+            entry["languages"] = self._style.languages(model)
+            entry["notes"] = f"{entry['notes']}; {self._style.describe(model)}"
+        return entries
 
     def _maybe_refresh_models(self) -> None:
         """Fetch GET /models in the background when the list is stale and no start check,
@@ -178,9 +196,9 @@ class LLMTranslator(RemoteTranslator):
         out = list(texts)
         todo = [i for i, text in enumerate(texts) if text.strip()]
         wanted = contexts if contexts is not None and self.capabilities.context else None
-        groups = self._groups([texts[i] for i in todo])
+        groups = self._style.groups([texts[i] for i in todo])
         tasks = [
-            asyncio.ensure_future(self._translate_group(
+            asyncio.ensure_future(self._style.translate_group(
                 request, [texts[todo[j]] for j in group],
                 [wanted[todo[j]] if wanted is not None else None for j in group],
                 [protected[todo[j]] if protected is not None else None for j in group]))
@@ -214,96 +232,8 @@ class LLMTranslator(RemoteTranslator):
                 source_name = self._language_name(source)
         resolved = model or self._model
         assert resolved is not None  # a backend without a model refuses before this
-        return Request(target_name, source_name, resolved)
-
-    def _groups(self, texts: Sequence[str]) -> list[list[int]]:
-        # Contexts are not counted: the limit keeps answers short, and no answer holds one.
-        groups: list[list[int]] = []
-        current: list[int] = []
-        size = 0
-        for i, text in enumerate(texts):
-            full = len(current) >= self.max_segments_per_request
-            if current and (full or size + len(text) > self.max_chars_per_request):
-                groups.append(current)
-                current, size = [], 0
-            current.append(i)
-            size += len(text)
-        if current:
-            groups.append(current)
-        return groups
-
-    async def _complete(self, request: Request, cores: list[str], contexts: list[str | None],
-                        protected: list[Protected | None]) -> str | None:
-        body = chat_body(request, cores, contexts, json_mode=self.config.json_mode,
-                         protected=protected)
-        return await self._endpoint.complete(
-            body, chars=sum(map(len, cores)),
-            context_chars=sum(len(c) for c in contexts if c is not None))
-
-    async def _translate_group(
-        self, request: Request, texts: list[str], contexts: list[str | None],
-        protected: list[Protected | None],
-    ) -> tuple[list[str | None], list[str]]:
-        """One request for ``texts``, and at most one retry of what came back bad: the
-        translations, None for each item still bad after the retry (no item comes back
-        without each of its protected spans), and why each of those was bad. An answer
-        unusable as a whole, twice, fails the batch."""
-        cores = [text.strip() for text in texts]
-        sent = context_fields(cores, contexts)
-        retried = False
-        try:
-            answer = parse_answer(await self._complete(request, cores, sent, protected),
-                                  len(cores))
-        except MalformedAnswer as first:
-            log.info("llm answer unusable (%s); retrying once", first)
-            self._endpoint.usage.retries += 1
-            retried = True
-            try:
-                answer = parse_answer(await self._complete(request, cores, sent, protected),
-                                      len(cores))
-            except MalformedAnswer as second:
-                how = f"{first}, twice" if str(first) == str(second) else f"{first}, then {second}"
-                raise BadOutput(f"the LLM {how}") from None
-        ids = list(range(1, len(cores) + 1))
-        results, bad = judge(cores, sent, ids, answer, checks=self._check_items,
-                             protected=protected)
-        if bad and not retried:
-            self._endpoint.usage.span_retries += _lost_spans(bad)
-            fixed, bad = await self._retry_items(request, cores, contexts, sent, protected, bad)
-            results.update(fixed)
-        if bad:
-            self._endpoint.usage.span_failures += _lost_spans(bad)
-        # The source's own leading and trailing whitespace, around the model's text.
-        return [None if k in bad else rewrap(text, results[k].strip())
-                for k, text in enumerate(texts, start=1)], list(bad.values())
-
-    async def _retry_items(
-        self, request: Request, cores: list[str], contexts: list[str | None],
-        sent: list[str | None], protected: list[Protected | None], bad: dict[int, str],
-    ) -> tuple[dict[int, str], dict[int, str]]:
-        """Ask once more for the ``bad`` items alone: the accepted translations and what is
-        still wrong, by this group's ids."""
-        log.info("llm answer: %d of %d segments bad (%s); retrying those once",
-                 len(bad), len(cores), summary(bad.values()))  # fmt: skip
-        self._endpoint.usage.retries += 1
-        ids = list(bad)
-        again_cores = [cores[k - 1] for k in ids]
-        # Alone, an item no longer follows the one before it: it carries its own context.
-        again_sent = context_fields(again_cores, [contexts[k - 1] for k in ids])
-        again_protected = [protected[k - 1] for k in ids]
-        try:
-            again = parse_answer(
-                await self._complete(request, again_cores, again_sent, again_protected),
-                len(ids))
-        except MalformedAnswer as exc:
-            return {}, dict.fromkeys(ids, f"retry {exc}")
-        retry_sent = list(sent)
-        for k, context in zip(ids, again_sent, strict=True):
-            retry_sent[k - 1] = context
-        # The retry numbers its segments 1..n; map them back to this group's ids.
-        answer = {ids[n - 1]: v for n, v in again.items()}
-        return judge(cores, retry_sent, ids, answer, checks=self._check_items,
-                     protected=protected)
+        return Request(target_name, source_name, resolved, target=canonical(target),
+                       source=canonical(source) if source_name else None)
 
     # -- readiness ---------------------------------------------------------------------------
 
@@ -340,9 +270,13 @@ class LLMTranslator(RemoteTranslator):
             "json_mode": self.config.json_mode,
             "check_items": self._check_items,
             "context": self.capabilities.context,
+            "prompt_style": self._style.name,
+            **self._style.info(self._model),
+            "dialect": self.dialect,
+            "extra_body_keys": sorted(self.config.extra_body),
+            "stream": self.config.stream,
+            "dropped_fields": self._endpoint.refusals.dropped(),
+            "reasoning_answers": usage.reasoning_answers,
+            "reasoning_tokens": usage.reasoning_tokens,
+            "out_of_tokens": usage.out_of_tokens,
         }
-
-
-def _lost_spans(bad: dict[int, str]) -> int:
-    """How many of the ``bad`` items were bad for a protected span missing."""
-    return sum(problem.startswith(SPAN_PROBLEM) for problem in bad.values())

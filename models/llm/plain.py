@@ -1,0 +1,171 @@
+"""The plain prompt style: one segment a request, in a translation model's own prompt
+(``templates``), requests run concurrently instead of batched.
+
+The whole request is one user message (no system prompt: the families' cards have none):
+the family's instruction with the target's name from the service's tables and the text.
+An answer is the translation itself: think blocks are dropped (``replies``), then it must
+pass the JSON style's checks (numbers, inline code, URLs, length, protected spans; the
+context never returned), and a text cut off by the token limit is refused. A bad answer
+is asked again once; still bad, that segment alone goes down the chain.
+
+Glossary terms go in the terminology form of a family that has one (HY-MT1.5); for the
+others each term of the text is replaced by its rendering before the text is sent, which
+translation models copy as it is. A family with a context form (HY-MT1.5) gets the end of
+the text before the segment (``MAX_PLAIN_CONTEXT_CHARS``), the others none.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+from models.llm.answers import context_problem, item_problem, rewrap, text_weight
+from models.llm.endpoint import ChatEndpoint
+from models.llm.prompt import Request
+from models.llm.templates import Family, family_for, names_for, render
+from models.spans import Protected
+
+log = logging.getLogger("models.llm")
+
+# A context is sent whole with every segment here (no batch shares it): its end only.
+MAX_PLAIN_CONTEXT_CHARS = 600
+# The answer's token budget: a translation is rarely longer in tokens than its source in
+# characters; this bounds what a model that will not stop can cost.
+ANSWER_TOKENS_PER_CHAR = 3
+ANSWER_TOKENS_MIN = 64
+CUT_OFF = "cut off by the token limit"
+
+
+class PlainStyle:
+    """One segment a request in its family's prompt (``THINKTRANS_LLM_PROMPT_STYLE=plain``)."""
+
+    name = "plain"
+
+    def __init__(self, endpoint: ChatEndpoint, *, checks: bool, template: str) -> None:
+        self.endpoint = endpoint
+        self.checks = checks
+        self.template = template  # a family, "auto", or a template of one's own
+
+    def family(self, model: str | None) -> Family:
+        return family_for(self.template, model)
+
+    def supports(self, target: str | None, model: str | None) -> bool:
+        """Whether the model's family translates into ``target``."""
+        languages = self.family(model).languages
+        if languages is None or target is None:
+            return languages is None
+        try:
+            names_for(self.family(model), target, None, "", None)
+        except (KeyError, ValueError):
+            return False
+        return True
+
+    def prompt_id(self, model: str | None) -> str:
+        return self.family(model).prompt_id
+
+    def languages(self, model: str | None) -> list[str] | None:
+        languages = self.family(model).languages
+        return sorted(languages) if languages is not None else None
+
+    def describe(self, model: str | None) -> str:
+        family = self.family(model).name
+        return f"plain prompt, {family} template (THINKTRANS_LLM_PROMPT_STYLE=plain)"
+
+    def info(self, model: str | None) -> dict[str, object]:
+        return {"plain_template": self.family(model).name}
+
+    def groups(self, texts: Sequence[str]) -> list[list[int]]:
+        """Each segment alone: its own request."""
+        return [[i] for i in range(len(texts))]
+
+    async def translate_group(
+        self, request: Request, texts: list[str], contexts: list[str | None],
+        protected: list[Protected | None],
+    ) -> tuple[list[str | None], list[str]]:
+        """Each text in a request of its own, concurrently (``groups`` gives one): the
+        translations, None for each still bad after one retry, and why."""
+        out: list[str | None] = []
+        reasons: list[str] = []
+        for text, context, spans in zip(texts, contexts, protected, strict=True):
+            translated, problem = await self._one(request, text, context, spans)
+            out.append(translated)
+            if problem is not None:
+                reasons.append(problem)
+        return out, reasons
+
+    async def _one(self, request: Request, text: str, context: str | None,
+                   protected: Protected | None) -> tuple[str | None, str | None]:
+        family = self.family(request.model)
+        names = names_for(family, request.target, request.source, request.target_name,
+                          request.source_name)
+        core = text.strip()
+        sent, terms = self._with_terms(family, core, protected)
+        if context is not None and family.context is not None:
+            context = _tail(context)
+        else:
+            context = None
+        prompt = render(family, names, sent, context=context, terms=terms)
+        answer, problem = await self._ask(family, request.model, prompt, core, context,
+                                          protected)
+        if problem is not None and problem != CUT_OFF:  # the same budget cuts it again
+            self.endpoint.usage.retries += 1
+            log.info("llm plain answer bad (%s); asking once more", problem)
+            answer, problem = await self._ask(family, request.model, prompt, core, context,
+                                              protected)
+        if problem is not None:
+            return None, problem
+        return rewrap(text, answer), None
+
+    async def _ask(self, family: Family, model: str, prompt: str, core: str,
+                   context: str | None, protected: Protected | None,
+                   ) -> tuple[str, str | None]:
+        """One request: the answer and what is wrong with it (None: nothing)."""
+        budget = max(ANSWER_TOKENS_MIN, ANSWER_TOKENS_PER_CHAR * len(core))
+        body: dict[str, Any] = {"model": model, "temperature": 0, "max_tokens": budget,
+                                "stream": False}
+        if family.completion:
+            body["prompt"] = prompt
+        else:
+            body["messages"] = [{"role": "user", "content": prompt}]
+        reply = await self.endpoint.complete(
+            body, chars=len(core), context_chars=len(context or ""),
+            path="completions" if family.completion else "chat/completions")
+        answer = (reply.content or "").strip()
+        if answer and reply.finish_reason == "length":
+            return answer, CUT_OFF
+        problem = item_problem(core, answer, checks=self.checks, protected=protected)
+        if problem is None:
+            problem = context_problem(context, core, answer)
+        return answer, problem
+
+    def _with_terms(self, family: Family, core: str, protected: Protected | None,
+                    ) -> tuple[str, dict[str, str] | None]:
+        """The text to send and the terms for the family's terminology form: with no such
+        form, each glossary term of the text replaced by its rendering instead."""
+        if protected is None or protected.text.strip() != core:
+            return core, None
+        spans = [span for span in protected.spans if span.kind == "term"]
+        if not spans:
+            return core, None
+        if family.terms is not None:
+            terms: dict[str, str] = {}
+            for span in spans:
+                terms.setdefault(protected.text[span.start:span.end], span.out)
+            return core, terms
+        text = protected.text
+        for span in sorted(spans, key=lambda s: s.start, reverse=True):
+            text = text[:span.start] + span.out + text[span.end:]
+        return text.strip(), None
+
+
+def _tail(context: str) -> str | None:
+    """The end of a context, from a word's start; None for a blank one."""
+    body = context.strip()
+    if text_weight(body) == 0:
+        return None
+    if len(body) <= MAX_PLAIN_CONTEXT_CHARS:
+        return body
+    cut = body[-MAX_PLAIN_CONTEXT_CHARS:]
+    space = cut.find(" ")
+    return cut[space + 1:] if 0 <= space < 60 else cut

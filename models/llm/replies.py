@@ -1,0 +1,166 @@
+"""A chat completion's answer as the endpoints send it: one JSON object, or server-sent
+events (``stream: true``), with the reasoning beside the answer or inside it.
+
+What counts is the message's ``content`` with any reasoning taken out:
+
+- ``reasoning_content`` (vLLM's and SGLang's reasoning parsers, DeepSeek) and
+  ``reasoning`` (newer vLLM) are never read as the answer;
+- a ``<think>...</think>`` block at the start of the content (a server without a reasoning
+  parser) is dropped, as is everything up to a ``</think>`` that no ``<think>`` opens (a
+  template that opened the block in the prompt, DeepSeek-R1's); a ``<think>`` never closed
+  means the whole content was reasoning.
+
+``finish_reason`` and ``usage`` are kept: an empty answer cut off by ``length`` is the
+endpoint running out of tokens while it reasoned, not a model that cannot answer.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+
+# An answer is a few sentences; more than this is a runaway, read no further.
+MAX_ANSWER_CHARS = 1_000_000
+
+_OPEN = re.compile(r"\s*<think>")
+_CLOSE = "</think>"
+_REASONING_FIELDS = ("reasoning_content", "reasoning")
+
+
+@dataclass
+class Reply:
+    """One answer: its content without reasoning (None: none), how it ended, what it used."""
+
+    content: str | None = None
+    finish_reason: str | None = None
+    reasoned: bool = False  # the endpoint reasoned (a reasoning field, or a think block)
+    usage: Any = None
+    error: str | None = None  # an error the endpoint sent instead of (or inside) a stream
+
+
+def short_int(digits: str) -> int | None:
+    """``parse_int`` for answers: an integer literal too long to be a count is None.
+
+    Python refuses to parse integers over 4,300 digits (ValueError); without this one
+    such number in ``usage`` would make the whole answer unreadable.
+    """
+    return int(digits) if len(digits) <= 30 else None
+
+
+def strip_thinking(content: str) -> tuple[str, bool]:
+    """``content`` without its reasoning, and whether it had any (see the module)."""
+    opened = _OPEN.match(content)
+    close = content.find(_CLOSE)
+    if opened is not None:
+        if close < 0:
+            return "", True  # opened and never closed: all of it was reasoning
+        return content[close + len(_CLOSE):], True
+    if close >= 0 and "<think>" not in content[:close]:
+        return content[close + len(_CLOSE):], True
+    return content, False
+
+
+def _reasoning_in(part: object) -> bool:
+    return isinstance(part, dict) and any(
+        isinstance(part.get(name), str) and part[name].strip() for name in _REASONING_FIELDS)
+
+
+def _error_text(data: object) -> str | None:
+    """What an error object says it is (its code or type, never its message, which may
+    quote the text); None when ``data`` carries none."""
+    if not isinstance(data, dict) or data.get("error") is None:
+        return None
+    error = data["error"]
+    kind = (error.get("code") or error.get("type")) if isinstance(error, dict) else None
+    return re.sub(r"[^\w .:-]", "", str(kind))[:80] if kind else "without a code"
+
+
+def _finish(reply: Reply, text: str, *, truncated: bool = False) -> Reply:
+    if truncated and reply.finish_reason is None:
+        reply.finish_reason = "length"
+    if text:
+        stripped, had = strip_thinking(text)
+        reply.reasoned = reply.reasoned or had
+        reply.content = stripped
+    return reply
+
+
+def from_json(data: object) -> Reply:
+    """A non-streamed answer: ``{"choices": [{"message": {...}, "finish_reason"}], ...}``."""
+    reply = Reply(error=_error_text(data))
+    if not isinstance(data, dict):
+        return reply
+    reply.usage = data.get("usage")
+    choices = data.get("choices")
+    choice = choices[0] if isinstance(choices, list) and choices else None
+    if not isinstance(choice, dict):
+        return reply
+    reason = choice.get("finish_reason")
+    reply.finish_reason = reason if isinstance(reason, str) else None
+    message = choice.get("message")
+    reply.reasoned = _reasoning_in(message)
+    # A chat answer's message, or a raw completion's text (a model without a chat template).
+    content = message.get("content") if isinstance(message, dict) else choice.get("text")
+    return _finish(reply, content if isinstance(content, str) else "")
+
+
+async def from_events(response: httpx.Response) -> Reply:
+    """A streamed answer: ``data: {...}`` lines of ``choices[0].delta``, then ``[DONE]``;
+    a last chunk may hold only ``usage``. Read to ``[DONE]`` or the end of the body."""
+    reply = Reply()
+    parts: list[str] = []
+    size = 0
+    async for line in response.aiter_lines():
+        if not line.startswith("data:"):
+            continue  # comments, event names, blank separators
+        payload = line[5:].strip()
+        if payload == "[DONE]":
+            break
+        try:
+            chunk = json.loads(payload, parse_int=short_int)
+        except ValueError:
+            continue
+        if not isinstance(chunk, dict):
+            continue
+        error = _error_text(chunk)
+        if error is not None:
+            reply.error = error
+            break
+        if chunk.get("usage") is not None:
+            reply.usage = chunk["usage"]
+        choices = chunk.get("choices")
+        choice = choices[0] if isinstance(choices, list) and choices else None
+        if not isinstance(choice, dict):
+            continue
+        delta = choice.get("delta")
+        reply.reasoned = reply.reasoned or _reasoning_in(delta)
+        piece = delta.get("content") if isinstance(delta, dict) else choice.get("text")
+        if isinstance(piece, str):
+            parts.append(piece)
+            size += len(piece)
+        reason = choice.get("finish_reason")
+        if isinstance(reason, str):
+            reply.finish_reason = reason
+        if size > MAX_ANSWER_CHARS:
+            return _finish(reply, "".join(parts), truncated=True)
+    return _finish(reply, "".join(parts))
+
+
+async def read_reply(response: httpx.Response) -> Reply:
+    """The answer of a 2xx response, streamed or not, whichever the endpoint sent."""
+    if "text/event-stream" in response.headers.get("content-type", ""):
+        return await from_events(response)
+    body = bytearray()
+    async for piece in response.aiter_bytes():
+        body += piece
+        if len(body) > 4 * MAX_ANSWER_CHARS:
+            return Reply(error="an answer too long to read")
+    try:
+        data = json.loads(bytes(body), parse_int=short_int)
+    except ValueError:
+        return Reply()
+    return from_json(data)
