@@ -117,12 +117,41 @@ class BackendRun:
 # -- input -----------------------------------------------------------------------------------
 
 
+# A backend of a label may carry a variant after a colon: ``llm:plain`` is the llm backend
+# in the plain prompt style, so one endpoint's two styles compare side by side.
+VARIANTS: dict[str, dict[str, dict[str, Any]]] = {
+    "llm": {"json": {"llm_prompt_style": "json"}, "plain": {"llm_prompt_style": "plain"}},
+}
+
+
+def _parts(label: str) -> list[tuple[str, str | None]]:
+    parts = [part.strip() for part in label.split(",") if part.strip()]
+    return [(name.strip(), variant.strip() if sep else None)
+            for name, sep, variant in (part.partition(":") for part in parts)]
+
+
+def label_settings(label: str) -> dict[str, Any]:
+    """The settings a label's variants set (``llm:plain``: the plain prompt style);
+    raises InputError for a variant its backend does not have."""
+    updates: dict[str, Any] = {}
+    for name, variant in _parts(label):
+        if variant is None:
+            continue
+        known = VARIANTS.get(name, {})
+        if variant not in known:
+            choices = ", ".join(f"{name}:{v}" for v in known) or "none"
+            raise InputError(f"backend {name!r} has no variant {variant!r} (choose from "
+                             f"{choices})")
+        updates.update(known[variant])
+    return updates
+
+
 def parse_chain(label: str) -> list[str]:
-    """The backend names of ``label`` (``local`` or ``deepl,local``), checked against the
-    registry; raises InputError naming the choices."""
+    """The backend names of ``label`` (``local``, ``deepl,local`` or ``llm:plain``),
+    checked against the registry; raises InputError naming the choices."""
     from models.registry import FACTORIES
 
-    names = [part.strip() for part in label.split(",") if part.strip()]
+    names = [name for name, _ in _parts(label)]
     unknown = [n for n in names if n not in FACTORIES]
     if not names or unknown:
         bad = unknown[0] if unknown else label
@@ -149,6 +178,7 @@ def make_config(
     resolved = canonicalize(target)
     for label in labels:
         parse_chain(label)  # an unknown name fails before anything loads
+        label_settings(label)
     items = load_corpus(corpus)
     references = load_refs(refs, len(items)) if refs is not None else [i.ref for i in items]
     if any(ref is not None for ref in references):
@@ -265,8 +295,10 @@ def score(hyps: Sequence[str], refs: Sequence[str], target: str) -> dict[str, An
 # -- running ---------------------------------------------------------------------------------
 
 
-def settings_for(base: Settings, chain: list[str], deadline_ms: float) -> Settings:
-    """The settings of one backend's runtime: that chain only, and compare's own deadline.
+def settings_for(base: Settings, chain: list[str], deadline_ms: float,
+                 variants: dict[str, Any] | None = None) -> Settings:
+    """The settings of one backend's runtime: that chain only, its label's ``variants``
+    (``label_settings``), and compare's own deadline.
 
     ``model_copy`` rather than ``load_settings`` overrides: a ``THINKTRANS_BACKEND``
     variable would otherwise win over the chain asked for on the command line.
@@ -280,6 +312,7 @@ def settings_for(base: Settings, chain: list[str], deadline_ms: float) -> Settin
             "cache_path": None,
             # A batch on a CPU model may take longer than a service would allow.
             "backend_timeout_s": max(base.backend_timeout_s, deadline_ms / 1000.0),
+            **(variants or {}),
         }
     )
 
@@ -352,7 +385,7 @@ async def run_compare(
         runtimes: dict[str, Runtime] = {}
         started = time.perf_counter()
         for label, chain in chains.items():
-            settings = settings_for(base, chain, config.deadline_ms)
+            settings = settings_for(base, chain, config.deadline_ms, label_settings(label))
             runtimes[label] = await stack.enter_async_context(Runtime(settings))
         ready_s: dict[str, float] = {}
 
