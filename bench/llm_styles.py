@@ -3,7 +3,7 @@ sent and answered, and an estimate in tokens and dollars.
 
 The English prose sentences of the built-in sample corpus (``service/data``), cut by the
 service's segmenter, go to a chat double over real HTTP on 127.0.0.1 (``tests.fakes_remote
-.FakeChat``, answering plain prompts as a translation model would) as one stream into
+.FakeChat``, which answers a plain prompt with its text) as one stream into
 Simplified Chinese, each with the stream's preceding text as its context (as the service
 sends it):
 
@@ -40,16 +40,6 @@ from service.tools.corpus import builtin_corpus  # noqa: E402
 from tests.fakes_remote import FakeChat  # noqa: E402
 
 
-class TranslationChat(FakeChat):
-    """FakeChat that also answers a plain prompt: the text after the instruction."""
-
-    def _answer(self, mode: str, body: dict[str, Any]) -> str:
-        messages = body.get("messages") or []
-        if len(messages) == 1:  # a plain prompt: one user message, no system prompt
-            return "Simplified Chinese: " + messages[0]["content"].split("\n\n", 1)[-1]
-        return super()._answer(mode, body)
-
-
 def tokens(text: str) -> float:
     """Estimated tokens: a CJK character 1, anything else 4 characters a token."""
     wide = sum(unicodedata.east_asian_width(ch) in "WF" for ch in text)
@@ -68,30 +58,30 @@ def sentences() -> list[tuple[str, str]]:
     return out
 
 
-async def measure(fake: TranslationChat, style: str, size: int,
+async def measure(fake: FakeChat, style: str, size: int,
                   items: list[tuple[str, str]]) -> dict[str, Any]:
     fake.reset()
     backend = LLMTranslator(LLMConfig(f"{fake.origin}/v1", "hunyuan-mt-7b", prompt_style=style))
-    answered = 0
+    wrapper = 0  # characters an answer adds around its translations
     try:
         for start in range(0, len(items), size):
             group = items[start:start + size]
             texts = [text for text, _ in group]
             out = await backend.translate(texts, source="en", target="zh-CN",
                                           contexts=[context for _, context in group])
-            answered += len(json.dumps({"translations": [{"id": k + 1, "text": t} for k, t in
-                                                         enumerate(out)]}, ensure_ascii=False))
+            if style == "json":  # the answer's JSON around the texts; a plain one has none
+                answer = json.dumps({"translations": [{"id": k + 1, "text": t}
+                                                      for k, t in enumerate(out)]},
+                                    ensure_ascii=False)
+                wrapper += len(answer) - sum(map(len, out))
     finally:
         await backend.aclose()
     sent = [rec.json for rec in fake.chat_requests]
     prompt = sum(len(m["content"]) for body in sent for m in body["messages"])
     source = sum(len(text) for text, _ in items)
-    if style == "plain":  # the answer is the translation alone: no JSON around it
-        answered = sum(len(text) for text, _ in items) + len(items) * len("Simplified Chinese: ")
     n = len(items)
     overhead_in = tokens("x" * (prompt - source)) / n
     source_tokens = sum(tokens(text) for text, _ in items) / n
-    wrapper = max(0, answered - source - n * len("Simplified Chinese: "))
     return {
         "requests_per_sentence": round(len(sent) / n, 3),
         "chars_sent_per_sentence": round(prompt / n, 1),
@@ -115,7 +105,7 @@ async def main() -> None:
     parser.add_argument("--json", action="store_true", help="print JSON, not a table")
     args = parser.parse_args()
     items = sentences()
-    fake = TranslationChat()
+    fake = FakeChat()
     fake.start()
     try:
         rows = {name: await measure(fake, style, size, items)

@@ -308,6 +308,11 @@ def _model_not_found(model: object) -> dict[str, Any]:
     }
 
 
+# How a plain prompt (one user message, no system prompt) is answered: the text after the
+# instruction's last blank line, behind this tag.
+PLAIN_TAG = "[plain] "
+
+
 class FakeChat(_Fake):
     """POST /v1/chat/completions (and GET /v1/models), with failure modes.
 
@@ -316,7 +321,8 @@ class FakeChat(_Fake):
     the first segment; ``short``/``long`` answer far shorter/longer than the source;
     ``swapped`` swaps the first two items' texts; ``obey`` answers every item with
     ``OBEYED``; ``echo_context`` puts an item's ``context`` before its good answer;
-    ``timeout`` sleeps ``slow_s``. ``replies`` maps a segment's text to the text answered
+    ``timeout`` sleeps ``slow_s``. A plain prompt (``THINKTRANS_LLM_PROMPT_STYLE=plain``: one
+    user message) is answered with its text behind ``PLAIN_TAG``. ``replies`` maps a segment's text to the text answered
     for it in the modes that answer per item (the good answer otherwise).
 
     A good answer renders an item's ``terms`` (each key written as its value) and keeps
@@ -387,6 +393,9 @@ class FakeChat(_Fake):
         return [r for r in self.requests if r.path.endswith("/chat/completions")]
 
     def _answer(self, mode: str, body: dict[str, Any]) -> str:
+        messages = body.get("messages") or []
+        if len(messages) == 1:  # a plain prompt: the text after the instruction, tagged
+            return PLAIN_TAG + messages[0]["content"].rsplit("\n\n", 1)[-1]
         target, segments = _segments_of(body)
         items = [{"id": s["id"], "text": self._item_text(mode, target, s)} for s in segments]
         if mode == "echo_context":

@@ -341,6 +341,34 @@ def test_llm_chain_cost(chat_server: FakeChat, corpus: Path,
     assert b["cost_usd"] == pytest.approx(b["billed_characters"] * 10 / 1e6)
 
 
+def test_llm_prompt_styles_side_by_side(chat_server: FakeChat, corpus: Path,
+                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    chat_server.reset()
+    monkeypatch.setenv("THINKTRANS_LLM_BASE_URL", f"{chat_server.origin}/v1")
+    monkeypatch.setenv("THINKTRANS_LLM_MODEL", "fake-model")
+    monkeypatch.setenv("THINKTRANS_CHECK_OUTPUT_LANGUAGE", "false")
+    report = compare_json("--to", "de", "--backend", "llm:json", "--backend", "llm:plain",
+                          "--corpus", str(corpus))
+    rows = by_backend(report)
+    assert list(rows) == ["llm:json", "llm:plain"]
+    assert all(row["statuses"]["translated"] == 3 for row in rows.values())
+    bodies = [rec.json for rec in chat_server.chat_requests]
+    json_style = [b for b in bodies if b["messages"][0]["role"] == "system"]
+    plain = [b for b in bodies if len(b["messages"]) == 1]
+    assert json_style and len(json_style) + len(plain) == len(bodies)
+    # The plain style: one segment a request, in the generic template, nothing else.
+    assert len(plain) == 3  # one request a translated text
+    assert all(b["messages"][0]["content"].startswith("Translate the following text into German")
+               for b in plain)
+
+
+def test_a_variant_its_backend_lacks() -> None:
+    one_line_failure(compare("--to", "de", "--backend", "llm:fast"), 3,
+                     "backend 'llm' has no variant 'fast' (choose from llm:json, llm:plain)")
+    one_line_failure(compare("--to", "de", "--backend", "passthrough:plain"), 3,
+                     "has no variant 'plain' (choose from none)")
+
+
 # -- bad input: one line, non-zero exit --------------------------------------------------------
 
 
