@@ -322,8 +322,9 @@ class FakeChat(_Fake):
     ``swapped`` swaps the first two items' texts; ``obey`` answers every item with
     ``OBEYED``; ``echo_context`` puts an item's ``context`` before its good answer;
     ``timeout`` sleeps ``slow_s``. A plain prompt (``THINKTRANS_LLM_PROMPT_STYLE=plain``: one
-    user message) is answered with its text behind ``PLAIN_TAG``. ``replies`` maps a segment's text to the text answered
-    for it in the modes that answer per item (the good answer otherwise).
+    user message) is answered with its text behind ``PLAIN_TAG``. ``replies`` maps a
+    segment's text to the text answered for it in the modes that answer per item (the good
+    answer otherwise).
 
     A good answer renders an item's ``terms`` (each key written as its value) and keeps
     its ``keep`` strings, as the text has them. ``drop_span`` removes each item's first
