@@ -149,13 +149,12 @@ class Runtime:
     def _limits(self, translator: Translator) -> BatchLimits:
         s = self.settings
         return BatchLimits(
-            max_batch_size=min(s.max_batch_size, translator.max_batch_size or s.max_batch_size),
-            max_batch_chars=s.max_batch_chars,
-            max_wait_ms=s.max_wait_ms, max_queue_size=s.max_queue_size,
+            max_batch_size=min(s.max_batch_size, translator.max_batch_size or 1 << 30),
+            max_batch_chars=s.max_batch_chars, max_wait_ms=s.max_wait_ms,
+            max_queue_size=s.max_queue_size, max_previews=s.preview_max_queue,
             max_concurrency=translator.max_concurrency or s.max_concurrent_batches,
             timeout_s=s.backend_timeout_s, breaker_failures=s.breaker_failures,
-            breaker_cooloff_s=s.breaker_cooloff_s, max_previews=s.preview_max_queue,
-        )
+            breaker_cooloff_s=s.breaker_cooloff_s)
 
     async def _close_streams(self, streams: StreamManager) -> None:
         if not streams.draining:
