@@ -11,12 +11,15 @@ is asked again once; still bad, that segment alone goes down the chain.
 Glossary terms go in the terminology form of a family that has one (HY-MT1.5); for the
 others each term of the text is replaced by its rendering before the text is sent, which
 translation models copy as it is. A family with a context form (HY-MT1.5) gets the end of
-the text before the segment (``MAX_PLAIN_CONTEXT_CHARS``), the others none.
+the text before the segment (``MAX_PLAIN_CONTEXT_CHARS``) unless the terminology form is
+sent (it has no context), the others none. A segment of a source not named that is
+plainly Chinese gets the Hunyuan families' Chinese (ZH<=>XX) form, as the cards ask.
 """
 
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -97,13 +100,16 @@ class PlainStyle:
     async def _one(self, request: Request, text: str, context: str | None,
                    protected: Protected | None) -> tuple[str | None, str | None]:
         family = self.family(request.model)
-        names = names_for(family, request.target, request.source, request.target_name,
-                          request.source_name)
         core = text.strip()
+        source = request.source
+        if source is None and family.chinese is not None and _written_in_chinese(core):
+            source = "zh-Hans"  # the card's ZH<=>XX form for a text it can see is Chinese
+        names = names_for(family, request.target, source, request.target_name,
+                          request.source_name)
         sent, terms = self._with_terms(family, core, protected)
-        if context is not None and family.context is not None:
+        if context is not None and family.context is not None and not terms:
             context = _tail(context)
-        else:
+        else:  # the terminology form holds no context: none is sent, counted or judged
             context = None
         prompt = render(family, names, sent, context=context, terms=terms)
         answer, problem = await self._ask(family, request.model, prompt, core, context,
@@ -157,6 +163,20 @@ class PlainStyle:
         for span in sorted(spans, key=lambda s: s.start, reverse=True):
             text = text[:span.start] + span.out + text[span.end:]
         return text.strip(), None
+
+
+_HAN = re.compile(r"[\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff]")
+_KANA_HANGUL = re.compile(r"[\u3040-\u30ff\uac00-\ud7af]")
+_LETTER = re.compile(r"[^\W\d_]")
+
+
+def _written_in_chinese(text: str) -> bool:
+    """Whether ``text`` (of a source not named) is Chinese: Han characters, no kana or
+    hangul, and more of its weight than any other letters' (a Han character weighs 3)."""
+    han = len(_HAN.findall(text))
+    if not han or _KANA_HANGUL.search(text):
+        return False
+    return 3 * han > len(_LETTER.findall(text)) - han
 
 
 def _tail(context: str) -> str | None:
