@@ -25,6 +25,7 @@ from __future__ import annotations
 import copy
 import json
 import logging
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -37,7 +38,9 @@ log = logging.getLogger("models.llm")
 DIALECTS = ("auto", "openai", "vllm", "sglang", "deepseek", "none")
 
 # reasoning_effort values, lowest first: newer OpenAI models take "none", gpt-5 "minimal",
-# the o-series "low" at least. A refused value moves to the next; the last refused, none.
+# the o-series "low" at least. A refused value moves to the next; the last refused, none;
+# a refusal of the field itself (a model that does not reason: "Unrecognized request
+# argument"), none at once.
 EFFORTS = ("none", "minimal", "low")
 
 _SWITCHES: dict[str, dict[str, Any]] = {
@@ -108,24 +111,50 @@ def merge(body: dict[str, Any], extra: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
+def _error_of(response: httpx.Response) -> object:
+    """The error object of an error answer (its ``error`` member where it has one)."""
+    try:
+        data = response.json(parse_int=short_int)
+    except ValueError:
+        return None
+    return data.get("error", data) if isinstance(data, dict) else data
+
+
+def _message_of(response: httpx.Response, error: object) -> str:
+    message = error.get("message") if isinstance(error, dict) else error
+    return (message if isinstance(message, str) else response.text)[:1000]
+
+
 def named_fields(response: httpx.Response, fields: set[str]) -> set[str]:
     """Which of ``fields`` a 400 or 422 answer says the endpoint refuses: OpenAI names it
     in ``error.param``; vLLM, LiteLLM, Groq and others in the message's words."""
     if response.status_code not in (400, 422) or not fields:
         return set()
-    try:
-        data = response.json(parse_int=short_int)
-    except ValueError:
-        data = None
-    error = data.get("error", data) if isinstance(data, dict) else data
+    error = _error_of(response)
     param = error.get("param") if isinstance(error, dict) else None
     if isinstance(param, str) and param.split(".")[0] in fields:
         return {param.split(".")[0]}
-    message = error.get("message") if isinstance(error, dict) else error
-    if not isinstance(message, str):
-        message = response.text
-    message = message[:1000]
+    message = _message_of(response, error)
     return {name for name in fields if name in message}
+
+
+# How a server says it has no such field at all (not that it refuses the value): OpenAI's
+# "Unrecognized request argument supplied" (a model without reasoning) and "Unsupported
+# parameter", pydantic's extra="forbid", LiteLLM's "UnsupportedParamsError".
+_NO_SUCH_FIELD = re.compile(
+    r"unrecogni[sz]ed (?:request )?argument|unsupported ?param|unknown (?:parameter|field|"
+    r"argument)|extra (?:inputs|fields) (?:are )?not permitted|extra_forbidden",
+    re.IGNORECASE)
+
+
+def refuses_the_field(response: httpx.Response) -> bool:
+    """Whether an error answer refuses a field as such, not only the value it was sent:
+    another value of it would be refused too."""
+    error = _error_of(response)
+    code = error.get("code") if isinstance(error, dict) else None
+    if code in ("unsupported_parameter", "unknown_parameter"):
+        return True
+    return _NO_SUCH_FIELD.search(_message_of(response, error)) is not None
 
 
 class Refusals:
@@ -168,7 +197,7 @@ class Refusals:
             return None
         if len(self._dropped) >= self.MAX_MODELS and model not in self._dropped:
             self._dropped.pop(next(iter(self._dropped)))
-        if "reasoning_effort" in named:
+        if "reasoning_effort" in named and not refuses_the_field(response):
             step = self._effort.get(model, 0) + 1
             if step < len(EFFORTS):
                 self._effort[model] = step

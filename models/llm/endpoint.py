@@ -268,7 +268,10 @@ class ChatEndpoint:
     def _judge(self, reply: Reply, model: str | None) -> Reply:
         """Count what the answer used; raise for an answer that is an error or empty for
         want of tokens."""
+        before = self.usage.reasoning_tokens
         self.usage.count_tokens(reply.usage)
+        # OpenAI's reasoning models hide the reasoning: only the usage tells of it.
+        reply.reasoned = reply.reasoned or self.usage.reasoning_tokens > before
         if reply.reasoned:
             self.usage.reasoning_answers += 1
             if model not in self._warned and len(self._warned) < 100:
