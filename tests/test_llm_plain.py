@@ -139,8 +139,10 @@ async def test_a_stream_is_translated_in_the_family_prompt(
     first = next(b for b, p in zip(mt.bodies, mt.parsed, strict=True) if p == parsed[0])
     sent = first["prompt"] if family == "seed-x" else only_user_message(first)
     assert sent == FIRST_PROMPT[family, locale].format(text=cores[0])
-    if family == "seed-x":  # no chat template: a raw prompt
-        assert "messages" not in first
+    if family == "seed-x":  # no chat template: a raw prompt, and no template switch
+        assert "messages" not in first and "chat_template_kwargs" not in first
+    else:
+        assert first["chat_template_kwargs"] == {"enable_thinking": False}
     assert all(b["max_tokens"] <= 4 * len(p.text) + 64 for b, p in zip(
         mt.bodies, mt.parsed, strict=True) if p)  # bounded by the text
     if family == "hy-mt1.5" and locale == "de":  # the text before, in the context form

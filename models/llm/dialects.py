@@ -172,13 +172,14 @@ class Refusals:
 
     def optional(self) -> set[str]:
         """The fields the service may change or drop: its own, not the operator's."""
-        return {*self._switch, "temperature", "max_tokens", "max_completion_tokens"} - set(
-            self._extra)
+        return {*self._switch, "temperature", "max_tokens", "max_completion_tokens",
+                "stream_options"} - set(self._extra)
 
-    def shape(self, body: dict[str, Any], model: str | None) -> dict[str, Any]:
-        """The request to send: ``body``, the switch, the extra body, less what ``model``
-        refused."""
-        fields = switch(self.dialect)
+    def shape(self, body: dict[str, Any], model: str | None, *,
+              chat: bool = True) -> dict[str, Any]:
+        """The request to send: ``body``, the switch (a chat request's: a raw completion has
+        no template to switch), the extra body, less what ``model`` refused."""
+        fields = switch(self.dialect) if chat else {}
         if "reasoning_effort" in fields:
             fields["reasoning_effort"] = EFFORTS[self._effort.get(model, 0)]
         out = merge(body, fields)

@@ -231,7 +231,7 @@ class ChatEndpoint:
         if self.stream:
             body = {**body, "stream": True, "stream_options": {"include_usage": True}}
         for _ in range(4):  # the reasoning_effort values, then without it
-            sent = self.refusals.shape(body, model)
+            sent = self.refusals.shape(body, model, chat="messages" in body)
             try:
                 reply = await self._exchange(path, sent, chars=chars,
                                              context_chars=context_chars)
