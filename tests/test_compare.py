@@ -326,12 +326,18 @@ def test_deepl_cost_from_billed_characters(
     assert deepl["cost_usd"] == pytest.approx(deepl["billed_characters"] * 20 / 1e6)
 
 
-def test_llm_chain_cost(chat_server: FakeChat, corpus: Path,
-                        monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.fixture
+def llm_env(chat_server: FakeChat, monkeypatch: pytest.MonkeyPatch) -> FakeChat:
+    """The chat double, reset, as the llm backend's endpoint."""
     chat_server.reset()
     monkeypatch.setenv("THINKTRANS_LLM_BASE_URL", f"{chat_server.origin}/v1")
     monkeypatch.setenv("THINKTRANS_LLM_MODEL", "fake-model")
     monkeypatch.setenv("THINKTRANS_CHECK_OUTPUT_LANGUAGE", "false")
+    return chat_server
+
+
+def test_llm_chain_cost(llm_env: FakeChat, corpus: Path) -> None:
+    chat_server = llm_env
     report = compare_json("--to", "de", "--backend", "llm,passthrough", "--corpus", str(corpus),
                           "--price", "llm=10")
     (b,) = report["backends"]
@@ -341,12 +347,8 @@ def test_llm_chain_cost(chat_server: FakeChat, corpus: Path,
     assert b["cost_usd"] == pytest.approx(b["billed_characters"] * 10 / 1e6)
 
 
-def test_llm_prompt_styles_side_by_side(chat_server: FakeChat, corpus: Path,
-                                       monkeypatch: pytest.MonkeyPatch) -> None:
-    chat_server.reset()
-    monkeypatch.setenv("THINKTRANS_LLM_BASE_URL", f"{chat_server.origin}/v1")
-    monkeypatch.setenv("THINKTRANS_LLM_MODEL", "fake-model")
-    monkeypatch.setenv("THINKTRANS_CHECK_OUTPUT_LANGUAGE", "false")
+def test_llm_prompt_styles_side_by_side(llm_env: FakeChat, corpus: Path) -> None:
+    chat_server = llm_env
     report = compare_json("--to", "de", "--backend", "llm:json", "--backend", "llm:plain",
                           "--corpus", str(corpus))
     rows = by_backend(report)
