@@ -8,6 +8,7 @@
     ├── Expired              dropped unrun: every segment of it was past its deadline
     ├── Stopped              a preview's decode stopped: segments came to wait for it
     ├── RateLimited          the vendor asked us to slow down
+    │   └── Throttled        a shared backend holds this client's share: wait, chain serves
     ├── UnsupportedLanguage  the backend cannot serve this language pair
     └── BadOutput            wrong count, empty text, wrong language
         └── PartialOutput    some texts of a batch answered, the others bad
@@ -54,6 +55,16 @@ class Stopped(BackendError):
 
 class RateLimited(BackendError):
     """The vendor asked us to slow down."""
+
+
+class Throttled(RateLimited):
+    """A shared backend holds as much of this client's work as it lets one client have
+    waiting (the pool's per-client cap), and asked it to wait ``retry_after_s``: the chain
+    serves the batch. Overload, not an outage: the circuit breaker does not count it."""
+
+    def __init__(self, detail: str, *, retry_after_s: int = 1, **extra: Any) -> None:
+        super().__init__(detail, **extra)
+        self.retry_after_s = retry_after_s
 
 
 class UnsupportedLanguage(BackendError):

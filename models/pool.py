@@ -41,7 +41,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import os
+import math
+import re
 import socket
 import time
 from collections.abc import Coroutine, Sequence
@@ -59,6 +60,7 @@ from models.errors import (
     BadOutput,
     Expired,
     RateLimited,
+    Throttled,
     UnsupportedLanguage,
 )
 from models.languages import canonical, table_key
@@ -83,8 +85,16 @@ GRACE_S = 0.1
 MAX_SERVED_PAIRS = 4096
 # Reads of /v1/info that answers asked for: at most one this often.
 REFRESH_GAP_S = 5.0
+# The longest this sidecar holds its calls back when the pool asks it to wait (Retry-After).
+MAX_HOLD_S = 30.0
 # A probe of /v1/info may wait behind a busy replica's batches.
 PROBE_TIMEOUT_S = 10.0
+
+
+# A client id (THINKTRANS_POOL_CLIENT_ID): what the pool's stats, metrics and config name.
+CLIENT_ID = r"^[A-Za-z0-9][A-Za-z0-9._:@/+-]{0,127}$"
+CLIENT_ID_RULE = ("1 to 128 characters: letters, digits and . _ : @ / + -, starting with a "
+                  "letter or digit")
 
 
 # One protected span on the wire: start, end (offsets into its text), kind, out.
@@ -101,7 +111,11 @@ class PoolCall(BaseModel):
     deadline_ms: float | None = Field(
         None, description="Milliseconds left until the last segment is due; the pool drops "
         "the call unrun once they have passed. Null: no deadline.")
-    sidecar: str = Field("", max_length=256, description="Who sent it (host:pid), for stats.")
+    sidecar: str = Field(
+        "", pattern=f"^$|{CLIENT_ID}", description="The client id of the sidecar that sent it "
+        "(THINKTRANS_POOL_CLIENT_ID): who the pool shares its turns between, counts and caps. "
+        "Empty: unnamed. With a client's own token the pool counts the call as that client's, "
+        "whatever this says.")
     spans: list[list[WireSpan]] | None = Field(
         None, description="Per text, its protected spans as [start, end, kind, out]: offsets "
         "into the text, in order, not overlapping; out is what its translation holds in the "
@@ -133,9 +147,20 @@ def wire_spans(protected: Sequence[Protected | None] | None, count: int
     return out
 
 
-def sidecar_id() -> str:
-    """This process, as the pool's stats name it: ``host:pid``."""
-    return f"{socket.gethostname()}:{os.getpid()}"
+def _retry_after(resp: httpx.Response) -> float:
+    """The seconds a 429's ``Retry-After`` asks for, within ``[0, MAX_HOLD_S]`` (1 s unread)."""
+    try:
+        return min(MAX_HOLD_S, max(0.0, float(resp.headers.get("retry-after", "1"))))
+    except ValueError:
+        return 1.0
+
+
+def client_id(port: int) -> str:
+    """A sidecar's default client id: ``host:port``, the host's name and the port it serves
+    on, stable over restarts and different for two sidecars on one host (a host name that is
+    no valid id is reduced to one)."""
+    host = re.sub(r"[^A-Za-z0-9._-]", "-", socket.gethostname()).strip("-._")[:100]
+    return f"{host or 'host'}:{port}"
 
 
 @dataclass(frozen=True)
@@ -144,7 +169,7 @@ class PoolConfig:
     token: str | None = None
     timeout_s: float = 60.0  # one call's longest wait (the batch timeout bounds it too)
     concurrency: int = 8  # calls in flight at once from this sidecar
-    sidecar: str = field(default_factory=sidecar_id)
+    sidecar: str = field(default_factory=lambda: client_id(8088))  # the client id
     transport: httpx.AsyncBaseTransport | None = None  # httpx's default: TCP
 
 
@@ -169,6 +194,8 @@ class PoolTranslator(RemoteTranslator):
         self._next_refresh = 0.0  # monotonic: no refresh on demand before it
         # Texts with spans the pool kept by their placeholders, or by translating their runs.
         self.spans_kept = {"masked": 0, "fallback": 0}
+        self.throttled = 0  # calls the pool refused over this sidecar's cap
+        self._hold_until = 0.0  # monotonic: no call before it (the pool's Retry-After)
         self.url: str | None = None
         if not config.url:
             self._not_configured(NO_URL_REASON)
@@ -270,6 +297,8 @@ class PoolTranslator(RemoteTranslator):
             if slug == "pool-not-ready":
                 self._mark_down(f"pool not ready: {detail}", fail_fast=False)
                 return BackendUnavailable(f"pool not ready: {detail}")
+            if slug == "over-cap":  # this sidecar's share waits there already: not down
+                return self._throttled(resp, detail)
             if slug == "payload-too-large":
                 self._refresh_soon()  # its limit changed: the next batches are cut to it
             return _BY_SLUG.get(slug, BackendError)(detail)
@@ -282,6 +311,14 @@ class PoolTranslator(RemoteTranslator):
             self._mark_down(f"pool not serving: HTTP {status}", fail_fast=False)
             return BackendUnavailable(f"pool not serving: HTTP {status}")
         return BackendError(f"pool answered {status}: {detail}")
+
+    def _throttled(self, resp: httpx.Response, detail: str) -> Throttled:
+        """The pool's 429 over this sidecar's cap: no call for its ``Retry-After`` (at most
+        ``MAX_HOLD_S``); the batch goes down the chain, and the backend stays up."""
+        wait = _retry_after(resp)
+        self.throttled += 1
+        self._hold_until = max(self._hold_until, time.monotonic() + wait)
+        return Throttled(f"pool: {detail}", retry_after_s=max(1, math.ceil(wait)))
 
     # -- what the pool serves ------------------------------------------------------------------
 
@@ -321,7 +358,7 @@ class PoolTranslator(RemoteTranslator):
         return f"pool|{identity}|{model}"
 
     def info(self) -> dict[str, object]:
-        return {"url": self.url, "sidecar": self.config.sidecar,
+        return {"url": self.url, "client_id": self.config.sidecar, "throttled": self.throttled,
                 "engine": self._info.get("engine"), "max_batch_size": self._call_texts(),
                 "identity": self._info.get("identity"), "spans": dict(self.spans_kept)}
 
@@ -344,6 +381,11 @@ class PoolTranslator(RemoteTranslator):
         self._refuse_if_unusable()
         if deadline_s is not None and deadline_s <= 0:
             raise Expired("every segment of the batch was past its deadline; not sent")
+        wait = self._hold_until - time.monotonic()
+        if wait > 0:  # the pool asked this sidecar to wait: the chain serves the batch
+            raise Throttled(f"the pool holds this sidecar's share of its queue (client id "
+                            f"{self.config.sidecar!r}); it asked to wait {wait:.1f} s more",
+                            retry_after_s=math.ceil(wait))
         max_text = self._limit("max_text_chars", MAX_TEXT_CHARS)
         if any(len(text) > max_text for text in texts):  # cut to the pool's bound, rejoined
             keep = _stretches(job.protected, len(texts))

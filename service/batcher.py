@@ -39,6 +39,7 @@ from models.errors import (
     BadOutput,
     Expired,
     PartialOutput,
+    Throttled,
     UnsupportedLanguage,
 )
 from models.spans import Protected
@@ -340,8 +341,9 @@ class Batcher:
                     partial, outputs = exc, exc.outputs
                 check_outputs(self.name, texts, outputs, partial=partial is not None)
             except BackendError as exc:
-                # Work dropped late, or a pair the backend does not serve: no fault of it.
-                blameless = isinstance(exc, Expired | UnsupportedLanguage)
+                # Work dropped late, a pair the backend does not serve, or a shared backend
+                # holding this client's share already: no fault of it.
+                blameless = isinstance(exc, Expired | UnsupportedLanguage | Throttled)
                 self._fail_all(live, exc, counted=counted and not blameless)
                 return
             except TimeoutError:

@@ -68,7 +68,19 @@ class Queueable(Protocol):
 T = TypeVar("T", bound=Queueable)
 
 
-class Cutoff(Generic[T]):
+class Droppable(Protocol):
+    """What a ``Cutoff`` judges: whether it was given up, and when it is due."""
+
+    @property
+    def due(self) -> float | None: ...
+
+    def gone(self) -> bool: ...
+
+
+D = TypeVar("D", bound=Droppable)
+
+
+class Cutoff(Generic[D]):
     """What must not run: items given up by their callers, and, when ``now`` is given,
     items due by then. Each is handed to ``gone`` or ``expired``, which answer it where an
     answer is still read; without ``now`` only given-up items are dropped (the sidecar's
@@ -76,15 +88,15 @@ class Cutoff(Generic[T]):
 
     __slots__ = ("expired", "gone", "now")
 
-    def __init__(self, now: float | None = None, *, expired: Callable[[T], None] | None = None,
-                 gone: Callable[[T], None] | None = None) -> None:
+    def __init__(self, now: float | None = None, *, expired: Callable[[D], None] | None = None,
+                 gone: Callable[[D], None] | None = None) -> None:
         if now is not None and expired is None:
             raise ValueError("a cutoff at a time needs `expired`, to answer the late items")
         self.now = now
         self.expired = expired
         self.gone = gone
 
-    def drops(self, item: T) -> bool:
+    def drops(self, item: D) -> bool:
         """Whether ``item`` must not run; if so it has been handed to its handler."""
         if item.gone():
             if self.gone is not None:
@@ -96,7 +108,7 @@ class Cutoff(Generic[T]):
             return True
         return False
 
-    def sift(self, items: Iterable[T]) -> list[T]:
+    def sift(self, items: Iterable[D]) -> list[D]:
         """The items to run, in order; the others handed to their handlers."""
         return [item for item in items if not self.drops(item)]
 

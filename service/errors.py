@@ -13,9 +13,11 @@
     │   ├── RequestTimeout       a request body not complete in time (408)
     │   ├── NotFound             no such stream (404)
     │   ├── EventsGone           a stream's events were no longer retained (410)
-    │   └── Conflict             the request contradicts accepted state (409)
+    │   ├── Conflict             the request contradicts accepted state (409)
+    │   └── Forbidden            a pool call names a client whose token it lacks (403)
     ├── Overloaded               a bounded queue is full (503 + Retry-After)
-    └── TooManyStreams           max_streams are open (429 + Retry-After)
+    ├── TooManyStreams           max_streams are open (429 + Retry-After)
+    └── OverCap                  a pool client has its cap waiting (429 + Retry-After)
 
 The backends' own errors (``BackendError`` and its kind) live with the backends, in
 ``models.errors``. No error here carries an HTTP status: ``service.problems`` maps every
@@ -70,6 +72,9 @@ class EventsGone(InputError):
 class Conflict(InputError):
     """The request contradicts accepted state."""
 
+class Forbidden(InputError):
+    """A pool call names a client that has a token of its own, without that token."""
+
 class Overloaded(ThinktransError):
     """A bounded queue is full; retry after ``retry_after_s``."""
 
@@ -82,5 +87,14 @@ class TooManyStreams(ThinktransError):
     """max_streams are open; retry after ``retry_after_s``."""
 
     def __init__(self, detail: str, *, retry_after_s: int = 5, **extra: Any) -> None:
+        super().__init__(detail, **extra)
+        self.retry_after_s = retry_after_s
+
+
+class OverCap(ThinktransError):
+    """A pool client has as much waiting as the pool lets one client have (or the pool
+    tracks as many clients as it may); retry after ``retry_after_s``."""
+
+    def __init__(self, detail: str, *, retry_after_s: int = 1, **extra: Any) -> None:
         super().__init__(detail, **extra)
         self.retry_after_s = retry_after_s

@@ -53,7 +53,6 @@ the bearer token when ``pool_token`` is set, ``GET /v1/info`` (what sidecars pro
 
 import asyncio
 import hashlib
-import hmac
 import json
 import logging
 import os
@@ -81,9 +80,11 @@ from models.local import LocalConfig, LocalTranslator
 from models.pool import PoolCall
 from models.registry import build_backend
 from models.spans import Protected
-from service.batching import Cutoff, GroupedQueue, Pair, by_pair, check_outputs
+from service.batching import Cutoff, Pair, check_outputs
 from service.errors import ConfigError, InputError, PayloadTooLarge, ThinktransError
+from service.fair import FairQueue, Slice, Unit
 from service.logs import configure as configure_logs
+from service.pool_clients import UNNAMED, ClientPolicy, Clients, Unauthorized
 from service.problems import error_problem, install_handlers, kind_of, problem
 from service.settings import Settings, load_settings
 
@@ -112,12 +113,25 @@ class Limits:
     max_call_bytes: int = 1 << 20  # pool_max_call_bytes
 
 
+@dataclass(frozen=True)
+class Sharing:
+    """How a replica shares its engine between clients: the config's clients (tokens,
+    weights, caps), the default cap, the clients it keeps counts for, and the turn rule."""
+
+    policies: dict[str, ClientPolicy] = field(default_factory=dict)
+    max_waiting: int = 256  # pool_client_max_waiting
+    max_clients: int = 1024  # pool_max_clients
+    fair: bool = True  # pool_fair
+    unit: Unit = "characters"  # pool_fair_unit
+
+
 @dataclass(slots=True)
 class _Queued:
     """A call as the route hands it to Serve's batch."""
 
     call: PoolCall
     due: float | None  # monotonic; None: no deadline
+    client: str = UNNAMED  # who it counts as (``Clients.identify``)
     cancelled: bool = False  # its sender gave up (closed the connection): never run
     late: bool = False  # answered expired by its route at its deadline, counted there
     kept: dict[str, int] | None = None  # how its texts' spans were kept, once run
@@ -125,29 +139,31 @@ class _Queued:
 
 @dataclass(slots=True, eq=False)
 class _Waiting:
-    """A call waiting for an engine turn (an item of the replica's ``GroupedQueue``), and
-    where its answer goes."""
+    """A call waiting for engine turns (an item of the replica's ``FairQueue``; its texts
+    may run in several), what it has got so far, and where its answer goes."""
 
     sent: _Queued
     answer: asyncio.Future[list[str] | Failure]
     pair: Pair = field(init=False)
     enqueued: float = field(default_factory=time.monotonic)
-    queued: bool = False  # counted in the queue (set by it)
-    chars: int = field(init=False)  # an engine turn takes at most max_call_chars
+    queued: bool = False  # waiting with texts not yet taken (set by the queue)
+    taken: int = 0  # texts taken by turns (moved by the queue)
+    sizes: list[int] = field(init=False)  # its texts' characters
+    outputs: list[str] = field(default_factory=list)  # translations, in order, so far
+    started: bool = False  # a turn has taken some of it
 
     def __post_init__(self) -> None:
         call = self.sent.call
         self.pair = (call.source, call.target, call.model)
-        self.chars = sum(len(text) for text in call.texts)
+        self.sizes = [len(text) for text in call.texts]
+
+    @property
+    def client(self) -> str:
+        return self.sent.client
 
     @property
     def due(self) -> float | None:
         return self.sent.due
-
-    @property
-    def weight(self) -> int:
-        """Its segments, each a place in ``max_batch_size``."""
-        return len(self.sent.call.texts)
 
     def gone(self) -> bool:
         return self.sent.cancelled
@@ -253,25 +269,43 @@ def _check_previous(call: PoolCall, limits: Limits) -> None:
             f"{limits.max_call_chars} in all (pool_max_text_chars, pool_max_call_chars)")
 
 
-def _previous(calls: Sequence[PoolCall]) -> list[str | None] | None:
-    """A group's previous previews, one per text of all its calls (None for a text of a
+def _unauthorized() -> JSONResponse:
+    return problem(401, "Unauthorized", "send 'Authorization: Bearer <THINKTRANS_POOL_TOKEN>', "
+                   "the pool's token or this sidecar's own", "unauthorized",
+                   headers={"WWW-Authenticate": "Bearer"})
+
+
+# Texts start:end of a call, as an engine call takes them.
+_Part = tuple[PoolCall, int, int]
+
+
+def _by_pair(taken: Sequence[Slice[_Waiting]]) -> dict[Pair, list[Slice[_Waiting]]]:
+    """A turn's slices grouped by (source, target, model), in order."""
+    groups: dict[Pair, list[Slice[_Waiting]]] = {}
+    for piece in taken:
+        groups.setdefault(piece.item.pair, []).append(piece)
+    return groups
+
+
+def _previous(parts: Sequence[_Part]) -> list[str | None] | None:
+    """A group's previous previews, one per text of all its parts (None for a text of a
     call that is not a preview); None: no preview call has any."""
-    if not any(call.preview and call.previous for call in calls):
+    if not any(call.preview and call.previous for call, _, _ in parts):
         return None
     out: list[str | None] = []
-    for call in calls:
-        out += (call.previous if call.preview and call.previous is not None
-                else [None] * len(call.texts))
+    for call, start, end in parts:
+        out += (call.previous[start:end] if call.preview and call.previous is not None
+                else [None] * (end - start))
     return out
 
 
-def _protected(calls: Sequence[PoolCall]) -> list[Protected | None] | None:
-    """The spans of a group's calls, one per text of all of them; None: no call has any."""
-    if all(call.spans is None for call in calls):
+def _protected(parts: Sequence[_Part]) -> list[Protected | None] | None:
+    """The spans of a group's parts, one per text of all of them; None: no call has any."""
+    if all(call.spans is None for call, _, _ in parts):
         return None
     out: list[Protected | None] = []
-    for call in calls:
-        out += call.protected() or [None] * len(call.texts)
+    for call, start, end in parts:
+        out += (call.protected() or [None] * len(call.texts))[start:end]
     return out
 
 
@@ -309,17 +343,23 @@ class Pool:
 
     async def __init__(self, local: LocalConfig, token_sha256: str | None = None,  # type: ignore[misc]
                        timeout_s: float = 60.0, limits: Limits | None = None,
-                       log_level: str = "info") -> None:
+                       log_level: str = "info", sharing: Sharing | None = None) -> None:
         _replica_logs(log_level)
         self.translator = LocalTranslator(local)
-        self.token_sha256 = token_sha256
         self.timeout_s = timeout_s
         self.limits = limits or Limits()
         self.max_batch_size = 64
         self.batch_wait_ms = 10.0
         self.tally = _Stats()
-        self.waiting: GroupedQueue[_Waiting] = GroupedQueue()  # calls, for the engine
+        sharing = sharing or Sharing()
+        self.clients = Clients(sharing.policies, shared_sha256=token_sha256,
+                               max_waiting=sharing.max_waiting, max_clients=sharing.max_clients,
+                               metrics=True)
+        # Calls, for the engine, one queue per client.
+        self.waiting: FairQueue[_Waiting] = FairQueue(fair=sharing.fair, unit=sharing.unit,
+                                                      weight=self.clients.weight)
         self.engine = asyncio.Lock()  # one engine turn at a time
+        self.pace_s = 0.0  # seconds an engine turn spends per segment, recently
         # Serve routes to a replica once this returns: not before its model is loaded. A
         # load that fails fails the replica, and Serve starts another.
         await self.translator.start()
@@ -331,10 +371,14 @@ class Pool:
 
     def reconfigure(self, config: dict[str, Any]) -> None:
         """Serve's ``user_config``: the batch limits, changeable without a restart."""
-        unknown = set(config) - {"max_batch_size", "batch_wait_ms"}
+        unknown = set(config) - {"max_batch_size", "batch_wait_ms", "fair"}
         if unknown:
             raise ValueError(f"unknown user_config keys {sorted(unknown)}; "
-                             "use max_batch_size, batch_wait_ms")
+                             "use max_batch_size, batch_wait_ms, fair")
+        fair = config.get("fair", self.waiting.fair)
+        if not isinstance(fair, bool):
+            raise ValueError("fair must be true or false")
+        self.waiting.fair = fair
         size = int(config.get("max_batch_size", self.max_batch_size))
         wait_ms = float(config.get("batch_wait_ms", self.batch_wait_ms))
         if size < 1 or not 0 <= wait_ms <= 10_000:
@@ -357,9 +401,8 @@ class Pool:
 
     @api.get("/v1/info")
     async def info(self, request: Request) -> JSONResponse:
-        refused = self._refuse(request)
-        if refused is not None:
-            return refused
+        if isinstance(self._owner(request), JSONResponse):
+            return _unauthorized()
         t = self.translator
         facts = t.info()
         body = {"ready": t.ready, "reason": t.reason, "max_batch_size": self.max_batch_size,
@@ -373,37 +416,50 @@ class Pool:
 
     @api.get("/v1/stats")
     async def stats(self, request: Request) -> JSONResponse:
-        refused = self._refuse(request)
-        if refused is not None:
-            return refused
+        if isinstance(self._owner(request), JSONResponse):
+            return _unauthorized()
         s = self.tally
         body = {k: v for k, v in vars(s).items() if k != "recent"}
-        body["max_batch_size"] = self.max_batch_size
-        body["recent"] = list(s.recent)
+        body.update(max_batch_size=self.max_batch_size, fair=self.waiting.fair,
+                    fair_unit=self.waiting.unit, clients=self.clients.view(),
+                    clients_forgotten=self.clients.forgotten,
+                    recent=list(s.recent))
         return JSONResponse(body)
 
     @api.post("/v1/batch")
     async def batch(self, request: Request) -> JSONResponse:
-        refused = self._refuse(request)
-        if refused is not None:
-            return refused
+        owner = self._owner(request)
+        if isinstance(owner, JSONResponse):
+            return owner
         body = await _read_within(request, self.limits.max_call_bytes)
         if body is None:  # the rest is not read: the connection closes after the answer
             return _too_large(f"a call's body is at most {self.limits.max_call_bytes} bytes "
                               "(pool_max_call_bytes, THINKTRANS_POOL_MAX_CALL_BYTES)")
         try:
             call = self._parse(body)
+            client = self.clients.identify(owner, call.sidecar)
         except ThinktransError as exc:
             return _problem(exc)
         if not self.translator.ready:  # loaded at start; a model can only fail later
             return problem(503, "Pool not ready", self.translator.reason or "model not loaded",
                            NOT_READY)
         self.tally.calls += 1
+        try:  # its segments count as its client's until it is answered
+            self.clients.admit(client, len(call.texts), self.pace_s)
+        except ThinktransError as exc:  # over its cap: a 429 with Retry-After
+            return _problem(exc)
+        try:
+            return await self._serve_call(_Queued(call, None, client))
+        finally:
+            self.clients.release(client, len(call.texts))
+
+    async def _serve_call(self, queued: _Queued) -> JSONResponse:
+        call = queued.call
         if call.deadline_ms is not None and call.deadline_ms <= 0:
-            self.tally.expired(call)
+            self._expire(queued)
             return _problem(Expired("the call's deadline had passed when it arrived"))
-        due = None if call.deadline_ms is None else time.monotonic() + call.deadline_ms / 1000
-        queued = _Queued(call, due)
+        if call.deadline_ms is not None:
+            queued.due = time.monotonic() + call.deadline_ms / 1000
         try:
             outcome = await self._by_deadline(queued)
         except asyncio.CancelledError:
@@ -418,7 +474,8 @@ class Pool:
             return _problem(outcome)
         answer: dict[str, object] = {"translations": outcome, "identity": self.identity,
                                      "model": self.translator.resolve_model(
-                                         call.model, call.source, call.target)}
+                                         call.model, call.source, call.target),
+                                     "client": queued.client}
         if queued.kept is not None:
             answer["spans"] = queued.kept
         return JSONResponse(answer)
@@ -434,20 +491,20 @@ class Pool:
                 return await self.run(queued)
         except TimeoutError:
             queued.cancelled = queued.late = True
-            self.tally.expired(queued.call)
+            self._expire(queued)
             return Expired("the call's deadline passed while it waited in the pool")
 
-    def _refuse(self, request: Request) -> JSONResponse | None:
-        """A 401 problem unless the request carries the pool's token (when it has one)."""
-        if self.token_sha256 is None:
-            return None
-        given = request.headers.get("authorization", "")
-        scheme, _, token = given.partition(" ")
-        if scheme.lower() == "bearer" and hmac.compare_digest(_digest(token.strip()),
-                                                              self.token_sha256):
-            return None
-        return problem(401, "Unauthorized", "send 'Authorization: Bearer <THINKTRANS_POOL_TOKEN>'",
-                       "unauthorized", headers={"WWW-Authenticate": "Bearer"})
+    def _owner(self, request: Request) -> str | JSONResponse | None:
+        """Whose token the request carries (a client's id; None: the shared token, or none
+        needed), or a 401 problem."""
+        try:
+            return self.clients.owner(request.headers.get("authorization", ""))
+        except Unauthorized:
+            return _unauthorized()
+
+    def _expire(self, queued: _Queued) -> None:
+        self.tally.expired(queued.call)
+        self.clients.outcome(queued.client, "expired", len(queued.call.texts))
 
     def _parse(self, body: bytes) -> PoolCall:
         try:
@@ -500,26 +557,36 @@ class Pool:
         return [w.answer.result() if w.answer.done() else lost for w in mine]
 
     async def _turn(self) -> bool:
-        """One engine turn: the oldest waiting calls, up to ``max_batch_size`` segments, by
+        """One engine turn: up to ``max_batch_size`` segments and ``max_call_chars``
+        characters of the waiting calls, shared between their clients (``FairQueue``), by
         (source, target, model) group, one engine call per group. A call whose sender gave
         up, or whose deadline has passed when it is taken or when its group's turn comes,
         is answered unrun and takes no room. Whether any call was taken."""
         popped = len(self.waiting) > 0  # the first call is taken (or dropped) whatever its size
         taken = self.waiting.take(self.max_batch_size, self.limits.max_call_chars,
                                   cutoff=self._cutoff())
+        now = time.monotonic()
+        for piece in taken:
+            if not piece.item.started:
+                piece.item.started = True
+                self.clients.waited(piece.item.client, now - piece.item.enqueued)
         try:
-            for (source, target, model), members in by_pair(taken).items():
+            for (source, target, model), members in _by_pair(taken).items():
                 # A group's calls may expire, or be given up, while an earlier group runs.
-                live = self._cutoff().sift(members)
+                cutoff = self._cutoff()
+                live = [piece for piece in members if not cutoff.drops(piece.item)]
                 if live:
                     await self._run_group(live, source, target, model)
         except BaseException as exc:  # a bug, an unmapped engine error, a cancellation
             if isinstance(exc, Exception):
                 log.exception("engine turn failed: %s", type(exc).__name__)
-            for w in taken:  # every call taken is answered, whoever's batch brought it
-                _answer(w, BackendError(f"the pool failed: {type(exc).__name__}"))
+            for piece in taken:  # every call taken is answered, whoever's batch brought it
+                self._fail(piece.item, BackendError(f"the pool failed: {type(exc).__name__}"))
             if not isinstance(exc, Exception):
                 raise
+        segments = sum(piece.end - piece.start for piece in taken)
+        if segments:  # the pace a Retry-After is reckoned at
+            self.pace_s = 0.8 * self.pace_s + 0.2 * (time.monotonic() - now) / segments
         return popped
 
     def _cutoff(self) -> Cutoff[_Waiting]:
@@ -529,35 +596,46 @@ class Pool:
     def _given_up(self, w: _Waiting) -> None:
         if not w.sent.late:  # a late one is counted, and answered, by its route
             self.tally.cancelled(w.sent.call)
+            self.clients.outcome(w.client, "cancelled", len(w.sizes))
         _answer(w, Expired("the sender gave up on it"))
 
     def _expired(self, w: _Waiting) -> None:
-        self.tally.expired(w.sent.call)
+        self._expire(w.sent)
         _answer(w, Expired("the call's deadline passed while it waited in the pool"))
 
-    async def _run_group(self, members: list[_Waiting], source: str | None, target: str,
-                         model: str | None) -> None:
-        calls = [w.sent.call for w in members]
-        texts = [text for call in calls for text in call.texts]
+    def _fail(self, w: _Waiting, error: Failure) -> None:
+        if not w.answer.done():
+            self.clients.outcome(w.client, "failed", len(w.sizes))
+        _answer(w, error)
+
+    async def _run_group(self, members: list[Slice[_Waiting]], source: str | None,
+                         target: str, model: str | None) -> None:
+        calls = [(piece.item.sent.call, piece.start, piece.end) for piece in members]
+        texts = [text for call, start, end in calls for text in call.texts[start:end]]
         job = Job(texts, source, target, model, protected=_protected(calls),
-                  preview=any(call.preview for call in calls), previous=_previous(calls))
+                  preview=any(call.preview for call, _, _ in calls), previous=_previous(calls))
         try:
             outputs, kept = await asyncio.wait_for(self.translator.run_kept(job), self.timeout_s)
             check_outputs(LocalTranslator.name, texts, outputs)
         except (BackendError, TimeoutError) as exc:
             error = exc if isinstance(exc, BackendError) else BackendTimeout(
                 f"the engine took over {self.timeout_s:g} s")
-            for w in members:
-                _answer(w, error)
+            for piece in members:
+                self._fail(piece.item, error)
             return
-        self.tally.ran(len(texts), len({call.sidecar for call in calls}))
-        start = 0
-        for w in members:  # the outputs back, per call
+        self.tally.ran(len(texts), len({piece.item.client for piece in members}))
+        at = 0
+        for piece in members:  # the outputs back, per call, answered once it is whole
+            w, size = piece.item, piece.end - piece.start
+            w.outputs += outputs[at:at + size]
             if w.sent.call.spans is not None:
-                own = kept[start:start + w.weight]
-                w.sent.kept = {name: own.count(name) for name in ("masked", "fallback")}
-            _answer(w, outputs[start:start + w.weight])
-            start += w.weight
+                counts = w.sent.kept or {"masked": 0, "fallback": 0}
+                own = kept[at:at + size]
+                w.sent.kept = {name: counts[name] + own.count(name) for name in counts}
+            at += size
+            self.clients.outcome(w.client, "translated", size)
+            if piece.last:
+                _answer(w, w.outputs)
 
 
 # -- building and running ---------------------------------------------------------------------
@@ -580,6 +658,13 @@ def application(settings: Settings) -> Any:
                           f"pool_max_call_chars ({settings.pool_max_call_chars}): a call of "
                           "one text that long would be refused")
     token = settings.pool_token.get_secret_value() if settings.pool_token else None
+    policies = {name: ClientPolicy(c.digest(), c.weight, c.max_waiting)
+                for name, c in settings.pool_clients.items()}
+    if token and _digest(token) in {p.token_sha256 for p in policies.values()}:
+        raise ConfigError("pool_token is also a client's own token in pool_clients: a "
+                          "shared token lets a sidecar call under any name; give each its own")
+    sharing = Sharing(policies, settings.pool_client_max_waiting, settings.pool_max_clients,
+                      settings.pool_fair, settings.pool_fair_unit)
     size = settings.pool_max_batch_size
     limits = Limits(settings.pool_max_text_chars, settings.pool_max_call_chars,
                     settings.pool_max_call_bytes)
@@ -589,10 +674,11 @@ def application(settings: Settings) -> Any:
         ray_actor_options={"num_cpus": settings.local_threads or 1, "num_gpus": gpus},
         # Room for a full batch of one-segment calls while the one before it runs.
         max_ongoing_requests=max(16, 2 * size),
-        user_config={"max_batch_size": size, "batch_wait_ms": settings.pool_batch_wait_ms},
+        user_config={"max_batch_size": size, "batch_wait_ms": settings.pool_batch_wait_ms,
+                     "fair": settings.pool_fair},
     )
     return deployment.bind(settings.local_config(), _digest(token) if token else None,
-                           settings.backend_timeout_s, limits, settings.log_level)
+                           settings.backend_timeout_s, limits, settings.log_level, sharing)
 
 
 def build(args: dict[str, Any] | None = None) -> Any:
@@ -612,7 +698,7 @@ def run(settings: Settings, *, address: str | None, host: str, port: int) -> Non
 
     app = application(settings)
     level = settings.log_level.upper()
-    _start_ray(address, host, level)
+    _start_ray(address, host, level, settings.pool_metrics_port)
     stop = threading.Event()
     # Ours from here, over Ray's, which exit at once: a signal while Serve starts stops
     # the pool once it has started.
@@ -639,7 +725,7 @@ def run(settings: Settings, *, address: str | None, host: str, port: int) -> Non
             os._exit(1)
 
 
-def _start_ray(address: str | None, host: str, level: str) -> None:
+def _start_ray(address: str | None, host: str, level: str, metrics_port: int | None) -> None:
     """A Ray instance of this machine's own (never one found running), or the cluster at
     ``address``; its logs as JSON lines, as the service's: Ray's own loggers in every process
     of this job (their lines then reach this terminal without Ray's coloured prefix), and
@@ -653,7 +739,8 @@ def _start_ray(address: str | None, host: str, level: str) -> None:
     if address is None:
         local_only = host in ("127.0.0.1", "localhost")
         ray.init(address="local", include_dashboard=False, logging_config=logs,
-                 _node_ip_address="127.0.0.1" if local_only else None)
+                 _node_ip_address="127.0.0.1" if local_only else None,
+                 _metrics_export_port=metrics_port)
     else:
         ray.init(address=address, logging_config=logs,
                  runtime_env={"env_vars": {"RAY_SERVE_LOG_TO_STDERR": "0"}})

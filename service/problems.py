@@ -47,7 +47,9 @@ PROBLEMS: dict[type[Exception], Kind] = {
     own.NotFound: Kind(404, "not-found", "Not found"),
     own.EventsGone: Kind(410, "events-gone", "Events no longer retained"),
     own.Conflict: Kind(409, "conflict", "Conflict"),
+    own.Forbidden: Kind(403, "forbidden", "Forbidden"),
     own.Overloaded: Kind(503, "overloaded", "Service overloaded"),
+    own.OverCap: Kind(429, "over-cap", "Client over its cap"),
     own.TooManyStreams: Kind(429, "too-many-streams", "Too many streams"),
     backend.BackendError: Kind(502, "backend-error", "Backend error"),
     backend.BackendUnavailable: Kind(503, "backend-unavailable", "Backend unavailable"),
@@ -59,7 +61,7 @@ PROBLEMS: dict[type[Exception], Kind] = {
 }
 # Errors the client caused or can retry: answered with their own status. Anything else
 # that reaches a route (a backend's failure, a config error) is a 502.
-_CLIENT_SIDE = own.InputError | own.Overloaded | own.TooManyStreams
+_CLIENT_SIDE = own.InputError | own.Overloaded | own.TooManyStreams | own.OverCap
 
 
 def kind_of(error: BaseException | type[BaseException]) -> Kind:

@@ -7,6 +7,7 @@ every field below; keep each field's description true, it is the documentation.
 from __future__ import annotations
 
 import difflib
+import hashlib
 import logging
 import os
 import re
@@ -18,6 +19,7 @@ import yaml
 from pydantic import (
     AliasChoices,
     BaseModel,
+    ConfigDict,
     Field,
     SecretStr,
     ValidationError,
@@ -38,7 +40,7 @@ from models.llm import LLMConfig
 from models.llm.dialects import extra_body_problem
 from models.llm.templates import template_problem
 from models.local import LocalConfig
-from models.pool import PoolConfig
+from models.pool import CLIENT_ID, CLIENT_ID_RULE, PoolConfig, client_id
 from models.spans import KINDS, SpanFinder
 from service.errors import ConfigError, InvalidLocale, ThinktransError
 from service.locale import base_language, canonicalize, check_allowed
@@ -601,6 +603,38 @@ class LLMSection(BaseModel):
         )
 
 
+class PoolClient(BaseModel):
+    """One sidecar as a pool's config names it (``pool_clients``)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    token: SecretStr | None = Field(
+        None, description="Its own bearer token: a call with it counts as this client's "
+        "whatever it names, and a call naming this client must carry it.")
+    token_sha256: str | None = Field(
+        None, pattern=r"^[0-9a-f]{64}$", description="Or the token's SHA-256, hex, to keep "
+        "the token itself out of the config.")
+    weight: float = Field(1.0, gt=0, le=1000, description="Its share of a busy engine's "
+                          "turns against the others' (1: even).")
+    max_waiting: int | None = Field(
+        None, ge=1, le=1_000_000, description="Its own cap on segments waiting in a replica "
+        "(unset: `pool_client_max_waiting`).")
+
+    @model_validator(mode="after")
+    def _one_token(self) -> PoolClient:
+        if self.token is not None and self.token_sha256 is not None:
+            raise ValueError("give token or token_sha256, not both")
+        if self.token is not None and not self.token.get_secret_value().strip():
+            raise ValueError("token is set but empty")
+        return self
+
+    def digest(self) -> str | None:
+        """Its token's SHA-256 (hex), if it has one."""
+        if self.token is not None:
+            return hashlib.sha256(self.token.get_secret_value().strip().encode()).hexdigest()
+        return self.token_sha256
+
+
 class PoolSection(BaseModel):
     """The `pool` backend of a sidecar, and `thinktrans pool` itself: `pool_*`."""
 
@@ -617,6 +651,41 @@ class PoolSection(BaseModel):
     pool_concurrency: int = Field(
         8, ge=1, le=256, description="The `pool` backend: batches in flight to the pool at "
         "once from this sidecar."
+    )
+    pool_client_id: str | None = Field(
+        None, description="The `pool` backend: this sidecar's name to the pool, which shares "
+        "its engine's turns between, counts and caps by it (" + CLIENT_ID_RULE + "). Unset: "
+        "`host:port`, this host's name and `port`, stable over restarts and different for two "
+        "sidecars on one host."
+    )
+    pool_clients: dict[str, PoolClient] = Field(
+        default_factory=dict, description="`thinktrans pool`: sidecars by client id, each "
+        "with its own `token` (or `token_sha256`), `weight` and `max_waiting`, as a YAML "
+        "mapping or a JSON object. A client with a token is the only one that may use its id; "
+        "with `pool_token` unset, only clients with tokens may call."
+    )
+    pool_client_max_waiting: int = Field(
+        256, ge=1, le=1_000_000, description="`thinktrans pool`: most segments one client "
+        "may have waiting or running in a replica; a call past it gets 429 with "
+        "`Retry-After`, and the sidecar's chain serves it."
+    )
+    pool_max_clients: int = Field(
+        1024, ge=1, le=1_000_000, description="`thinktrans pool`: client ids a replica keeps "
+        "counts for; past it a new id takes the place of the one seen least recently with "
+        "nothing waiting, or gets 429 when every one has work waiting."
+    )
+    pool_fair: bool = Field(
+        True, description="`thinktrans pool`: share a busy engine's turns between clients by "
+        "deficit round robin (false: oldest calls first, whoever sent them). "
+        "`user_config.fair` in a Serve config."
+    )
+    pool_fair_unit: Literal["characters", "segments"] = Field(
+        "characters", description="`thinktrans pool`: what fair turns measure: the texts' "
+        "characters (about the engine's tokens) or their segments."
+    )
+    pool_metrics_port: int | None = Field(
+        None, ge=1, le=65535, description="`thinktrans pool`: the port of Ray's Prometheus "
+        "metrics (per-client counts among them); unset: Ray's choice."
     )
     pool_max_batch_size: int = Field(
         64, ge=1, le=4096, description="`thinktrans pool`: most segments in one merged batch "
@@ -650,10 +719,11 @@ class PoolSection(BaseModel):
         "num_gpus`); fractions share a GPU between replicas."
     )
 
-    def pool_config(self, *, batch_timeout_s: float) -> PoolConfig:
-        """The sidecar's `pool` backend config."""
+    def pool_config(self, *, batch_timeout_s: float, port: int = 8088) -> PoolConfig:
+        """The sidecar's `pool` backend config (``port``: the one it serves on)."""
         return PoolConfig(url=self.pool_url, token=_secret(self.pool_token),
-                          timeout_s=batch_timeout_s, concurrency=self.pool_concurrency)
+                          timeout_s=batch_timeout_s, concurrency=self.pool_concurrency,
+                          sidecar=self.pool_client_id or client_id(port))
 
 
 class PricesSection(BaseModel):
@@ -705,6 +775,28 @@ class Settings(
             # read as "no token", that would turn authentication off without a word.
             raise ValueError("is set but empty; set a token, or unset the variable to run "
                              "without authentication")
+        return value
+
+    @field_validator("pool_client_id")
+    @classmethod
+    def _client_id(cls, value: str | None) -> str | None:
+        if value is not None and not re.fullmatch(CLIENT_ID, value):
+            raise ValueError(f"{value[:40]!r} is not a client id: {CLIENT_ID_RULE}")
+        return value
+
+    @field_validator("pool_clients")
+    @classmethod
+    def _pool_clients(cls, value: dict[str, PoolClient]) -> dict[str, PoolClient]:
+        tokens: dict[str, str] = {}
+        for name, client in value.items():
+            if not re.fullmatch(CLIENT_ID, name):
+                raise ValueError(f"{name[:40]!r} is not a client id: {CLIENT_ID_RULE}")
+            digest = client.digest()
+            if digest is not None and digest in tokens:
+                raise ValueError(f"clients {tokens[digest]!r} and {name!r} have one token: "
+                                 "give each its own")
+            if digest is not None:
+                tokens[digest] = name
         return value
 
     @field_validator("pool_url")
@@ -845,7 +937,7 @@ class Settings(
         if name == "llm":
             return self.llm_config()
         if name == "pool":
-            return self.pool_config(batch_timeout_s=self.backend_timeout_s)
+            return self.pool_config(batch_timeout_s=self.backend_timeout_s, port=self.port)
         return None
 
     def all_backends(self) -> list[str]:

@@ -412,15 +412,39 @@ def test_thinktrans_pool_refuses_a_gpu_model_with_no_gpu_before_ray_starts(tmp_p
     assert "THINKTRANS_POOL_NUM_GPUS" in done.stderr and "Ray" in done.stderr
 
 
+def _replica(engine: Any, max_batch_size: int, limits: Any = None, *, fair: bool = True,
+             clients: Any = None) -> Any:
+    """A replica of the pool's deployment without Serve: its class as written, not Serve's
+    ASGI wrapper, with ``engine`` for its translator."""
+    from service.fair import FairQueue
+    from service.pool import Limits, _Stats
+    from service.pool import Pool as Deployment
+    from service.pool_clients import Clients
+
+    cls = Deployment.func_or_class.__bases__[0]
+    replica = object.__new__(cls)
+    replica.translator, replica.timeout_s, replica.max_batch_size = engine, 5.0, max_batch_size
+    replica.tally, replica.engine, replica.pace_s = _Stats(), asyncio.Lock(), 0.0
+    replica.limits = limits or Limits()
+    replica.clients = clients or Clients()
+    replica.waiting = FairQueue(fair=fair, weight=replica.clients.weight)
+    return replica
+
+
+async def _run(replica: Any, calls: list[Any]) -> list[Any]:
+    """The replica's batch function, as Serve's batch calls it."""
+    answers: list[Any] = await type(replica).run.__wrapped__(replica, calls)
+    return answers
+
+
 async def test_engine_turns_take_every_call_that_waited_and_answer_each() -> None:
-    """The replica's batch function without Serve: calls that come while the engine runs go
-    into the next turn together, oldest first, within max_batch_size; calls given up or
-    past their deadline never reach the engine; an engine failure answers every call."""
+    """The replica's batch function without Serve, fairness off: calls that come while the
+    engine runs go into the next turn together, oldest first, within max_batch_size; calls
+    given up or past their deadline never reach the engine; an engine failure answers every
+    call."""
     _ray()
     from models.pool import PoolCall
-    from service.batching import GroupedQueue
-    from service.pool import Limits, _Queued, _Stats
-    from service.pool import Pool as Deployment
+    from service.pool import _Queued
 
     gate = asyncio.Event()
     seen: list[list[str]] = []
@@ -435,15 +459,14 @@ async def test_engine_turns_take_every_call_that_waited_and_answer_each() -> Non
                 raise RuntimeError("an engine bug")
             return [t.upper() for t in texts], [None] * len(texts)
 
-    cls = Deployment.func_or_class.__bases__[0]  # the class as written, not Serve's ASGI wrapper
-    replica = object.__new__(cls)
-    replica.translator, replica.timeout_s, replica.max_batch_size = Engine(), 5.0, 3
-    replica.tally, replica.waiting, replica.engine = _Stats(), GroupedQueue(), asyncio.Lock()
-    replica.limits = Limits()
-    run = cls.run.__wrapped__
+    replica = _replica(Engine(), 3, fair=False)
+
+    def run(_: Any, calls: list[_Queued]) -> Any:
+        return _run(replica, calls)
 
     def call(*texts: str, due: float | None = None) -> _Queued:
-        return _Queued(PoolCall(texts=list(texts), target="de", sidecar=texts[0]), due)
+        return _Queued(PoolCall(texts=list(texts), target="de", sidecar=texts[0]), due,
+                       texts[0])
 
     first = asyncio.create_task(run(replica, [call("a")]))
     while not seen:
@@ -473,9 +496,7 @@ async def test_a_turn_drops_calls_late_by_their_groups_turn_and_checks_each_answ
     _ray()
     from models.errors import BadOutput
     from models.pool import PoolCall
-    from service.batching import GroupedQueue
-    from service.pool import Limits, _Queued, _Stats
-    from service.pool import Pool as Deployment
+    from service.pool import _Queued
 
     gate = asyncio.Event()
     seen: list[list[str]] = []
@@ -491,19 +512,14 @@ async def test_a_turn_drops_calls_late_by_their_groups_turn_and_checks_each_answ
                 return [t.upper() for t in texts], [None] * len(texts)
             return [t.upper() for t in texts][:1], [None]  # one short
 
-    cls = Deployment.func_or_class.__bases__[0]
-    replica = object.__new__(cls)
-    replica.translator, replica.timeout_s, replica.max_batch_size = Engine(), 5.0, 10
-    replica.tally, replica.waiting, replica.engine = _Stats(), GroupedQueue(), asyncio.Lock()
-    replica.limits = Limits()
+    replica = _replica(Engine(), 10)
 
     def call(target: str, *texts: str, due: float | None = None) -> _Queued:
         return _Queued(PoolCall(texts=list(texts), target=target), due)
 
     due = time.monotonic() + 0.2
     late, gone = call("fr", "late", due=due), call("fr", "gone")
-    turn = asyncio.create_task(cls.run.__wrapped__(
-        replica, [call("de", "a"), late, gone, call("fr", "b", "c")]))
+    turn = asyncio.create_task(_run(replica, [call("de", "a"), late, gone, call("fr", "b", "c")]))
     while not seen:
         await asyncio.sleep(0.01)
     while time.monotonic() <= due:  # the de group runs past the late call's deadline
@@ -515,7 +531,7 @@ async def test_a_turn_drops_calls_late_by_their_groups_turn_and_checks_each_answ
     assert de == ["A"] and isinstance(expired, Expired) and isinstance(given_up, Expired)
     assert isinstance(short, BadOutput) and "1 outputs for 2 inputs" in str(short)
     assert (replica.tally.expired_segments, replica.tally.cancelled_segments) == (1, 1)
-    [failed] = await cls.run.__wrapped__(replica, [call("ja", "boom")])
+    [failed] = await _run(replica, [call("ja", "boom")])
     assert "the pool failed: RuntimeError" in str(failed)  # answered by its turn, not lost
     assert not replica.waiting
 
@@ -526,9 +542,7 @@ async def test_a_turn_merges_calls_with_and_without_spans_and_answers_each_how()
     kept."""
     _ray()
     from models.pool import PoolCall
-    from service.batching import GroupedQueue
-    from service.pool import Limits, _Queued, _Stats
-    from service.pool import Pool as Deployment
+    from service.pool import _Queued
 
     jobs: list[Job] = []
 
@@ -539,16 +553,12 @@ async def test_a_turn_merges_calls_with_and_without_spans_and_answers_each_how()
                     for i, p in enumerate(job.protected or [None] * len(job.texts))]
             return [t.upper() for t in job.texts], kept
 
-    cls = Deployment.func_or_class.__bases__[0]
-    replica = object.__new__(cls)
-    replica.translator, replica.timeout_s, replica.max_batch_size = Engine(), 5.0, 10
-    replica.tally, replica.waiting, replica.engine = _Stats(), GroupedQueue(), asyncio.Lock()
-    replica.limits = Limits()
+    replica = _replica(Engine(), 10)
     spans = PoolCall(texts=["see a.py", "no spans", "run `x` now"], target="de", sidecar="one",
                      spans=[[[4, 8, "path", "a.py"]], [], [[4, 7, "code", "`x`"]]])
     plain = PoolCall(texts=["plain"], target="de", sidecar="two")
-    queued = [_Queued(spans, None), _Queued(plain, None)]
-    answers = await cls.run.__wrapped__(replica, queued)
+    queued = [_Queued(spans, None, "one"), _Queued(plain, None, "two")]
+    answers = await _run(replica, queued)
     assert answers == [["SEE A.PY", "NO SPANS", "RUN `X` NOW"], ["PLAIN"]]
     [job] = jobs
     assert list(job.texts) == ["see a.py", "no spans", "run `x` now", "plain"]
@@ -598,10 +608,8 @@ async def test_a_preview_call_gives_the_engine_its_previous_previews_and_checks_
     final call's texts (no previous for them); their count and size are checked."""
     _ray()
     from models.pool import PoolCall
-    from service.batching import GroupedQueue
     from service.errors import InputError, PayloadTooLarge
-    from service.pool import Limits, _Queued, _Stats
-    from service.pool import Pool as Deployment
+    from service.pool import Limits, _Queued
 
     jobs: list[Job] = []
 
@@ -610,11 +618,7 @@ async def test_a_preview_call_gives_the_engine_its_previous_previews_and_checks_
             jobs.append(job)
             return [t.upper() for t in job.texts], [None] * len(job.texts)
 
-    cls = Deployment.func_or_class.__bases__[0]
-    replica = object.__new__(cls)
-    replica.translator, replica.timeout_s, replica.max_batch_size = Engine(), 5.0, 10
-    replica.tally, replica.waiting, replica.engine = _Stats(), GroupedQueue(), asyncio.Lock()
-    replica.limits = Limits(max_text_chars=20, max_call_chars=30)
+    replica = _replica(Engine(), 10, Limits(max_text_chars=20, max_call_chars=30))
 
     def parse(**body: Any) -> PoolCall:
         call: PoolCall = replica._parse(json.dumps({"target": "de", **body}).encode())
@@ -622,7 +626,7 @@ async def test_a_preview_call_gives_the_engine_its_previous_previews_and_checks_
 
     preview = parse(texts=["the user said", "so"], preview=True, previous=["der", None])
     final = parse(texts=["done."], previous=["ignored"])
-    answers = await cls.run.__wrapped__(replica, [_Queued(preview, None), _Queued(final, None)])
+    answers = await _run(replica, [_Queued(preview, None), _Queued(final, None)])
     assert answers == [["THE USER SAID", "SO"], ["DONE."]]
     [job] = jobs
     assert job.preview and list(job.previous or []) == ["der", None, None]
