@@ -318,7 +318,7 @@ class PoolTranslator(RemoteTranslator):
         wait = _retry_after(resp)
         self.throttled += 1
         self._hold_until = max(self._hold_until, time.monotonic() + wait)
-        return Throttled(f"pool: {detail}", retry_after_s=max(1, math.ceil(wait)))
+        return Throttled(detail, retry_after_s=max(1, math.ceil(wait)))
 
     # -- what the pool serves ------------------------------------------------------------------
 

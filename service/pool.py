@@ -672,8 +672,8 @@ def application(settings: Settings) -> Any:
         num_replicas=settings.pool_replicas,
         # Ray sets a replica's OMP_NUM_THREADS to its CPUs: reserve the engine's threads.
         ray_actor_options={"num_cpus": settings.local_threads or 1, "num_gpus": gpus},
-        # Room for a full batch of one-segment calls while the one before it runs.
-        max_ongoing_requests=max(16, 2 * size),
+        # The calls fair turns share out: those past it wait in Serve's queues, in order.
+        max_ongoing_requests=settings.pool_max_ongoing_calls,
         user_config={"max_batch_size": size, "batch_wait_ms": settings.pool_batch_wait_ms,
                      "fair": settings.pool_fair},
     )

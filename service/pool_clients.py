@@ -9,7 +9,8 @@ pool's config may name clients (``pool_clients``), each with its own token, weig
   sidecar call under any other name.
 
 A client may have at most its cap (``max_waiting``, else ``pool_client_max_waiting``) of
-segments waiting or running in a replica; a call past it is refused with ``OverCap`` (429,
+segments waiting or running in a replica (one with nothing waiting may send one call of any
+size the pool's limits allow); a call past it is refused with ``OverCap`` (429,
 ``Retry-After``: about how long the replica takes to run that much), and its sidecar's chain
 serves it. Counts are kept per client (``/v1/stats``, and Ray's metrics when Ray runs) for
 at most ``max_clients`` ids: past that a new id takes the place of the one seen least
@@ -146,10 +147,11 @@ class Clients:
 
     def admit(self, client: str, segments: int, seconds_per_segment: float) -> None:
         """Count a call's segments as waiting, or raise ``OverCap`` (429): past the client's
-        cap, or a new id while every id tracked has work waiting."""
+        cap (a client with nothing waiting may send one call whatever its size), or a new id
+        while every id tracked has work waiting."""
         counts = self._counts(client)
         cap = self.cap(client)
-        if counts.waiting_segments + segments > cap:
+        if counts.waiting_segments and counts.waiting_segments + segments > cap:
             counts.refused_calls += 1
             counts.refused_segments += segments
             self._count(client, "refused", segments)

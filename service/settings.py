@@ -666,8 +666,9 @@ class PoolSection(BaseModel):
     )
     pool_client_max_waiting: int = Field(
         256, ge=1, le=1_000_000, description="`thinktrans pool`: most segments one client "
-        "may have waiting or running in a replica; a call past it gets 429 with "
-        "`Retry-After`, and the sidecar's chain serves it."
+        "may have waiting or running in a replica (one with nothing waiting may send one "
+        "call of any size); a call past it gets 429 with `Retry-After`, and the sidecar's "
+        "chain serves it."
     )
     pool_max_clients: int = Field(
         1024, ge=1, le=1_000_000, description="`thinktrans pool`: client ids a replica keeps "
@@ -709,6 +710,12 @@ class PoolSection(BaseModel):
     pool_max_call_bytes: int = Field(
         1_048_576, ge=1024, le=1 << 30, description="`thinktrans pool`: largest body of one "
         "call (413 past it, read no further, with or without a `Content-Length`)."
+    )
+    pool_max_ongoing_calls: int = Field(
+        1024, ge=1, le=1_000_000, description="`thinktrans pool`: calls one replica holds at "
+        "once (Serve's `max_ongoing_requests`): those are the calls its fair turns share out; "
+        "past it calls wait in Serve's queues, first come first served. Below twice "
+        "`pool_max_batch_size` engine turns may run part full."
     )
     pool_replicas: int = Field(
         1, ge=1, le=1024, description="`thinktrans pool`: model replicas (a Serve config "
