@@ -17,6 +17,16 @@ and a tiny Marian for en -> ja, whose model time is small enough to show the hop
 - the same load on one sidecar whose backend is `local` (the Marian shape in-process).
 
     .venv/bin/python bench/pool_bench.py --sidecars 1,4,16 --duration 30
+
+``--fairness`` runs, in its place, one flooding sidecar (``--flood-streams`` streams posting
+``--flood-rate`` deltas a second each, more than the engine keeps up with) beside one light
+sidecar (one stream at ``--light-rate``, a reader's pace), on a tiny random-weight Marian
+for en -> de: first on a pool as it was before fair turns (``THINKTRANS_POOL_FAIR=false``, oldest
+calls first, and no per-client cap to speak of), then on one with the defaults (fair turns,
+per-client caps). On each: the light sidecar alone, then both at once; per sidecar its
+ready-to-emit p50/p99 and segments translated in time, and the engine's batch fill.
+
+    .venv/bin/python bench/pool_bench.py --fairness --duration 30
 """
 
 from __future__ import annotations
@@ -203,6 +213,79 @@ def run(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
     return out
 
 
+# The pools of --fairness: as before fair turns, and with them (the defaults).
+FAIRNESS_POOLS = {"oldest first, no cap": {"THINKTRANS_POOL_FAIR": "false",
+                                           "THINKTRANS_POOL_CLIENT_MAX_WAITING": "1000000"},
+                  "fair turns, cap 256": {}}
+
+
+async def streams(url: str, count: int, rate: float, args: argparse.Namespace,
+                  seed: int) -> dict[str, Any]:
+    """``count`` bench streams at ``rate`` deltas/s on one sidecar: its segments."""
+    from service.metrics import percentile
+    from service.tools.bench import BenchConfig, run_bench
+
+    r = await run_bench(BenchConfig(url=url, streams=count, duration_s=args.duration,
+                                    rate=rate, target="de", texts=texts(), seed=seed))
+    return {"segments": r.segments, "in_time": r.statuses.get("translated", 0),
+            "statuses": dict(r.statuses),
+            "p50_ms": round(percentile(r.ready_to_emit_ms, 50) or 0, 1),
+            "p99_ms": round(percentile(r.ready_to_emit_ms, 99) or 0, 1),
+            "violations": len(r.violations)}
+
+
+async def side_by_side(flood: str, light: str, args: argparse.Namespace
+                       ) -> tuple[dict[str, Any], dict[str, Any]]:
+    flooding, reading = await asyncio.gather(
+        streams(flood, args.flood_streams, args.flood_rate, args, seed=1),
+        streams(light, 1, args.light_rate, args, seed=2))
+    return flooding, reading
+
+
+def fairness(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
+    from service.tools.testmodel import make_test_model
+
+    model = make_test_model("marian", tmp / "tiny-en-de")
+    base = {"THINKTRANS_LOCAL_MODEL": str(model), "THINKTRANS_LOCAL_CT2_CACHE": str(tmp / "ct2"),
+            "THINKTRANS_POOL_BATCH_WAIT_MS": str(args.batch_wait_ms),
+            "THINKTRANS_POOL_MAX_BATCH_SIZE": str(args.max_batch_size)}
+    out: dict[str, Any] = {"machine": f"{platform.machine()}, {os.cpu_count()} cores",
+                           "args": vars(args), "fairness": []}
+    for name, extra in FAIRNESS_POOLS.items():
+        with process(["pool"], {**base, **extra}, tmp / "pool.log", _free_port()) as pool:
+            with ExitStack() as stack:
+                urls = {who: stack.enter_context(process(["serve"], sidecar_env(
+                    THINKTRANS_BACKEND="pool", THINKTRANS_POOL_URL=pool,
+                    THINKTRANS_POOL_CLIENT_ID=who), tmp / f"{who}.log", _free_port()))
+                    for who in ("flood", "light")}
+                alone = asyncio.run(streams(urls["light"], 1, args.light_rate, args, seed=2))
+                before = httpx.get(f"{pool}/v1/stats").json()
+                flooding, reading = asyncio.run(side_by_side(urls["flood"], urls["light"], args))
+                after = httpx.get(f"{pool}/v1/stats").json()
+            row = {"pool": name, "light_alone": alone, "light": reading, "flood": flooding,
+                   **pool_delta(before, after),
+                   "clients": {who: after["clients"].get(who) for who in ("flood", "light")}}
+        out["fairness"].append(row)
+        print(json.dumps(row), flush=True)
+    return out
+
+
+def fairness_table(out: dict[str, Any]) -> str:
+    lines = ["| pool | sidecar | segments | translated in time | ready-to-emit p50 / p99 ms | "
+             "engine batches | segments per batch | fill |",
+             "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    for r in out["fairness"]:
+        for who, key in (("light, alone", "light_alone"), ("light, beside the flood", "light"),
+                         ("flood", "flood")):
+            s = r[key]
+            batches = "" if key == "light_alone" else (
+                f"{r['engine_batches']} | {r['segments_per_batch']} | {r['batch_fill']}")
+            lines.append(f"| {r['pool']} | {who} | {s['segments']} | "
+                         f"{s['in_time'] / max(1, s['segments']):.0%} | "
+                         f"{s['p50_ms']} / {s['p99_ms']} | {batches or ' | '} |")
+    return "\n".join(lines)
+
+
 def table(out: dict[str, Any]) -> str:
     lines = ["| sidecars | backend | segments/s | ready-to-emit p50 / p99 ms | deadline | "
              "engine batches | segments per batch | fill | sidecars per batch | "
@@ -229,11 +312,16 @@ def main() -> None:
     parser.add_argument("--calls", type=int, default=30, help="calls for the hop")
     parser.add_argument("--batch-wait-ms", type=float, default=10.0)
     parser.add_argument("--max-batch-size", type=int, default=64)
+    parser.add_argument("--fairness", action="store_true",
+                        help="a flooding sidecar beside a light one, with and without fair turns")
+    parser.add_argument("--flood-streams", type=int, default=16)
+    parser.add_argument("--flood-rate", type=float, default=200.0, help="deltas/s per stream")
+    parser.add_argument("--light-rate", type=float, default=10.0, help="deltas/s")
     parser.add_argument("--json", type=Path, help="also write the results here")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
-        out = run(args, Path(tmp))
-    print(table(out))
+        out = fairness(args, Path(tmp)) if args.fairness else run(args, Path(tmp))
+    print(fairness_table(out) if args.fairness else table(out))
     if args.json:
         args.json.write_text(json.dumps(out, indent=2, default=str))
 

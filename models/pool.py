@@ -5,6 +5,12 @@ batcher forms goes out as one call, ``POST {url}/v1/batch``, with its pair, the 
 stream named and the time left until its last segment is due (``deadline_ms``); the pool
 merges calls from every sidecar into its own batches and drops a call whose deadline passed
 before it ran (504 ``expired``: ``Expired``, which the circuit breaker does not count).
+Each call names this sidecar (``sidecar``: its client id, ``THINKTRANS_POOL_CLIENT_ID``,
+by default ``host:port``), whom the pool shares its engine's turns between and counts work
+for. A pool that holds as much of this sidecar's work as one client may have waiting
+answers 429 ``over-cap`` with a ``Retry-After``: that is ``Throttled``, overload and not an
+outage (the backend stays ready, the breaker does not count it, the chain serves the
+batch), and no call goes out until the ``Retry-After`` has passed (at most ``MAX_HOLD_S``).
 Here a batch already past its deadline is not sent (``Expired``), and one with no answer
 by its deadline (on this side's clock, so time in Serve's own queues counts) is given up
 as a timeout, which the breaker counts: a pool that keeps work past its deadlines is

@@ -14,17 +14,20 @@ segments), never in calls:
    owed most, charged to their deficits (at most one turn into debt), so no turn runs part
    empty while work waits: a client alone gets the whole turn.
 
-A turn's room is ``max_chars`` characters (or ``max_texts`` segments); when its text bound
-binds first, it is that many texts of the mean size waiting. A client's deficit carries
-over while it has work waiting (a text larger than its share runs once its deficit has
-grown to it), within one turn's room either way, and is cleared when its queue empties, so
-one idle for a while comes back with no credit and no debt. A call's texts may run in several
+A turn's room is ``max_chars`` characters (or ``max_texts`` segments). In characters a text
+costs its length, and at least its place in the turn (``max_chars / max_texts``): a short
+text takes one of the turn's ``max_texts`` places all the same, so shares hold whichever
+bound binds. A client's deficit carries over while it has work waiting (a text larger than
+its share runs once its deficit has grown to it), within one turn's room either way, and is
+cleared when its queue empties, so one idle for a while comes back with no credit and no
+debt. A call's texts may run in several
 turns: a turn takes what fits, and the rest of the call waits at the head of its queue.
 
 Without fairness (``fair=False``) a turn takes the oldest calls first, whoever sent them,
 as a plain queue would; a call that does not fit whole is still split to fill the turn.
 
-Items given up, or past due (``Cutoff``), are dropped where a turn meets them, unrun.
+Items given up, or past due (``Cutoff``), are dropped where a turn meets them, unrun, and
+handed to the cutoff's handlers.
 """
 
 from __future__ import annotations
@@ -40,6 +43,9 @@ from service.batching import Cutoff, Pair
 __all__ = ["FairItem", "FairQueue", "Slice", "Unit", "shares"]
 
 Unit = Literal["characters", "segments"]
+
+# A turn's room in characters when it has no bound of its own.
+MAX_ROOM = float(1 << 40)
 
 
 class FairItem(Protocol):
@@ -138,6 +144,8 @@ class FairQueue(Generic[T]):
         self._queues: dict[str, deque[T]] = {}  # clients with calls waiting, in turn order
         self._deficit: dict[str, float] = {}
         self._size = 0
+        self._cutoff: Cutoff[T] | None = None  # the turn's, while it is taken
+        self._slot = 0.0  # a text's least cost in a turn (characters): max_chars / max_texts
 
     def __len__(self) -> int:
         return self._size
@@ -159,43 +167,33 @@ class FairQueue(Generic[T]):
              cutoff: Cutoff[T] | None = None) -> list[Slice[T]]:
         """One turn's texts, at most ``max_texts`` and ``max_chars`` characters (its first
         text whatever its size), as slices of calls, the oldest first. Calls ``cutoff``
-        drops (by default, those given up) leave the queue and take no room."""
-        self._prune(cutoff)
-        turn: _Turn[T] = _Turn(max_texts, max_chars)
-        if not self._queues:
-            return []
-        if not self.fair:
-            self._oldest_first(turn)
-        else:
-            self._shared(turn, self._room(max_texts, max_chars))
-        self._settle()
+        drops (by default, those given up) leave the queue, handed to its handlers, and
+        take no room."""
+        self._cutoff = cutoff
+        try:
+            self._prune()
+            turn: _Turn[T] = _Turn(max_texts, max_chars)
+            if not self._queues:
+                return []
+            if self.fair:
+                chars = float(min(max_chars, MAX_ROOM))
+                self._slot = 0.0 if self.unit == "segments" else chars / max_texts
+                self._shared(turn, float(max_texts) if self.unit == "segments" else chars)
+            else:
+                self._oldest_first(turn)
+            self._settle()
+        finally:
+            self._cutoff = None
         return sorted(turn.slices, key=lambda piece: piece.item.enqueued)  # oldest first
 
     # -- the two rules ------------------------------------------------------------------------
 
     def _oldest_first(self, turn: _Turn[T]) -> None:
         while turn.texts > 0:
+            self._prune(settle=False)
             heads = [q[0] for q in self._queues.values() if q]
             if not heads or not self._take(min(heads, key=lambda i: i.enqueued), turn, None):
                 return
-
-    def _room(self, max_texts: int, max_chars: int) -> float:
-        """A turn's room in the queue's unit: its texts, or its characters; or, when its text
-        bound binds first, that many texts of the mean size of those waiting."""
-        if self.unit == "segments":
-            return float(max_texts)
-        texts = chars = 0
-        for queue in self._queues.values():
-            for item in queue:
-                rest = item.sizes[item.taken:]
-                texts, chars = texts + len(rest), chars + sum(rest)
-                if texts > max_texts and chars >= max_chars:
-                    return float(max_chars)
-                if texts >= 4 * max_texts:  # a mean of enough of them
-                    return float(min(max_chars, max(1.0, max_texts * chars / texts)))
-        if texts <= max_texts:
-            return float(max_chars)
-        return float(min(max_chars, max(1.0, max_texts * chars / texts)))
 
     def _shared(self, turn: _Turn[T], capacity: float) -> None:
         demand = {c: self._demand(q, capacity) for c, q in self._queues.items()}
@@ -207,7 +205,7 @@ class FairQueue(Generic[T]):
             self._serve(client, turn, floor=None)
         # The room left: to those owed most, into debt of at most one turn.
         for client in sorted(self._queues, key=lambda c: -self._deficit[c]):
-            self._serve(client, turn, floor=-float(capacity))
+            self._serve(client, turn, floor=-capacity)
         waiting = [c for c, q in self._queues.items() if q]
         if not turn.slices and waiting:  # texts larger than any deficit: the most owed runs
             client = max(waiting, key=lambda c: self._deficit[c])
@@ -218,22 +216,27 @@ class FairQueue(Generic[T]):
         (with one, until its deficit would fall below it)."""
         queue = self._queues[client]
         while queue and turn.texts > 0:
-            item = queue[0]
-            if item.gone():  # given up while an earlier call was taken
+            if self._dead(queue[0]):  # given up, or late, behind a call taken before it
                 self._pop(queue)
                 continue
             limit = self._deficit[client] - (0.0 if floor is None else floor)
-            if not self._take(item, turn, limit):
+            if not self._take(queue[0], turn, limit):
                 return
+
+    def _cost(self, size: int) -> float:
+        """What one text of ``size`` characters costs a turn, in the queue's unit: a segment;
+        or its characters, and at least its place in the turn (``max_chars / max_texts``)."""
+        return 1.0 if self.unit == "segments" else max(float(size), self._slot)
 
     def _take(self, item: T, turn: _Turn[T], budget: float | None) -> bool:
         """The next texts of ``item`` that fit the turn (and cost at most ``budget``, charged
         to its client's deficit); whether it took any."""
         sizes, start = item.sizes, item.taken
         end, chars, cost = start, 0, 0.0
+        slack = 1e-9 * max(1.0, abs(budget or 0.0)) if budget is not None else 0.0
         while end < len(sizes) and end - start < turn.texts:
-            step = 1.0 if self.unit == "segments" else float(sizes[end])
-            if budget is not None and cost + step > budget:
+            step = self._cost(sizes[end]) if budget is not None else 0.0
+            if budget is not None and cost + step > budget + slack:
                 break
             first = end == start and not turn.slices  # goes whatever its size
             if chars + sizes[end] > turn.chars and not first:
@@ -257,10 +260,10 @@ class FairQueue(Generic[T]):
         """What a client wants of a turn, counted no further than the whole turn."""
         total = 0.0
         for item in queue:
-            rest = item.sizes[item.taken:]
-            total += len(rest) if self.unit == "segments" else sum(rest)
-            if total >= capacity:
-                return float(capacity)
+            for size in item.sizes[item.taken:]:
+                total += self._cost(size)
+                if total >= capacity:
+                    return capacity
         return total
 
     def _pop(self, queue: deque[T]) -> None:
@@ -269,13 +272,19 @@ class FairQueue(Generic[T]):
             item.queued = False
             self._size -= 1
 
-    def _prune(self, cutoff: Cutoff[T] | None) -> None:
+    def _dead(self, item: T) -> bool:
+        """Whether a call must leave the queue unrun: taken whole already, given up, or
+        dropped by the turn's cutoff (which hands it to its handler)."""
+        cutoff = self._cutoff
+        return not item.queued or (item.gone() if cutoff is None else cutoff.drops(item))
+
+    def _prune(self, *, settle: bool = True) -> None:
         """Drop the calls at the queues' heads that must not run."""
         for queue in self._queues.values():
-            while queue and (not queue[0].queued or (
-                    queue[0].gone() if cutoff is None else cutoff.drops(queue[0]))):
+            while queue and self._dead(queue[0]):
                 self._pop(queue)
-        self._settle(rotate=False)
+        if settle:
+            self._settle(rotate=False)
 
     def _settle(self, *, rotate: bool = True) -> None:
         """Clients whose queue emptied leave the turn order, their deficit cleared; the

@@ -1,25 +1,39 @@
 """The pool: one Ray Serve application of the local engine, shared by many sidecars.
 
 Sidecars (``THINKTRANS_BACKEND=pool``, ``models/pool.py``) send the batches they formed,
-one call each, to ``POST /v1/batch``. A replica merges the calls of every sidecar that
-arrive within ``batch_wait_ms`` (``@serve.batch``, its size counted in segments) and puts
-them in its queue for the engine. Serve cuts a batch every ``batch_wait_ms`` whether or not
-the engine is busy, so the engine does not run Serve's batches one by one: each engine turn
-takes the oldest waiting calls, up to ``max_batch_size`` segments and ``max_call_chars``
-characters, whichever batch brought them, and the calls that arrive while it runs make the
-next turn full. A call is answered ``expired`` at its deadline, whatever turn holds the
-engine then, and is never run after it; in a turn, calls whose deadline has passed, or
-whose sidecar gave up on them, are answered unrun; the rest
+one call each, to ``POST /v1/batch``, each naming itself (``sidecar``: its client id,
+``THINKTRANS_POOL_CLIENT_ID``). A replica merges the calls of every sidecar that arrive
+within ``batch_wait_ms`` (``@serve.batch``, its size counted in segments) and puts them in
+its queue for the engine, one queue per client (``service/fair.py``). Serve cuts a batch
+every ``batch_wait_ms`` whether or not the engine is busy, so the engine does not run
+Serve's batches one by one: each engine turn takes up to ``max_batch_size`` segments and
+``max_call_chars`` characters of the waiting calls, whichever batch brought them, shared
+between their clients by deficit round robin (``pool_fair``, measured in characters or
+segments, ``pool_fair_unit``, weighted by ``pool_clients``; a client alone gets the whole
+turn), and the calls that arrive while it runs make the next turn full. A call's texts may
+run in several turns; it is answered once all have. A call is answered ``expired`` at its
+deadline, whatever turn holds the engine then, and is never run after it; in a turn, calls
+whose deadline has passed, or whose sidecar gave up on them, are answered unrun; the rest
 are grouped by (source, target, model), each group one call to the local engine, the same
 ``LocalTranslator`` as the ``local`` backend (its splitting, output bounds and loop guard).
-Every call gets its own answer: its translations, or a problem. The queue, the cut-off and
-the check of the engine's answer are the sidecar batcher's own parts (``service/batching.py``).
+Every call gets its own answer: its translations, or a problem. The cut-off and the check
+of the engine's answer are the sidecar batcher's own parts (``service/batching.py``).
+
+Who calls (``service/pool_clients.py``): a client's own token (``pool_clients``) makes a
+call that client's whatever it names, and a client with a token of its own cannot be named
+with the shared ``pool_token`` (403). Each client may have ``pool_client_max_waiting``
+segments waiting in a replica (or its own ``max_waiting``): a call past that is refused
+with 429 ``over-cap`` and a ``Retry-After``, and its sidecar's chain serves it. A replica
+holds ``pool_max_ongoing_calls`` calls (Serve's ``max_ongoing_requests``), the calls its
+turns share out. Its counts per client are in ``/v1/stats`` (``clients``) and Ray's metrics
+(``ray_thinktrans_pool_segments``, ``ray_thinktrans_pool_waiting_segments``).
 
 Run it with ``thinktrans pool`` (a local Ray instance, or ``--address`` to join one), or
 deploy ``service.pool:build`` from a Serve config (``serve run``, ``serve deploy``, KubeRay):
 its ``args`` are settings (``local_model``, ..., or ``config``: a settings YAML file), the
 deployment ``Pool`` takes Serve's own options (replicas, ``ray_actor_options.num_gpus``,
-autoscaling) and ``user_config`` its batch limits (``max_batch_size``, ``batch_wait_ms``).
+autoscaling) and ``user_config`` its batch limits (``max_batch_size``, ``batch_wait_ms``)
+and turn rule (``fair``).
 
 A call is bounded (``Limits``, each a 413 that names its setting): its body in bytes (read no
 further than that, chunked or not), its texts' characters each and in all. The sidecars
@@ -44,8 +58,9 @@ prefix); Serve's own logs go, as JSON, to its files in Ray's session directory
 application (its replicas finish their calls) and then the Ray instance it started.
 
 Routes: ``GET /healthz`` (alive), ``GET /readyz`` (model loaded: 200, else 503), and, with
-the bearer token when ``pool_token`` is set, ``GET /v1/info`` (what sidecars probe),
-``POST /v1/batch`` and ``GET /v1/stats`` (this replica's batch fill).
+a bearer token when ``pool_token`` or a client's token is set, ``GET /v1/info`` (what
+sidecars probe), ``POST /v1/batch`` and ``GET /v1/stats`` (this replica's batch fill and
+per-client counts).
 """
 
 # No ``from __future__ import annotations``: FastAPI reads the routes' annotations at run
@@ -539,8 +554,9 @@ class Pool:
                  max_concurrent_batches=OVERLAPPING_BATCHES)
     async def run(self, queued: list[_Queued]) -> list[list[str] | Failure]:
         """Serve's batch of calls joins every call waiting for the engine; each engine turn
-        takes the oldest waiting calls, whoever's batch brought them. While the engine is
-        busy, batches formed meanwhile pile up here, so the next turn goes full."""
+        takes its share of each client's waiting calls, whoever's batch brought them. While
+        the engine is busy, batches formed meanwhile pile up here, so the next turn goes
+        full."""
         mine = [_Waiting(q, asyncio.get_running_loop().create_future()) for q in queued]
         for w in mine:
             self.waiting.push(w)
