@@ -20,8 +20,9 @@ and a tiny Marian for en -> ja, whose model time is small enough to show the hop
 
 ``--fairness`` runs, in its place, one flooding sidecar (``--flood-streams`` streams posting
 ``--flood-rate`` deltas a second each, more than the engine keeps up with) beside one light
-sidecar (one stream at ``--light-rate``, a reader's pace), on a tiny random-weight Marian
-for en -> de: first on a pool as it was before fair turns (``THINKTRANS_POOL_FAIR=false``, oldest
+sidecar (one stream at ``--light-rate``, a reader's pace), on a random-weight checkpoint
+of the Marian shape for en -> de (``--fair-model tiny``: a tiny one), the engine on one
+core: first on a pool as it was before fair turns (``THINKTRANS_POOL_FAIR=false``, oldest
 calls first, and no per-client cap to speak of), then on one with the defaults (fair turns,
 per-client caps). On each: the light sidecar alone, then both at once; per sidecar its
 ready-to-emit p50/p99 and segments translated in time, and the engine's batch fill.
@@ -167,6 +168,8 @@ def pool_delta(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
             if batches else 0.0, "batch_fill": round(fill, 3),
             "sidecars_per_batch": round(statistics.mean(b["sidecars"] for b in recent), 2)
             if recent else 0.0,
+            "engine_ms_p50_max": [round(statistics.median(ms), 1), max(ms)] if (
+                ms := [b.get("ms", 0.0) for b in recent]) else None,
             "merged_share": round((after["merged_batches"] - before["merged_batches"])
                                   / batches, 3) if batches else 0.0,
             "expired_segments": after["expired_segments"] - before["expired_segments"],
@@ -245,10 +248,16 @@ async def side_by_side(flood: str, light: str, args: argparse.Namespace
 def fairness(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
     from service.tools.testmodel import make_test_model
 
-    model = make_test_model("marian", tmp / "tiny-en-de")
+    model = tmp / "en-de"
+    if args.fair_model == "tiny":
+        make_test_model("marian", model)
+    else:  # the Marian shape: an engine the flood keeps busy on CPU
+        run_child("_build", "marian", str(model))
     base = {"THINKTRANS_LOCAL_MODEL": str(model), "THINKTRANS_LOCAL_CT2_CACHE": str(tmp / "ct2"),
             "THINKTRANS_POOL_BATCH_WAIT_MS": str(args.batch_wait_ms),
-            "THINKTRANS_POOL_MAX_BATCH_SIZE": str(args.max_batch_size)}
+            "THINKTRANS_POOL_MAX_BATCH_SIZE": str(args.max_batch_size),
+            # The engine on one core, the sidecars and the load on the other.
+            "THINKTRANS_LOCAL_THREADS": "1"}
     out: dict[str, Any] = {"machine": f"{platform.machine()}, {os.cpu_count()} cores",
                            "args": vars(args), "fairness": []}
     for name, extra in FAIRNESS_POOLS.items():
@@ -256,7 +265,9 @@ def fairness(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
             with ExitStack() as stack:
                 urls = {who: stack.enter_context(process(["serve"], sidecar_env(
                     THINKTRANS_BACKEND="pool", THINKTRANS_POOL_URL=pool,
-                    THINKTRANS_POOL_CLIENT_ID=who), tmp / f"{who}.log", _free_port()))
+                    THINKTRANS_POOL_CLIENT_ID=who,
+                    THINKTRANS_DEADLINE_MS=str(args.deadline_ms)),
+                    tmp / f"{who}.log", _free_port()))
                     for who in ("flood", "light")}
                 alone = asyncio.run(streams(urls["light"], 1, args.light_rate, args, seed=2))
                 before = httpx.get(f"{pool}/v1/stats").json()
@@ -272,17 +283,20 @@ def fairness(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
 
 def fairness_table(out: dict[str, Any]) -> str:
     lines = ["| pool | sidecar | segments | translated in time | ready-to-emit p50 / p99 ms | "
-             "engine batches | segments per batch | fill |",
-             "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
+             "pool: queue wait p99 ms, expired | engine batches | segments per batch | fill |",
+             "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
     for r in out["fairness"]:
         for who, key in (("light, alone", "light_alone"), ("light, beside the flood", "light"),
                          ("flood", "flood")):
             s = r[key]
-            batches = "" if key == "light_alone" else (
+            seen = r["clients"].get(key.split("_")[0]) or {}
+            wait = (seen.get("queue_wait_ms") or {}).get("p99", "")
+            pool = "" if key == "light_alone" else f"{wait}, {seen.get('expired_segments', '')}"
+            batches = " |  | " if key == "light_alone" else (
                 f"{r['engine_batches']} | {r['segments_per_batch']} | {r['batch_fill']}")
             lines.append(f"| {r['pool']} | {who} | {s['segments']} | "
                          f"{s['in_time'] / max(1, s['segments']):.0%} | "
-                         f"{s['p50_ms']} / {s['p99_ms']} | {batches or ' | '} |")
+                         f"{s['p50_ms']} / {s['p99_ms']} | {pool} | {batches} |")
     return "\n".join(lines)
 
 
@@ -314,9 +328,13 @@ def main() -> None:
     parser.add_argument("--max-batch-size", type=int, default=64)
     parser.add_argument("--fairness", action="store_true",
                         help="a flooding sidecar beside a light one, with and without fair turns")
-    parser.add_argument("--flood-streams", type=int, default=16)
-    parser.add_argument("--flood-rate", type=float, default=200.0, help="deltas/s per stream")
+    parser.add_argument("--fair-model", choices=["marian", "tiny"], default="marian",
+                        help="--fairness: the Marian shape, or a tiny checkpoint")
+    parser.add_argument("--flood-streams", type=int, default=64)
+    parser.add_argument("--flood-rate", type=float, default=50.0, help="deltas/s per stream")
     parser.add_argument("--light-rate", type=float, default=10.0, help="deltas/s")
+    parser.add_argument("--deadline-ms", type=float, default=10_000.0,
+                        help="--fairness: the sidecars' deadline_ms")
     parser.add_argument("--json", type=Path, help="also write the results here")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:

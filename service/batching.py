@@ -1,7 +1,8 @@
 """The parts a batcher is made of, each testable alone.
 
-Two batchers use them: the sidecar's ``Batcher`` (``service/batcher.py``), one per backend,
-and the pool replica's engine turns (``service/pool.py``).
+The sidecar's ``Batcher`` (``service/batcher.py``), one per backend, uses them all; the
+pool replica's engine turns (``service/pool.py``, queued in ``service/fair.py``) use the
+``Cutoff`` and ``check_outputs``.
 
 - ``GroupedQueue``: items grouped by (source, target, model), first in first out within a
   group; a batch is taken from one group, or across groups by the age of their first items,
@@ -25,7 +26,7 @@ from typing import Generic, Protocol, TypeVar
 
 from models.errors import BadOutput
 
-__all__ = ["Breaker", "Cutoff", "GroupedQueue", "Pair", "Queueable", "by_pair", "check_outputs"]
+__all__ = ["Breaker", "Cutoff", "GroupedQueue", "Pair", "Queueable", "check_outputs"]
 
 log = logging.getLogger("thinktrans.batcher")
 
@@ -36,8 +37,8 @@ COMPACT_AFTER = 64
 
 
 class Queueable(Protocol):
-    """What a ``GroupedQueue`` holds: one segment (the batcher) or one call of several (the
-    pool), with the pair it shares a batch with."""
+    """What a ``GroupedQueue`` holds: one segment of the batcher, with the pair it shares a
+    batch with."""
 
     # True while counted among the live items; the queue sets and clears it.
     queued: bool
@@ -278,14 +279,6 @@ def _full(group: deque[T], max_weight: int, max_chars: int) -> bool:
         if weight >= max_weight or chars >= max_chars:
             return True
     return False
-
-
-def by_pair(items: Iterable[T]) -> dict[Pair, list[T]]:
-    """Items grouped by pair, each group in order, the groups in order of their first."""
-    groups: dict[Pair, list[T]] = {}
-    for item in items:
-        groups.setdefault(item.pair, []).append(item)
-    return groups
 
 
 def check_outputs(name: str, texts: Sequence[str], outputs: object, *,

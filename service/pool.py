@@ -206,7 +206,7 @@ class _Stats:
     model_batches: int = 0
     model_segments: int = 0
     merged_batches: int = 0  # model batches holding segments of two sidecars or more
-    recent: deque[dict[str, int]] = field(default_factory=lambda: deque(maxlen=RECENT_BATCHES))
+    recent: deque[dict[str, float]] = field(default_factory=lambda: deque(maxlen=RECENT_BATCHES))
 
     def expired(self, call: PoolCall) -> None:
         self.expired_calls += 1
@@ -215,11 +215,11 @@ class _Stats:
     def cancelled(self, call: PoolCall) -> None:
         self.cancelled_segments += len(call.texts)
 
-    def ran(self, segments: int, sidecars: int) -> None:
+    def ran(self, segments: int, sidecars: int, ms: float) -> None:
         self.model_batches += 1
         self.model_segments += segments
         self.merged_batches += sidecars > 1
-        self.recent.append({"segments": segments, "sidecars": sidecars})
+        self.recent.append({"segments": segments, "sidecars": sidecars, "ms": round(ms, 1)})
 
 
 def _digest(token: str) -> str:
@@ -373,7 +373,8 @@ class Pool:
         # Calls, for the engine, one queue per client.
         self.waiting: FairQueue[_Waiting] = FairQueue(fair=sharing.fair, unit=sharing.unit,
                                                       weight=self.clients.weight)
-        self.engine = asyncio.Lock()  # one engine turn at a time
+        # Runs engine turns, one at a time, while calls wait (started by the first call).
+        self.engine: asyncio.Task[None] | None = None
         self.pace_s = 0.0  # seconds an engine turn spends per segment, recently
         # Serve routes to a replica once this returns: not before its model is loaded. A
         # load that fails fails the replica, and Serve starts another.
@@ -556,21 +557,27 @@ class Pool:
         """Serve's batch of calls joins every call waiting for the engine; each engine turn
         takes its share of each client's waiting calls, whoever's batch brought them. While
         the engine is busy, batches formed meanwhile pile up here, so the next turn goes
-        full."""
+        full. A call's answer goes back as soon as its last text has run."""
         mine = [_Waiting(q, asyncio.get_running_loop().create_future()) for q in queued]
         for w in mine:
             self.waiting.push(w)
+        if self.engine is None or self.engine.done():
+            self.engine = asyncio.get_running_loop().create_task(self._turns())
         try:
-            while not all(w.answer.done() for w in mine):
-                async with self.engine:
-                    if not await self._turn():
-                        break  # nothing waited, yet ours are unanswered: never spin
+            await asyncio.wait([w.answer for w in mine])
         except BaseException:
             for w in mine:  # cancelled: ours still waiting are dropped by the next turn
                 w.sent.cancelled = True
             raise
         lost = BackendError("the pool lost this call")
         return [w.answer.result() if w.answer.done() else lost for w in mine]
+
+    async def _turns(self) -> None:
+        """Engine turns while calls wait; every call pushed is answered by one, or dropped
+        (and answered) by one's cutoff."""
+        while len(self.waiting) > 0:
+            if not await self._turn():
+                break
 
     async def _turn(self) -> bool:
         """One engine turn: up to ``max_batch_size`` segments and ``max_call_chars``
@@ -630,6 +637,7 @@ class Pool:
         texts = [text for call, start, end in calls for text in call.texts[start:end]]
         job = Job(texts, source, target, model, protected=_protected(calls),
                   preview=any(call.preview for call, _, _ in calls), previous=_previous(calls))
+        started = time.monotonic()
         try:
             outputs, kept = await asyncio.wait_for(self.translator.run_kept(job), self.timeout_s)
             check_outputs(LocalTranslator.name, texts, outputs)
@@ -639,7 +647,8 @@ class Pool:
             for piece in members:
                 self._fail(piece.item, error)
             return
-        self.tally.ran(len(texts), len({piece.item.client for piece in members}))
+        self.tally.ran(len(texts), len({piece.item.client for piece in members}),
+                       (time.monotonic() - started) * 1000)
         at = 0
         for piece in members:  # the outputs back, per call, answered once it is whole
             w, size = piece.item, piece.end - piece.start

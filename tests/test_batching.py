@@ -10,7 +10,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from models.errors import BadOutput
-from service.batching import COMPACT_AFTER, Cutoff, GroupedQueue, Pair, by_pair, check_outputs
+from service.batching import COMPACT_AFTER, Cutoff, GroupedQueue, Pair, check_outputs
 
 EN_DE: Pair = ("en", "de", None)
 EN_FR: Pair = ("en", "fr", None)
@@ -82,13 +82,6 @@ def test_a_group_taken_goes_behind_the_others() -> None:
     assert queue.next_group(1, 100) == (EN_DE, 0.0, True)  # both full: the first goes
     assert names(queue.take(1, pair=EN_DE)) == ["d1"]
     assert queue.next_group(1, 100) == (EN_FR, 0.0, True)  # then the other, before d2
-
-
-def test_by_pair_groups_in_order_of_first_appearance() -> None:
-    items = [Item("a", EN_FR), Item("b"), Item("c", EN_FR), Item("d")]
-    assert {pair: names(group) for pair, group in by_pair(items).items()} == {
-        EN_FR: ["a", "c"], EN_DE: ["b", "d"]}
-    assert list(by_pair(items)) == [EN_FR, EN_DE]
 
 
 # -- budgets -----------------------------------------------------------------------------------
