@@ -349,6 +349,35 @@ async def _read_within(request: Request, max_bytes: int) -> bytes | None:
     return bytes(body)
 
 
+def _parse(body: bytes, max_batch_size: int, limits: Limits) -> PoolCall:
+    """A call's body, checked against the pool's bounds (its batch size, characters per
+    text and per call, spans, previous context)."""
+    try:
+        call = PoolCall.model_validate_json(body)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"]) or "body"
+        raise InputError(f"{where}: {first['msg']}") from None
+    if len(call.texts) > max_batch_size:
+        raise PayloadTooLarge(f"{len(call.texts)} texts in one call; this pool takes at "
+                              f"most {max_batch_size} (its max_batch_size)")
+    longest = max(len(text) for text in call.texts)
+    if longest > limits.max_text_chars:
+        raise PayloadTooLarge(
+            f"a text of {longest} characters; this pool takes at most "
+            f"{limits.max_text_chars} per text (pool_max_text_chars, "
+            "THINKTRANS_POOL_MAX_TEXT_CHARS): cut it at sentence ends")
+    chars = sum(len(text) for text in call.texts)
+    if chars > limits.max_call_chars:
+        raise PayloadTooLarge(
+            f"{chars} characters in one call; this pool takes at most "
+            f"{limits.max_call_chars} (pool_max_call_chars, THINKTRANS_POOL_MAX_CALL_CHARS): "
+            "send them as several calls")
+    _check_spans(call)
+    _check_previous(call, limits)
+    return call
+
+
 # Its options (replicas, CPUs, GPUs, max_ongoing_requests, user_config) are set in one
 # place, ``application``; a Serve config overrides them.
 @serve.deployment(name="Pool", health_check_period_s=10)
@@ -452,7 +481,7 @@ class Pool:
             return _too_large(f"a call's body is at most {self.limits.max_call_bytes} bytes "
                               "(pool_max_call_bytes, THINKTRANS_POOL_MAX_CALL_BYTES)")
         try:
-            call = self._parse(body)
+            call = _parse(body, self.max_batch_size, self.limits)
             client = self.clients.identify(owner, call.sidecar)
         except ThinktransError as exc:
             return _problem(exc)
@@ -521,33 +550,6 @@ class Pool:
     def _expire(self, queued: _Queued) -> None:
         self.tally.expired(queued.call)
         self.clients.outcome(queued.client, "expired", len(queued.call.texts))
-
-    def _parse(self, body: bytes) -> PoolCall:
-        try:
-            call = PoolCall.model_validate_json(body)
-        except ValidationError as exc:
-            first = exc.errors()[0]
-            where = ".".join(str(p) for p in first["loc"]) or "body"
-            raise InputError(f"{where}: {first['msg']}") from None
-        if len(call.texts) > self.max_batch_size:
-            raise PayloadTooLarge(f"{len(call.texts)} texts in one call; this pool takes at "
-                                  f"most {self.max_batch_size} (its max_batch_size)")
-        limits = self.limits
-        longest = max(len(text) for text in call.texts)
-        if longest > limits.max_text_chars:
-            raise PayloadTooLarge(
-                f"a text of {longest} characters; this pool takes at most "
-                f"{limits.max_text_chars} per text (pool_max_text_chars, "
-                "THINKTRANS_POOL_MAX_TEXT_CHARS): cut it at sentence ends")
-        chars = sum(len(text) for text in call.texts)
-        if chars > limits.max_call_chars:
-            raise PayloadTooLarge(
-                f"{chars} characters in one call; this pool takes at most "
-                f"{limits.max_call_chars} (pool_max_call_chars, THINKTRANS_POOL_MAX_CALL_CHARS): "
-                "send them as several calls")
-        _check_spans(call)
-        _check_previous(call, limits)
-        return call
 
     # -- the batch ---------------------------------------------------------------------------
 

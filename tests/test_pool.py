@@ -576,16 +576,11 @@ async def test_a_turn_merges_calls_with_and_without_spans_and_answers_each_how()
 def test_the_pool_checks_each_calls_spans() -> None:
     _ray()
     from service.errors import InputError
-    from service.pool import Limits
-    from service.pool import Pool as Deployment
-
-    cls = Deployment.func_or_class.__bases__[0]
-    replica = object.__new__(cls)
-    replica.max_batch_size, replica.limits = 8, Limits()
+    from service.pool import Limits, _parse
 
     def parse(spans: Any, texts: tuple[str, ...] = ("abcdef",)) -> Any:
         body = {"texts": list(texts), "target": "de", "spans": spans}
-        return replica._parse(json.dumps(body).encode())
+        return _parse(json.dumps(body).encode(), 8, Limits())
 
     good = parse([[[0, 2, "code", "ab"], [2, 4, "term", "XY"]]])
     [protected] = good.protected()
@@ -611,7 +606,7 @@ async def test_a_preview_call_gives_the_engine_its_previous_previews_and_checks_
     _ray()
     from models.pool import PoolCall
     from service.errors import InputError, PayloadTooLarge
-    from service.pool import Limits, _Queued
+    from service.pool import Limits, _parse, _Queued
 
     jobs: list[Job] = []
 
@@ -623,7 +618,8 @@ async def test_a_preview_call_gives_the_engine_its_previous_previews_and_checks_
     replica = _replica(Engine(), 10, Limits(max_text_chars=20, max_call_chars=30))
 
     def parse(**body: Any) -> PoolCall:
-        call: PoolCall = replica._parse(json.dumps({"target": "de", **body}).encode())
+        call: PoolCall = _parse(json.dumps({"target": "de", **body}).encode(),
+                                replica.max_batch_size, replica.limits)
         return call
 
     preview = parse(texts=["the user said", "so"], preview=True, previous=["der", None])
