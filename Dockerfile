@@ -58,7 +58,7 @@ COPY service ./service
 COPY models ./models
 RUN --mount=type=secret,id=pip_cert \
     pip install --no-deps . \
-    && cd / && python -c "import torch, service.app; print('torch', torch.__version__)"
+    && cd / && python -c "import torch, service.http.app; print('torch', torch.__version__)"
 
 # -- runtime: Debian's Python, the venv, a non-root user -------------------------------------
 FROM ${BASE_IMAGE}
@@ -100,7 +100,7 @@ EXPOSE 8088
 # (after --port, --config, THINKTRANS_PORT) in ~/.cache/thinktrans/serve.json; without that
 # file, THINKTRANS_PORT. Standard library only, so it starts fast.
 HEALTHCHECK --interval=15s --timeout=5s --start-period=30s --retries=3 \
-    CMD ["python3", "-m", "service.tools.health"]
+    CMD ["python3", "-m", "service.tools.healthcheck"]
 
 ENTRYPOINT ["thinktrans"]
 CMD ["serve"]

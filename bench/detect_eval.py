@@ -20,8 +20,8 @@ import time
 from collections import defaultdict
 from pathlib import Path
 
-from service.detect import clear_caches, get_detector
-from service.locale import base_language
+from service.text.detect import clear_caches, get_detector
+from service.text.tags import base_language
 
 DATA = Path(__file__).resolve().parent.parent / "tests" / "data"
 EVAL = DATA / "detect_heldout.tsv"

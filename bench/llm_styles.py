@@ -35,7 +35,7 @@ from typing import Any
 sys.path[:0] = [str(Path(__file__).resolve().parent.parent)]
 
 from models.llm import LLMConfig, LLMTranslator  # noqa: E402
-from service.segmenter import is_translatable, segment  # noqa: E402
+from service.text.segmenter import is_translatable, segment  # noqa: E402
 from service.tools.corpus import builtin_corpus  # noqa: E402
 from tests.fakes_remote import FakeChat  # noqa: E402
 

@@ -42,7 +42,7 @@ from typing import Any
 import aiohttp
 import httpx
 
-from service.metrics import percentile
+from service.ops.metrics import percentile
 from service.tools.bench import BenchConfig, BenchReport, run_bench
 from service.tools.corpus import load_corpus
 

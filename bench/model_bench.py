@@ -75,7 +75,7 @@ SENTENCES = [
     "I should also look at the tests to see whether any of them rely on the old value.",
 ]
 TINY = {f"tiny-{family}": family for family in ("nllb", "m2m100", "marian")}
-# The local backend's loop guard (models/local/translator.py NO_REPEAT_NGRAM_SIZE): it costs
+# The local backend's loop guard (models/local/local_translator.py NO_REPEAT_NGRAM_SIZE): it costs
 # CPU per step.
 NO_REPEAT_NGRAM_SIZE = 6
 ENGINES = ("transformers", "ctranslate2")

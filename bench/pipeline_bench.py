@@ -17,7 +17,7 @@ import time
 
 import httpx
 
-from service.app import create_app
+from service.http.app import create_app
 from service.runtime import Runtime
 from service.settings import Settings, load_settings
 

@@ -139,7 +139,7 @@ async def hop(pool: str, tiny: Path, ct2: Path, calls: int) -> dict[str, float]:
 
 async def load(urls: list[str], args: argparse.Namespace) -> dict[str, Any]:
     """``args.streams`` bench streams on each sidecar at once; their reports merged."""
-    from service.metrics import percentile
+    from service.ops.metrics import percentile
     from service.tools.bench import BenchConfig, run_bench
 
     reports = await asyncio.gather(*(run_bench(BenchConfig(
@@ -225,7 +225,7 @@ FAIRNESS_POOLS = {"oldest first, no cap": {"THINKTRANS_POOL_FAIR": "false",
 async def streams(url: str, count: int, rate: float, args: argparse.Namespace,
                   seed: int) -> dict[str, Any]:
     """``count`` bench streams at ``rate`` deltas/s on one sidecar: its segments."""
-    from service.metrics import percentile
+    from service.ops.metrics import percentile
     from service.tools.bench import BenchConfig, run_bench
 
     r = await run_bench(BenchConfig(url=url, streams=count, duration_s=args.duration,

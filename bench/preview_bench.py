@@ -70,7 +70,7 @@ from agent_standin import TRACE, load_trace, sse_events  # noqa: E402
 from engine_bench import Server, build, machine  # noqa: E402
 from model_bench import cores  # noqa: E402
 
-from service.emission import is_tight  # noqa: E402
+from service.text.typography import is_tight  # noqa: E402
 
 # The model's pace on the Marian shape and on NLLB-600M's (zh-CN); mask_k and the bias at a
 # slower one, where previews come before their sentence ends.

@@ -154,7 +154,7 @@ def main() -> None:
     parser.add_argument("--workdir", type=Path, default=None)
     args = parser.parse_args()
 
-    from service.logs import no_progress_bars
+    from service.ops.logs import no_progress_bars
     from service.tools.testmodel import make_test_model
 
     no_progress_bars()

@@ -4,7 +4,7 @@
 
 Each pair or word of the set is placed, as a segment of its own, in a stream of one of two
 shapes, and decided by the service's own ``decide`` (with ``leans_on_memory``, as
-``service/cutting.py`` does):
+``service/stream/cutting.py`` does):
 
 - *between*: the segments before and after it are reliably in its own language;
 - *switch*: the segment before it is reliably in another language of the same script
@@ -26,9 +26,9 @@ import csv
 from collections import defaultdict
 from pathlib import Path
 
-from service.decide import decide, leans_on_memory, settled_memory
-from service.detect import Detection, get_detector
-from service.locale import base_language
+from service.text.decide import decide, leans_on_memory, settled_memory
+from service.text.detect import Detection, get_detector
+from service.text.tags import base_language
 
 EVAL = Path(__file__).resolve().parent.parent / "tests" / "data" / "detect_heldout.tsv"
 AS_TAG = {"zh": "zh-Hans"}

@@ -17,7 +17,7 @@
 
 Each backend maps its vendor's errors to these in one place, ``raise
 BackendUnavailable(...) from exc``. The service maps each type to its HTTP status and
-problem slug in one table (``service.problems``), the CLI to its exit codes.
+problem slug in one table (``service.http.problems``), the CLI to its exit codes.
 """
 
 from __future__ import annotations

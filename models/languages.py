@@ -24,7 +24,7 @@ def canonical(tag: object) -> str | None:
     """The canonical form of a BCP 47 tag (``ZH-cn`` -> ``zh-CN``), or None when it is not one.
 
     The service canonicalises targets before they reach a backend, with messages for the
-    client (``service.locale``); a backend called directly only needs to refuse what is not
+    client (``service.text.tags``); a backend called directly only needs to refuse what is not
     a tag, so that nothing else reaches a vendor or a prompt.
     """
     if not isinstance(tag, str) or len(tag) > MAX_TAG_LENGTH or not _TAG_SHAPE.fullmatch(tag):

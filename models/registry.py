@@ -17,7 +17,7 @@ from models.errors import BackendConfigError, MissingExtra
 from models.llm import LLMTranslator
 from models.local import LocalTranslator
 from models.passthrough import PassthroughTranslator
-from models.pool import PoolTranslator
+from models.pooled import PoolTranslator
 
 
 class ConfigSource(Protocol):

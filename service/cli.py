@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from models.errors import BackendError, BackendUnavailable
-from service.errors import ConfigError, InputError, ThinktransError
+from service.exceptions import ConfigError, InputError, ThinktransError
 from service.settings import Settings, load_settings
 
 if TYPE_CHECKING:
@@ -95,12 +95,12 @@ def serve(
     """Start the HTTP service."""
     import uvicorn
 
-    from service.app import create_app
-    from service.cache import check_file
-    from service.detect import get_detector
-    from service.glossary import GlossaryBook
-    from service.logs import configure
+    from service.chain.cache import check_file
+    from service.http.app import create_app
+    from service.ops.logs import configure
     from service.runtime import build_backends
+    from service.text.detect import get_detector
+    from service.text.glossary import GlossaryBook
 
     # JSON from the first line on: the settings may warn (an unknown variable).
     configure("info", transformers=False)
@@ -190,7 +190,7 @@ class _DrainingServer:
 
     def _wrap_start_stop(self) -> None:
         """Record the address really bound once listening (the HEALTHCHECK reads it)."""
-        from service.tools import health
+        from service.tools import healthcheck as health
 
         startup, shutdown = self.server.startup, self.server.shutdown
 
@@ -305,7 +305,7 @@ def translate(
         settings = _settings(config).with_flags(backend=backend)
     except ConfigError as exc:
         raise _fail(exc.detail, 2) from None
-    from service.logs import quiet
+    from service.ops.logs import quiet
 
     # The command reports a failed load itself, in one line; the log would say it twice.
     quiet(transformers="local" in settings.all_backends())
@@ -333,7 +333,7 @@ def detect(
     config: ConfigOpt = None,
 ) -> None:
     """Detect the language of a text (one result per line of input)."""
-    from service.detect import get_detector
+    from service.text.detect import get_detector
 
     settings = _settings(config)
     try:
@@ -500,7 +500,7 @@ def convert(
     THINKTRANS_LOCAL_MODEL at it. Serving it needs only 'thinktrans[ct2]' (no torch);
     converting needs 'thinktrans[local,ct2]'.
     """
-    from service.logs import no_progress_bars
+    from service.ops.logs import no_progress_bars
 
     no_progress_bars()  # before transformers is imported: "Loading weights" is not output
     from models.local.convert import ConversionError
@@ -528,7 +528,7 @@ def pool(
     """Serve the local engine as a shared pool on Ray Serve, for sidecars whose backend is
     `pool` (THINKTRANS_POOL_URL). The model comes from the THINKTRANS_LOCAL_* settings; runs
     until SIGTERM. Needs 'thinktrans[pool]'."""
-    from service.logs import configure
+    from service.ops.logs import configure
 
     configure("info", transformers=False)
     settings = _settings(config)
@@ -539,7 +539,7 @@ def pool(
         except ConfigError as exc:
             raise _fail(exc.detail, 2) from None
     try:
-        from service.pool import run
+        from pool.replica import run
     except ModuleNotFoundError as exc:
         raise _fail(f"{exc}", 2) from None
     try:
@@ -560,9 +560,9 @@ def health(
 ) -> None:
     """Check a running server's /healthz: exit 0 when it answers 200, 1 when not.
 
-    The image's HEALTHCHECK runs the same check (python3 -m service.tools.health).
+    The image's HEALTHCHECK runs the same check (python3 -m service.tools.healthcheck).
     """
-    from service.tools import health as check
+    from service.tools import healthcheck as check
 
     healthy, line = check.check(url)
     typer.echo(line, err=not healthy)
@@ -588,7 +588,7 @@ def make_test_model(
     Tiny by default; --shape gives a real model's size. Its files are readable by all
     (0644/0755), so a container's user can load it.
     """
-    from service.logs import no_progress_bars
+    from service.ops.logs import no_progress_bars
 
     no_progress_bars()  # "Writing model shards" is not output
     try:

@@ -22,19 +22,19 @@ from typing import Any
 from models import registry
 from models.base import Translator
 from models.errors import BackendConfigError
-from service.admission import Admission
-from service.batcher import Batcher, BatchLimits
-from service.cache import TranslationCache
-from service.cutting import Pacer
-from service.detect import Detection, Detector, get_detector
-from service.dispatch import Dispatcher
-from service.errors import ConfigError, ThinktransError
-from service.limits import PUBLISHED, check_texts
-from service.locale import canonicalize
-from service.metrics import Metrics
+from service.chain.batcher import Batcher, BatchLimits
+from service.chain.cache import TranslationCache
+from service.chain.dispatch import Dispatcher
+from service.exceptions import ConfigError, ThinktransError
+from service.ops.metrics import Metrics
 from service.schemas import Policy, TextResult
 from service.settings import Settings
-from service.streams import Stream, StreamManager
+from service.stream.admission import Admission
+from service.stream.cutting import Pacer
+from service.stream.manager import Stream, StreamManager
+from service.text.detect import Detection, Detector, get_detector
+from service.text.limits import PUBLISHED, check_texts
+from service.text.tags import canonicalize
 
 log = logging.getLogger("thinktrans.runtime")
 

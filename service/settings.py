@@ -40,10 +40,10 @@ from models.llm import LLMConfig
 from models.llm.dialects import extra_body_problem
 from models.llm.templates import template_problem
 from models.local import LocalConfig
-from models.pool import CLIENT_ID, CLIENT_ID_RULE, PoolConfig, client_id
+from models.pooled import CLIENT_ID, CLIENT_ID_RULE, PoolConfig, client_id
 from models.spans import KINDS, SpanFinder
-from service.errors import ConfigError, InvalidLocale, ThinktransError
-from service.locale import base_language, canonicalize, check_allowed
+from service.exceptions import ConfigError, InvalidLocale, ThinktransError
+from service.text.tags import base_language, canonicalize, check_allowed
 
 log = logging.getLogger("thinktrans.settings")
 
@@ -828,7 +828,7 @@ class Settings(
     @field_validator("detect_languages")
     @classmethod
     def _detect_languages(cls, value: list[str]) -> list[str]:
-        from service.detect import KNOWN_LANGUAGES
+        from service.text.detect import KNOWN_LANGUAGES
 
         out = []
         for tag in value:

@@ -20,7 +20,7 @@ import pytest
 from fastapi import FastAPI
 
 from models.base import Translator
-from service.app import create_app
+from service.http.app import create_app
 from service.runtime import Runtime
 from service.settings import Settings, load_settings
 from tests import checkpoints
@@ -28,7 +28,7 @@ from tests.fakes_deepl import MarkupDeepL
 from tests.fakes_remote import FakeChat, FakeDeepL
 
 # Tests load tiny checkpoints in-process: no "Loading weights" bars in the test output (the
-# service's own commands switch them off through service.logs.no_progress_bars).
+# service's own commands switch them off through service.ops.logs.no_progress_bars).
 os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
 
 

@@ -6,8 +6,8 @@ from collections.abc import Sequence
 
 import pytest
 
-from service.admission import Admission, StreamAdmission
-from service.errors import Overloaded, PayloadTooLarge
+from service.exceptions import Overloaded, PayloadTooLarge
+from service.stream.admission import Admission, StreamAdmission
 
 
 class FakeQueues:

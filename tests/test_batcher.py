@@ -24,10 +24,9 @@ from models.errors import (
     PartialOutput,
     UnsupportedLanguage,
 )
-from service.batcher import Batcher, BatchLimits, Translation
-from service.errors import Overloaded
-from service.metrics import Metrics
-from service.problems import kind_of
+from service.chain.batcher import Batcher, BatchLimits, Translation
+from service.exceptions import Overloaded, kind_of
+from service.ops.metrics import Metrics
 from tests.fakes import FakeTranslator
 
 

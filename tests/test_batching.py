@@ -1,4 +1,4 @@
-"""The batchers' parts alone (service/batching.py): the grouped queue, the cut-off, the
+"""The batchers' parts alone (service/chain/batching.py): the grouped queue, the cut-off, the
 output check. No event loop, no backend: items are plain records with a clock of their own."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from models.errors import BadOutput
-from service.batching import COMPACT_AFTER, Cutoff, GroupedQueue, Pair, check_outputs
+from service.chain.batching import COMPACT_AFTER, Cutoff, GroupedQueue, Pair, check_outputs
 
 EN_DE: Pair = ("en", "de", None)
 EN_FR: Pair = ("en", "fr", None)

@@ -17,16 +17,16 @@ from typing import Any
 import httpx
 import pytest
 
-import service.cache
-from service.cache import (
+import service.chain.cache
+from service.chain.cache import (
     CachedTranslation,
     CacheKey,
     TranslationCache,
     _entry_bytes,
     check_file,
 )
-from service.errors import ConfigError
-from service.metrics import Metrics
+from service.exceptions import ConfigError
+from service.ops.metrics import Metrics
 from tests.conftest import Running, app_with, post_chunks, read_until, segments
 from tests.fakes_remote import FakeChat
 
@@ -82,7 +82,7 @@ class Clock:
 @pytest.fixture
 def clock(monkeypatch: pytest.MonkeyPatch) -> Clock:
     fake = Clock()
-    monkeypatch.setattr(service.cache, "time", fake)  # this module's view only
+    monkeypatch.setattr(service.chain.cache, "time", fake)  # this module's view only
     return fake
 
 
@@ -409,7 +409,7 @@ async def test_a_link_swapped_in_after_the_check_is_caught(
             path.symlink_to(victim)
         return connect(database, *args, **kwargs)
 
-    monkeypatch.setattr(service.cache.sqlite3, "connect", swapped)
+    monkeypatch.setattr(service.chain.cache.sqlite3, "connect", swapped)
     assert "symbolic link" in await refused(path)
     assert_untouched(victim, before)
 

@@ -651,7 +651,7 @@ async def test_a_reader_failure_stops_the_poster() -> None:
 def test_every_problem_the_sidecar_answers_has_words() -> None:
     """Each slug the service's table (and the guard's 401) can answer reads as what
     happened, with the status and slug after it for whoever looks further."""
-    from service.problems import PROBLEMS
+    from service.exceptions import PROBLEMS
 
     generic = {http_reason(499, None), http_reason(599, None)}
     for kind in [*PROBLEMS.values()]:

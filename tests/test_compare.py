@@ -12,7 +12,7 @@ import pytest
 from typer.testing import CliRunner
 
 from service.cli import app
-from service.metrics import percentile
+from service.ops.metrics import percentile
 from service.tools.compare import bleu_tokenizer
 from tests.fakes_remote import FakeChat, FakeDeepL, closed_port_url
 

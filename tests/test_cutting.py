@@ -10,11 +10,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from models.spans import Protected
-from service.batcher import Translation
-from service.cutting import Context, Cutter, Pacer
-from service.detect import Detection, Detector
-from service.emission import Emitter, EventLog
-from service.segmenter import Segmenter
+from service.chain.batcher import Translation
+from service.stream.cutting import Context, Cutter, Pacer
+from service.stream.emission import Emitter, EventLog
+from service.text.detect import Detection, Detector
+from service.text.segmenter import Segmenter
 
 WAIT_S = 10.0  # generous: every wait below ends on an event, long before this
 GERMAN = "Der Benutzer möchte wissen, wie das Wetter morgen wird. "

@@ -37,8 +37,8 @@ from models.errors import (
 )
 from models.languages import table_key
 from models.registry import build_backend
-from service.locale import canonicalize
 from service.settings import load_settings
+from service.text.tags import canonicalize
 from tests.conftest import app_with, check_stream, deltas, post_chunks, read_until, segments
 from tests.fakes_remote import FakeDeepL, closed_port_url
 
@@ -551,7 +551,7 @@ def test_without_the_extra_the_service_imports_and_the_backend_names_it() -> Non
     # vendor package; asking for the backend then names the extra to install.
     script = (
         "import sys; sys.modules['deepl'] = None\n"
-        "import service.app\n"
+        "import service.http.app\n"
         "from models.registry import build_backend\n"
         "from service.settings import Settings\n"
         "try:\n"

@@ -15,8 +15,10 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from service import detect
-from service.detect import (
+from service.exceptions import ConfigError
+from service.settings import Settings, load_settings
+from service.text import detect
+from service.text.detect import (
     DETECTORS,
     KNOWN_LANGUAGES,
     Detector,
@@ -25,9 +27,7 @@ from service.detect import (
     clear_caches,
     get_detector,
 )
-from service.errors import ConfigError
-from service.locale import base_language
-from service.settings import Settings, load_settings
+from service.text.tags import base_language
 
 DATA = Path(__file__).parent / "data"
 HELDOUT = "detect_heldout.tsv"  # lang, kind (sentence, pair, word), source, text; never tuned on
@@ -355,7 +355,8 @@ def test_deterministic(default: ScriptDetector) -> None:
 def test_same_answers_in_another_process(default: ScriptDetector) -> None:
     texts = [r["text"] for r in rows(HELDOUT) if r["kind"] != "sentence"]
     seed = "2" if os.environ.get("PYTHONHASHSEED") == "1" else "1"
-    script = ("import json, sys; from service.detect import ScriptDetector; d = ScriptDetector();"
+    script = ("import json, sys; from service.text.detect import ScriptDetector;"
+              " d = ScriptDetector();"
               " print(json.dumps([d.detect(t).lang for t in json.load(sys.stdin)]))")
     out = subprocess.run([sys.executable, "-c", script], input=json.dumps(texts),
                          capture_output=True, text=True, check=True, timeout=120,

@@ -9,13 +9,13 @@ import json
 import pytest
 
 from models.errors import BackendError
-from service.batcher import Translation
-from service.decide import Decision
-from service.detect import Detection
-from service.emission import EMIT_BATCH, Emitter, EventLog, Segment
-from service.errors import EventsGone
+from service.chain.batcher import Translation
+from service.exceptions import EventsGone
 from service.schemas import SegmentResult, StreamEnd
-from service.segmenter import Piece
+from service.stream.emission import EMIT_BATCH, Emitter, EventLog, Segment
+from service.text.decide import Decision
+from service.text.detect import Detection
+from service.text.segmenter import Piece
 
 TRANSLATE = Decision(None, "en", "en")
 SKIP = Decision("skipped", None, None)

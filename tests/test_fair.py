@@ -1,6 +1,6 @@
-"""The pool's fair engine turns (``service.fair``), its clients' identity, caps and counts
-(``service.pool_clients``), the pool backend's hold on a 429 over its cap (``models.pool``)
-and the chain serving past it (``service.batcher``): no Ray, no network, no sleeps."""
+"""The pool's fair engine turns (``pool.fair``), its clients' identity, caps and counts
+(``pool.clients``), the pool backend's hold on a 429 over its cap (``models.pooled``)
+and the chain serving past it (``service.chain.batcher``): no Ray, no network, no sleeps."""
 
 from __future__ import annotations
 
@@ -16,14 +16,14 @@ from typing import Any
 import httpx
 import pytest
 
-import models.pool
+import models.pooled
 from models.errors import BackendUnavailable, RateLimited, Throttled
 from models.passthrough import PassthroughTranslator
-from models.pool import MAX_HOLD_S, PoolConfig, PoolTranslator
-from service.batching import Cutoff, Pair
-from service.errors import Forbidden, OverCap
-from service.fair import FairQueue, Slice, Unit, shares
-from service.pool_clients import ClientPolicy, Clients, Unauthorized
+from models.pooled import MAX_HOLD_S, PoolConfig, PoolTranslator
+from pool.clients import ClientPolicy, Clients, Unauthorized
+from pool.fair import FairQueue, Slice, Unit, shares
+from service.chain.batching import Cutoff, Pair
+from service.exceptions import Forbidden, OverCap
 from tests.conftest import Running, make_settings, start_app
 from tests.fakes import FakeTranslator
 
@@ -595,7 +595,7 @@ class ScriptedPool:
 
 
 class ShiftedTime:
-    """``time`` as ``models.pool`` sees it: the real monotonic clock, ``ahead`` seconds on."""
+    """``time`` as ``models.pooled`` sees it: the real monotonic clock, ``ahead`` seconds on."""
 
     def __init__(self) -> None:
         self.ahead = 0.0
@@ -618,7 +618,7 @@ async def test_a_429_over_cap_holds_calls_for_its_retry_after(
     ``Retry-After``, counts ``throttled``, leaves the backend ready, and until the
     Retry-After has passed every batch raises ``Throttled`` unsent."""
     clock = ShiftedTime()
-    monkeypatch.setattr(models.pool, "time", clock)
+    monkeypatch.setattr(models.pooled, "time", clock)
     pool = ScriptedPool(over_cap("10"))
     backend = await pool_backend(pool)
     try:
@@ -646,7 +646,7 @@ async def test_a_retry_after_of_zero_holds_nothing_and_a_long_one_is_bounded(
     """A Retry-After of 0 lets the next batch go at once (``retry_after_s`` at least 1); one
     longer than ``MAX_HOLD_S`` holds the calls that long only."""
     clock = ShiftedTime()
-    monkeypatch.setattr(models.pool, "time", clock)
+    monkeypatch.setattr(models.pooled, "time", clock)
     pool = ScriptedPool(over_cap("0"), over_cap("3600"))
     backend = await pool_backend(pool)
     try:

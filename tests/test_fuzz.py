@@ -45,8 +45,8 @@ from schemathesis.specs.openapi.checks import (
     status_code_conformance,
 )
 
-from service.app import create_app
-from service.segmenter import Piece, Segmenter, segment
+from service.http.app import create_app
+from service.text.segmenter import Piece, Segmenter, segment
 from tests.conftest import Running, make_settings, start_app
 
 PROBLEM = "application/problem+json"

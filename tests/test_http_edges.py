@@ -17,7 +17,7 @@ from typing import Any
 import httpx
 import pytest
 
-from service.app import create_app
+from service.http.app import create_app
 from tests.conftest import PROBLEM, Running, Server, assert_problem, make_settings, served
 
 BODY_TIMEOUT_S = 1.0

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from service.errors import Conflict, PayloadTooLarge
-from service.intake import ChunkIntake
+from service.exceptions import Conflict, PayloadTooLarge
+from service.stream.intake import ChunkIntake
 
 
 class Counted:

@@ -1,12 +1,18 @@
 """The house's shape, as the architecture document states it: checked, so that it stays true.
 
-- ``models/`` imports nothing from ``service/``, and ``client/`` nothing from either;
+- the rooms: ``service/`` holds ``stream/``, ``text/``, ``chain/``, ``http/``, ``ops/`` and
+  ``tools/`` beside its top modules; the pool is its own package (``pool/``), which nothing
+  of the sidecar imports but the CLI; no two modules share a name;
+- ``text/`` and ``chain/`` import neither ``stream/`` nor ``http/``; nothing outside
+  ``http/`` and the pool imports FastAPI or Starlette;
+- ``models/`` imports nothing from ``service/`` or ``pool/``, and ``client/`` nothing of the
+  rest;
 - serving modules do not import the tooling (``service/tools``);
 - no import cycle among the modules of ``service/``, ``models/`` and ``client/``, counting
   every import wherever it stands (in a function, under ``TYPE_CHECKING``): an import hidden
   inside a function to break a circle is still a circle;
 - no class runs past 300 lines and no function past 80;
-- the app factory is wiring only: its routes come from ``service/routes``.
+- the app factory is wiring only: its routes come from ``service/http/routes``.
 """
 
 from __future__ import annotations
@@ -18,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
-PACKAGES = ("service", "models", "client/thinktrans_client")
+PACKAGES = ("service", "models", "pool", "client/thinktrans_client")
 MAX_FUNCTION_LINES = 80
 MAX_CLASS_LINES = 300
 
@@ -107,20 +113,73 @@ def test_no_import_cycle_in_service_models_or_client() -> None:
     assert cycle is None, " -> ".join(cycle or [])
 
 
-def test_backends_import_nothing_from_the_service() -> None:
-    for path in _modules("models"):
-        from_service = {m for m in _imports(path) if m == "service" or m.startswith("service.")}
-        assert not from_service, f"{path.name} imports {from_service}"
+def _importing(folder: str, roots: tuple[str, ...]) -> dict[str, set[str]]:
+    """The modules under ``folder`` that import a module under one of ``roots``, and what."""
+    found = {}
+    for path in _modules(folder):
+        hits = {m for m in _imports(path) if any(m == r or m.startswith(r + ".") for r in roots)}
+        if hits:
+            found[str(path.relative_to(ROOT))] = hits
+    return found
 
 
-def test_the_client_imports_neither_the_service_nor_the_backends() -> None:
-    for path in _modules("client/thinktrans_client"):
-        found = {m for m in _imports(path) if m.split(".")[0] in ("service", "models")}
-        assert not found, f"{path.name} imports {found}"
+def test_backends_import_nothing_from_the_service_or_the_pool() -> None:
+    assert _importing("models", ("service", "pool")) == {}
+
+
+def test_the_client_imports_nothing_of_the_rest() -> None:
+    assert _importing("client/thinktrans_client", ("service", "models", "pool")) == {}
+
+
+ROOMS = ("stream", "text", "chain", "http", "ops", "tools")
+TOP = {"__init__.py", "cli.py", "exceptions.py", "runtime.py", "schemas.py", "settings.py"}
+
+
+def test_the_service_is_in_rooms() -> None:
+    """Beside its rooms, the service's top holds the composition (settings, runtime, the
+    CLI), the wire shapes and the error table; every other module is in a room."""
+    service = ROOT / "service"
+    top = {p.name for p in service.glob("*.py")}
+    assert top == TOP, f"modules at the top of service/: {sorted(top - TOP)}"
+    folders = {p.name for p in service.iterdir() if p.is_dir() and p.name != "__pycache__"}
+    assert folders == {*ROOMS, "data"}, sorted(folders)
+
+
+def test_text_and_chain_import_neither_streams_nor_http() -> None:
+    for room in ("service/text", "service/chain"):
+        assert _importing(room, ("service.stream", "service.http")) == {}, room
+
+
+def test_only_http_and_the_pool_import_the_web_framework() -> None:
+    web = ("fastapi", "starlette")
+    others = [p for p in _all_modules()
+              if not p.is_relative_to(ROOT / "service" / "http")
+              and not p.is_relative_to(ROOT / "pool")]
+    found = {str(p.relative_to(ROOT)): hits for p in others
+             if (hits := {m for m in _imports(p) if m.split(".")[0] in web})}
+    assert found == {}
+
+
+def test_the_pool_is_its_own_program() -> None:
+    """Nothing of the sidecar imports the pool, but the CLI that starts it."""
+    found = _importing("service", ("pool",))
+    assert set(found) <= {"service/cli.py"}, found
+
+
+def test_no_two_modules_share_a_name() -> None:
+    names: dict[str, list[str]] = {}
+    for path in _all_modules():
+        if path.name != "__init__.py":
+            names.setdefault(path.stem, []).append(str(path.relative_to(ROOT)))
+        else:
+            names.setdefault(path.parent.name, []).append(str(path.parent.relative_to(ROOT)))
+    repeated = {name: where for name, where in names.items() if len(where) > 1}
+    assert repeated == {}
 
 
 def test_serving_modules_do_not_import_the_tooling() -> None:
-    serving = [p for p in _modules("service") if "tools" not in p.parts and p.name != "cli.py"]
+    serving = [p for p in [*_modules("service"), *_modules("pool")]
+               if "tools" not in p.parts and p.name != "cli.py"]
     for path in serving:
         tooling = {m for m in _imports(path) if m.startswith("service.tools")}
         assert not tooling, f"{path.name} imports {tooling}"
@@ -148,11 +207,11 @@ def test_no_class_runs_past_300_lines() -> None:
 
 
 def test_the_app_factory_is_wiring_only() -> None:
-    """Every route the app serves is a router's from ``service/routes`` (none is defined in
+    """Every route the app serves is a router's from ``service/http/routes`` (none is defined in
     ``app.py``); the app calls nothing but wiring; the lifespan opens the runtime."""
     from fastapi.routing import APIRoute
 
-    from service.app import create_app
+    from service.http.app import create_app
     from service.settings import load_settings
 
     def api_routes(routes: list[Any]) -> Iterator[APIRoute]:
@@ -165,19 +224,20 @@ def test_the_app_factory_is_wiring_only() -> None:
     app = create_app(load_settings(backend="passthrough"))
     routes = list(api_routes(app.routes))
     assert len(routes) > 10
-    foreign = [r.path for r in routes if not r.endpoint.__module__.startswith("service.routes.")]
-    assert not foreign, f"routes defined outside service/routes: {foreign}"
-    tree = ast.parse((ROOT / "service" / "app.py").read_text(encoding="utf-8"))
+    foreign = [r.path for r in routes
+               if not r.endpoint.__module__.startswith("service.http.routes.")]
+    assert not foreign, f"routes defined outside service/http/routes: {foreign}"
+    tree = ast.parse((ROOT / "service" / "http" / "app.py").read_text(encoding="utf-8"))
     called = {node.func.attr for node in ast.walk(tree)
               if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)}
     wiring = {"include_router", "add_middleware", "get_secret_value", "freeze"}
     assert called <= wiring, f"app.py does more than wiring: {sorted(called - wiring)}"
-    assert "Runtime(" in (ROOT / "service" / "app.py").read_text(encoding="utf-8")
+    assert "Runtime(" in (ROOT / "service" / "http" / "app.py").read_text(encoding="utf-8")
 
 
 # The local backend's modules, bottom up: each imports only those before it.
-LOCAL_ORDER = ("checkpoint", "text", "masking", "convert", "engines", "slot", "catalog",
-               "translator")
+LOCAL_ORDER = ("checkpoint", "pieces", "masking", "convert", "engines", "slot", "catalog",
+               "local_translator")
 
 
 def test_the_local_backend_is_built_bottom_up() -> None:

@@ -42,8 +42,8 @@ from models.llm import (
     usage_count,
 )
 from models.registry import build_backend
-from service.locale import canonicalize
 from service.settings import load_settings
+from service.text.tags import canonicalize
 from tests.conftest import (
     app_with,
     check_stream,

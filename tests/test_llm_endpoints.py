@@ -13,7 +13,7 @@ import pytest
 
 from models.llm import SYSTEM_PROMPT, LLMTranslator
 from models.registry import build_backend
-from service.errors import ConfigError
+from service.exceptions import ConfigError
 from service.settings import load_settings
 from tests.conftest import Running, app_with, check_stream, post_chunks, read_until, segments
 from tests.fakes_llm import REASONING, DeepSeekChat, OpenAIChat, ReasoningChat, SGLangChat, VLLMChat

@@ -32,7 +32,7 @@ from models.local.checkpoint import (
     parse_pair_spec,
     version,
 )
-from service.locale import canonicalize
+from service.text.tags import canonicalize
 
 pytestmark = pytest.mark.filterwarnings("ignore:Recommended. pip install sacremoses")
 

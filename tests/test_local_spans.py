@@ -26,8 +26,8 @@ from models.errors import BackendConfigError
 from models.local import LocalTranslator, split_text
 from models.local.engines import Loaded
 from models.local.masking import FALLBACK, FORMS, MASKED, SpanBatch
+from models.local.pieces import cut_texts
 from models.local.slot import Route, Slot, Stats, translate_kept
-from models.local.text import cut_texts
 from models.spans import Glossary, Protected, SpanFinder, needs_words
 from tests.test_local import make_backend
 from tests.test_local_slot import EOS, FILLER, EchoEngine, WordTokenizer, route

@@ -1,11 +1,11 @@
-"""models/local/text.py alone: texts cut into parts that fit the model, and joined back."""
+"""models/local/pieces.py alone: texts cut into parts that fit the model, and joined back."""
 
 from __future__ import annotations
 
 from hypothesis import given
 from hypothesis import strategies as st
 
-from models.local.text import Part, cut_texts, rejoin, split_text
+from models.local.pieces import Part, cut_texts, rejoin, split_text
 
 
 def words(text: str) -> int:

@@ -36,7 +36,7 @@ from models.errors import (
     RateLimited,
     UnsupportedLanguage,
 )
-from models.pool import PoolConfig, PoolTranslator, _parts
+from models.pooled import PoolConfig, PoolTranslator, _parts
 from models.spans import Glossary, Protected, SpanFinder
 from service.tools.testmodel import make_test_model
 from tests.conftest import (
@@ -392,7 +392,7 @@ async def test_a_pool_stopped_mid_run_leaves_every_stream_whole(pool: Pool) -> N
     text = [line for line in log.splitlines()
             if line.strip() and not line.startswith("thinktrans pool: ") and not _json(line)]
     assert not text, text[:10]
-    assert any(json.loads(line).get("logger") == "models.local.translator"
+    assert any(json.loads(line).get("logger") == "models.local.local_translator"
                for line in log.splitlines() if _json(line))  # the replica's own, as ours
 
 
@@ -418,10 +418,10 @@ def _replica(engine: Any, max_batch_size: int, limits: Any = None, *, fair: bool
              clients: Any = None) -> Any:
     """A replica of the pool's deployment without Serve: its class as written, not Serve's
     ASGI wrapper, with ``engine`` for its translator."""
-    from service.fair import FairQueue
-    from service.pool import Limits, _Stats
-    from service.pool import Pool as Deployment
-    from service.pool_clients import Clients
+    from pool.clients import Clients
+    from pool.fair import FairQueue
+    from pool.replica import Limits, _Stats
+    from pool.replica import Pool as Deployment
 
     cls = Deployment.func_or_class.__bases__[0]
     replica = object.__new__(cls)
@@ -445,8 +445,8 @@ async def test_engine_turns_take_every_call_that_waited_and_answer_each() -> Non
     given up or past their deadline never reach the engine; an engine failure answers every
     call."""
     _ray()
-    from models.pool import PoolCall
-    from service.pool import _Queued
+    from models.pooled import PoolCall
+    from pool.replica import _Queued
 
     gate = asyncio.Event()
     seen: list[list[str]] = []
@@ -497,8 +497,8 @@ async def test_a_turn_drops_calls_late_by_their_groups_turn_and_checks_each_answ
     each is answered."""
     _ray()
     from models.errors import BadOutput
-    from models.pool import PoolCall
-    from service.pool import _Queued
+    from models.pooled import PoolCall
+    from pool.replica import _Queued
 
     gate = asyncio.Event()
     seen: list[list[str]] = []
@@ -543,8 +543,8 @@ async def test_a_turn_merges_calls_with_and_without_spans_and_answers_each_how()
     each text with its own spans (or none), and each call with spans told how they were
     kept."""
     _ray()
-    from models.pool import PoolCall
-    from service.pool import _Queued
+    from models.pooled import PoolCall
+    from pool.replica import _Queued
 
     jobs: list[Job] = []
 
@@ -575,8 +575,8 @@ async def test_a_turn_merges_calls_with_and_without_spans_and_answers_each_how()
 
 def test_the_pool_checks_each_calls_spans() -> None:
     _ray()
-    from service.errors import InputError
-    from service.pool import Limits, _parse
+    from pool.replica import Limits, _parse
+    from service.exceptions import InputError
 
     def parse(spans: Any, texts: tuple[str, ...] = ("abcdef",)) -> Any:
         body = {"texts": list(texts), "target": "de", "spans": spans}
@@ -604,9 +604,9 @@ async def test_a_preview_call_gives_the_engine_its_previous_previews_and_checks_
     """A preview call's previous previews reach the engine as a preview job's, merged with a
     final call's texts (no previous for them); their count and size are checked."""
     _ray()
-    from models.pool import PoolCall
-    from service.errors import InputError, PayloadTooLarge
-    from service.pool import Limits, _parse, _Queued
+    from models.pooled import PoolCall
+    from pool.replica import Limits, _parse, _Queued
+    from service.exceptions import InputError, PayloadTooLarge
 
     jobs: list[Job] = []
 
@@ -771,7 +771,7 @@ async def test_without_a_url_the_pool_backend_is_never_ready() -> None:
 
 
 def test_the_pool_url_must_be_an_http_url() -> None:
-    from service.errors import ConfigError
+    from service.exceptions import ConfigError
     from service.settings import load_settings
 
     with pytest.raises(ConfigError, match="THINKTRANS_POOL_URL"):
@@ -903,7 +903,7 @@ async def test_a_sidecar_logs_no_line_per_pool_call(capfd: pytest.CaptureFixture
     backend would write one line per batch. Quiet below warning, as JSON lines all the same."""
     import logging
 
-    from service.logs import configure
+    from service.ops.logs import configure
 
     root = logging.getLogger()
     saved = root.handlers[:], root.level

@@ -1,4 +1,4 @@
-"""Previews: provisional translations of a stream's open sentence (service/preview.py)."""
+"""Previews: provisional translations of a stream's open sentence (service/stream/preview.py)."""
 
 from __future__ import annotations
 
@@ -13,9 +13,9 @@ from hypothesis import strategies as st
 
 from models.base import Capabilities, Job
 from models.errors import BackendUnavailable, Stopped
-from service.batcher import Batcher, BatchLimits
-from service.metrics import Metrics
-from service.preview import mask, measure
+from service.chain.batcher import Batcher, BatchLimits
+from service.ops.metrics import Metrics
+from service.stream.preview import mask, measure
 from tests.conftest import app_with, assert_problem, poll, post_chunks, read_until
 from tests.fakes import FakeTranslator
 

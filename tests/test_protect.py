@@ -14,9 +14,9 @@ import pytest
 
 from models.passthrough import PassthroughTranslator
 from models.spans import Glossary, SpanFinder
-from service.emission import keep_whitespace
-from service.errors import ConfigError
-from service.glossary import GlossaryBook
+from service.exceptions import ConfigError
+from service.text.glossary import GlossaryBook
+from service.text.typography import keep_whitespace
 from tests.conftest import (
     Running,
     app_with,

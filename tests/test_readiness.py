@@ -264,7 +264,7 @@ async def test_the_first_run_without_the_hub_says_what_to_do_and_segments_keep_o
             assert code == 503, body
             return body if "failed; trying again" in body["backends"]["local"]["reason"] else None
 
-        with caplog.at_level("ERROR", logger="models.local.translator"):
+        with caplog.at_level("ERROR", logger="models.local.local_translator"):
             body = await until(failed_once, 30, "the first failed attempt")
         first = body["backends"]["local"]["reason"]
         assert "THINKTRANS_BACKEND=passthrough" in first, first

@@ -3,7 +3,7 @@ from __future__ import annotations
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from service.segmenter import Piece, Segmenter, is_translatable, segment
+from service.text.segmenter import Piece, Segmenter, is_translatable, segment
 
 SAMPLES = [
     "Hmm, the user said hello. Let me think about it! Is 3.14 right? ",

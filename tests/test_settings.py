@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from service.errors import ConfigError
+from service.exceptions import ConfigError
 from service.settings import load_settings
 
 

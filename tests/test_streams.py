@@ -445,7 +445,7 @@ async def test_sse_delivers_segments_live_before_close(served: str) -> None:
 async def test_an_idle_sse_connection_gets_keep_alive_comments(
     served: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from service.routes import streams as routes
+    from service.http.routes import streams as routes
 
     monkeypatch.setattr(routes, "SSE_KEEPALIVE_S", 0.2)
     async with httpx.AsyncClient(base_url=served, timeout=10) as c:
@@ -881,8 +881,8 @@ async def test_signs_within_a_script_range_are_not_an_error() -> None:
 
 
 def test_leans_on_memory() -> None:
-    from service.decide import leans_on_memory
-    from service.detect import Detection
+    from service.text.decide import leans_on_memory
+    from service.text.detect import Detection
 
     unsure_en = Detection("en", 0.4, False)
     assert leans_on_memory(unsure_en, "de")
@@ -891,7 +891,7 @@ def test_leans_on_memory() -> None:
     assert not leans_on_memory(Detection("en", 0.95, True), "de")  # clear enough alone
     assert not leans_on_memory(Detection("en", 0.4, False), "en-GB")  # memory says the same
     assert not leans_on_memory(Detection("zh-Hans", 0.5, False), "de")  # another script
-    from service.decide import settled_memory
+    from service.text.decide import settled_memory
 
     assert settled_memory("de", "de-AT") == "de"  # between two of its language
     assert settled_memory("de", None) == "de"  # nothing clear came next

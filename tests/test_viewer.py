@@ -12,8 +12,8 @@ from importlib import resources
 import httpx
 import pytest
 
-from service.routes import streams as stream_routes
-from service.routes import viewer
+from service.http.routes import streams as stream_routes
+from service.http.routes import viewer
 from tests.conftest import app_with, assert_problem, parse_sse, post_chunks, read_until
 from tests.fakes import FakeTranslator
 
@@ -122,7 +122,7 @@ async def test_the_page_is_served_without_the_token_with_strict_headers() -> Non
             f = await c.get(f"/viewer/{name}")
             assert f.status_code == 200, name
             assert f.headers["content-type"] == media
-            assert f.content == resources.files("service.viewer").joinpath(name).read_bytes()
+            assert f.content == resources.files("service.http.static").joinpath(name).read_bytes()
             answers.append(f)
         answers.append(await c.get("/viewer", headers={"If-None-Match": r.headers["etag"]}))
         assert answers[-1].status_code == 304
@@ -156,7 +156,7 @@ async def test_an_unchanged_file_is_revalidated_not_sent_again() -> None:
 
 
 def _page_files() -> dict[str, str]:
-    root = resources.files("service.viewer")
+    root = resources.files("service.http.static")
     return {name: root.joinpath(name).read_text(encoding="utf-8")
             for name in [viewer.PAGE, *viewer.FILES] if not name.endswith(".svg")}
 

@@ -47,6 +47,7 @@ from models.llm.answers import (
     urls,
 )
 from models.llm.endpoint import listed_models, model_missing, usage_count
+from models.llm.llm_translator import LLMConfig, LLMTranslator
 from models.llm.prompt import (
     LANGUAGE_NAMES,
     MAX_CONTEXT_CHARS,
@@ -57,7 +58,6 @@ from models.llm.prompt import (
     language_name,
     span_fields,
 )
-from models.llm.translator import LLMConfig, LLMTranslator
 
 __all__ = [
     "LANGUAGE_NAMES",

@@ -33,9 +33,9 @@ from models.local.checkpoint import (
     not_found_reason,
     parse_pair_spec,
 )
+from models.local.local_translator import NO_REPEAT_NGRAM_SIZE, LocalConfig, LocalTranslator
+from models.local.pieces import split_text
 from models.local.slot import MAX_BATCH_TOKENS
-from models.local.text import split_text
-from models.local.translator import NO_REPEAT_NGRAM_SIZE, LocalConfig, LocalTranslator
 
 __all__ = [
     "FALLBACK_SOURCE",

@@ -43,7 +43,7 @@ import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from models.local.text import Keep
+from models.local.pieces import Keep
 from models.spans import Placeholders, Protected, Span, needs_words, rejoin
 
 __all__ = ["FALLBACK", "FORMS", "MASKED", "STRATEGIES", "SpanBatch", "form_for"]

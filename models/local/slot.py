@@ -4,7 +4,7 @@
 ``thinktrans-ct2.json`` stands in for its config), tells the family and the languages
 (models/local/checkpoint.py) and has the engine load the weights. ``translate_batch`` runs a
 batch of texts on a ``Route`` (a slot and the codes of one pair): cut into parts
-(models/local/text.py), longest first in slices of at most ``MAX_BATCH_TOKENS`` padded
+(models/local/pieces.py), longest first in slices of at most ``MAX_BATCH_TOKENS`` padded
 tokens, each part's output cut to its own bound, decoded without special and language
 tokens, put back in order and rejoined. Texts with protected spans are masked with the
 family's placeholders before the cut and restored after, their prose runs translated on
@@ -45,7 +45,7 @@ from models.local.checkpoint import (
 from models.local.convert import is_converted, read_meta
 from models.local.engines import Biasing, Engine, Loaded, check_stopped
 from models.local.masking import FALLBACK, MASKED, SpanBatch, form_for
-from models.local.text import Keep, cut_texts, rejoin
+from models.local.pieces import Keep, cut_texts, rejoin
 from models.spans import Protected
 
 log = logging.getLogger(__name__)

@@ -21,8 +21,8 @@ from typing import Any
 
 import aiohttp
 
-from service.errors import InputError
-from service.metrics import percentile
+from service.exceptions import InputError
+from service.ops.metrics import percentile
 
 _CJK = re.compile(r"[\u3040-\u30ff\u3400-\u9fff\uac00-\ud7af]")
 _DENIED = (401, 403)

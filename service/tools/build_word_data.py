@@ -36,7 +36,7 @@ def main() -> None:
     import msgpack
     import wordfreq
 
-    from service.detect import _SHARED
+    from service.text.detect import _SHARED
 
     lines = []
     for script in ("Latn", "Cyrl"):

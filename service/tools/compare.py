@@ -30,12 +30,12 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from models.errors import BackendUnavailable
 from models.spans import Glossary, SpanFinder
-from service.errors import ConfigError, InputError
-from service.locale import canonicalize
-from service.metrics import percentile
+from service.exceptions import ConfigError, InputError
+from service.ops.metrics import percentile
 from service.runtime import Runtime
 from service.schemas import TextResult
 from service.settings import Settings
+from service.text.tags import canonicalize
 from service.tools.corpus import CorpusItem, load_corpus, read_lines
 
 if TYPE_CHECKING:
@@ -68,8 +68,8 @@ class _NoProgress:
 
 def quiet_logs(*, transformers: bool = False) -> None:
     """Keep the service's log lines off compare's terminal: compare reports each failure
-    itself, in one line (see ``service.logs.quiet``)."""
-    from service.logs import quiet
+    itself, in one line (see ``service.ops.logs.quiet``)."""
+    from service.ops.logs import quiet
 
     quiet(transformers=transformers)
 
@@ -200,7 +200,7 @@ def load_glossary(path: Path, settings: Settings) -> dict[str, Any]:
     checked as a request's would be."""
     import yaml
 
-    from service.glossary import GlossaryProblem, build
+    from service.text.glossary import GlossaryProblem, build
 
     try:
         data = yaml.safe_load("\n".join(read_lines(path, "glossary file")))

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
-from service.errors import InputError
+from service.exceptions import InputError
 
 
 @dataclass(frozen=True, slots=True)

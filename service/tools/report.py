@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from service.errors import ConfigError, InputError
+from service.exceptions import ConfigError, InputError
 from service.tools.compare import STATUSES, BackendRun
 
 # -- progress --------------------------------------------------------------------------------

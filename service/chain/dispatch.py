@@ -1,0 +1,383 @@
+"""Send a segment down a backend chain: the first usable backend's batcher, then the next.
+
+A backend is passed over when it cannot serve the model the request named, is not
+ready, has its circuit breaker open, or cannot serve the pair; a failed batch, or an
+answer reliably detected in another language than the target, or one that lost a
+protected span (``models.spans``: code, paths, URLs, glossary terms...), sends the segment
+on to the next backend of the chain. Every backend of the service has one batcher, shared by
+every stream and one-shot request.
+
+The translation cache sits in front of each backend: a segment whose translation by
+that backend (its ``cache_identity``: model, engine, decoding options) is cached gets it
+at once, without a batcher; a segment identical to one in flight joins it. Only answers
+that passed every check (the batcher's shape check, the output language) are cached;
+for a backend that reads a segment's context (its instance's ``capabilities.context``),
+the key names that context too (``context_mark``): an instruction one stream plants in
+its context steers only answers for that same context, never another client's;
+backends whose identity is None (passthrough) never are. The cache is consulted before
+the backend's readiness and breaker: a backend that is down still serves what it
+translated before.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import sys
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from models.base import Translator
+from models.errors import BackendError, BadOutput
+from models.spans import Protected
+from service.chain.batcher import Batcher, Translation
+from service.chain.cache import CacheKey, TranslationCache, context_mark
+from service.exceptions import Overloaded, UnknownBackend
+from service.ops.metrics import Metrics
+from service.text.detect import Detector
+from service.text.tags import same_language
+
+
+@dataclass(eq=False, slots=True)
+class _Attempt:
+    """One segment on its way down a chain."""
+
+    text: str
+    source: str | None
+    target: str
+    context: str | None
+    model: str | None  # the model the request or stream named
+    rest: list[str]  # the backends not tried yet
+    result: asyncio.Future[Translation]
+    errors: list[str] = field(default_factory=list)
+    pending: _Work | None = None  # the work it waits on, while queued or running
+    backend: str = ""  # the backend of that work
+    key: CacheKey | None = None  # the cache key of that work (None: not cached)
+    held: Batcher | None = None  # joined identical work there: holds a place in its queue
+    due: float | None = None  # when the segment is due out (monotonic), for the batcher
+    protected: Protected | None = None  # its protected spans and glossary, if any
+
+    def __post_init__(self) -> None:
+        self.result.add_done_callback(self._on_result)
+
+    def _on_result(self, result: asyncio.Future[Translation]) -> None:
+        if result.cancelled() and self.pending is not None:
+            self.unhold()
+            self.pending.release()  # the caller gave up: drop the work unless shared
+
+    def unhold(self) -> None:
+        if self.held is not None:
+            self.held.unhold()
+            self.held = None
+
+    def give_up(self) -> None:
+        error = BackendError("; ".join(self.errors) or "no backend could serve this segment")
+        self.result.set_exception(error)
+        self.result.add_done_callback(_consume)  # its reader may have stopped waiting
+
+
+@dataclass(eq=False, slots=True)
+class _Work:
+    """A batcher's future and how many attempts wait on it: identical segments in flight
+    at once are translated once, and the work is cancelled only when none waits."""
+
+    future: asyncio.Future[Translation]
+    waiters: int = 1
+
+    def release(self) -> None:
+        self.waiters -= 1
+        if self.waiters <= 0:
+            self.future.cancel()
+
+
+def _nothing() -> None:
+    """A release with nothing to release: the stream names no model."""
+
+
+def _consume(future: asyncio.Future[Translation]) -> None:
+    if not future.cancelled():
+        future.exception()
+
+
+class Dispatcher:
+    """Every configured backend with its batcher; runs segments down chains of them."""
+
+    def __init__(
+        self,
+        backends: Mapping[str, Translator],
+        batchers: Mapping[str, Batcher],
+        detector: Detector,
+        *,
+        default_chain: Sequence[str],
+        check_output_language: bool = True,
+        cache: TranslationCache | None = None,
+        metrics: Metrics | None = None,
+    ) -> None:
+        self.backends = backends
+        self.batchers = batchers
+        self.detector = detector
+        self.default_chain = list(default_chain)
+        self.check_output_language = check_output_language
+        self.cache = cache if cache is not None and cache.enabled else None
+        # Work queued or running, by cache key: an identical segment joins it.
+        self._inflight: dict[CacheKey, _Work] = {}
+        self.metrics = metrics
+        self._saved: dict[str, Any] = {}  # per billed backend: its saved-characters counter
+
+    def chain(self, backend: str | None) -> list[str]:
+        """The chain a request asked for (a name or ``a,b``), else the configured one."""
+        if backend is None:
+            return list(self.default_chain)
+        names = [part.strip() for part in backend.split(",") if part.strip()]
+        unknown = [n for n in names if n not in self.backends]
+        if not names or unknown or len(set(names)) != len(names):
+            raise UnknownBackend(
+                f"backend {backend!r} is not configured here; choose from "
+                f"{', '.join(self.backends)} (or a chain such as 'deepl,local')",
+                available=list(self.backends),
+            )
+        return names
+
+    def use_model(self, chain: Sequence[str], model: str | None) -> Callable[[], None]:
+        """A stream open on ``chain`` names ``model``: each backend keeps it (``use_model``)
+        until the release that is returned is called, when the stream is over."""
+        if model is None:
+            return _nothing
+        releases = [self.backends[name].use_model(model) for name in chain]
+
+        def release() -> None:
+            for each in releases:
+                each()
+
+        return release
+
+    def uses_context(self, chain: Sequence[str]) -> bool:
+        """Whether a backend of the chain translates better with the preceding text."""
+        return any(self.backends[name].capabilities.context for name in chain)
+
+    # -- room: what admission (service/stream/admission.py) asks ----------------------------------
+
+    def room(self, chain: Sequence[str]) -> int:
+        """How many more segments the chain's queues take now: the free places of each
+        backend that would be tried (ready, breaker closed). A chain with none of those
+        queues nothing (its segments fail at once), so its room is unbounded."""
+        usable = [self.batchers[name] for name in chain
+                  if self.backends[name].ready and self.batchers[name].available()]
+        if not usable:
+            return sys.maxsize
+        return sum(max(0, batcher.free()) for batcher in usable)
+
+    def queue_bound(self, chain: Sequence[str]) -> int | None:
+        """The most the chain's first queue ever holds (None: no such backend)."""
+        first = self.batchers.get(chain[0])
+        return None if first is None else first.limits.max_queue_size
+
+    # -- translating -------------------------------------------------------------------------
+
+    def submit(
+        self, text: str, source: str | None, target: str, chain: Sequence[str],
+        context: str | None = None, model: str | None = None, due: float | None = None,
+        protected: Protected | None = None,
+    ) -> asyncio.Future[Translation]:
+        """Start one segment's text down the chain; the future gets the first good answer:
+        one that keeps every protected span of ``protected`` (``models.spans``).
+
+        The segment is accepted work (its caller checked ``room`` before accepting the
+        text), so it is never refused: it goes to the first usable backend with room, else
+        into the first usable one's queue past its bound. A translation in the cache is
+        the answer at once; an identical segment in flight is joined. Cancelling the
+        future drops the work wherever it is (unless another segment waits on it). Driven
+        by callbacks, not a task: a segment costs no coroutine of its own.
+        """
+        attempt = _Attempt(text, source, target, context, model, list(chain),
+                           asyncio.get_running_loop().create_future(), due=due,
+                           protected=protected)
+        self._next(attempt)
+        return attempt.result
+
+    def _next(self, attempt: _Attempt) -> None:
+        """Put the attempt on the next backend of its chain, or give up."""
+        work = self._enter(attempt)
+        if work is None:
+            attempt.give_up()
+            return
+        attempt.pending = work
+        work.future.add_done_callback(functools.partial(self._on_answer, attempt))
+
+    def _on_answer(self, attempt: _Attempt, future: asyncio.Future[Translation]) -> None:
+        attempt.unhold()
+        if attempt.result.done():
+            return  # cancelled by the caller
+        name = attempt.backend
+        try:
+            if future.cancelled():
+                raise BackendError("cancelled")
+            answer = future.result()
+            if not answer.cached:
+                self._check_language(answer, attempt.target)
+                _check_spans(answer, attempt.protected)
+        except BackendError as exc:
+            attempt.errors.append(f"{name}: {exc.detail}")
+            self._next(attempt)
+            return
+        if attempt.key is not None and not answer.cached and self.cache is not None:
+            self.cache.put(attempt.key, answer.text, answer.model)  # passed every check
+        attempt.result.set_result(answer)
+
+    def _enter(self, attempt: _Attempt) -> _Work | None:
+        """The work for the attempt on the next usable backend of its rest of the chain: a
+        cached answer, identical work in flight, or a new item in the backend's queue
+        (past its bound when every usable backend is full)."""
+        rest, errors = attempt.rest, attempt.errors
+        full: list[str] = []
+        while rest:
+            name = rest.pop(0)
+            problem = self.backends[name].model_problem(attempt.model)
+            if problem is not None:
+                errors.append(f"{name}: {problem}")
+                continue
+            key = self._key(name, attempt)
+            found = self._found(name, attempt, key)
+            if found is not None:
+                return found
+            if not self._usable(name, attempt, errors):
+                continue
+            try:
+                return self._queue(name, attempt, key, force=False)
+            except Overloaded:
+                full.append(name)
+            except BackendError as exc:
+                errors.append(f"{name}: {exc.detail}")
+        if full:
+            name = full[0]
+            attempt.rest[:0] = full[1:]  # still to try, should this one fail
+            try:
+                return self._queue(name, attempt, self._key(name, attempt), force=True)
+            except BackendError as exc:
+                errors.append(f"{name}: {exc.detail}")
+        return None
+
+    def _key(self, name: str, attempt: _Attempt) -> CacheKey | None:
+        """The attempt's cache key on backend ``name``; None: not cached there."""
+        if self.cache is None:
+            return None
+        translator = self.backends[name]
+        identity = translator.cache_identity(attempt.model, attempt.source, attempt.target)
+        if identity is None:
+            return None
+        if translator.capabilities.context:  # the batcher sends it the context: its input
+            identity = f"{identity}|{context_mark(attempt.context)}"
+        if attempt.protected is not None:  # the spans and glossary decide the output too
+            identity = f"{identity}|{attempt.protected.digest}"
+        return (identity, attempt.source, attempt.target, attempt.text)
+
+    def _found(self, name: str, attempt: _Attempt, key: CacheKey | None) -> _Work | None:
+        """A cached answer of ``name``'s, or identical work in flight there; else None."""
+        if key is None or self.cache is None:
+            return None
+        hit = self.cache.get(key)
+        if hit is not None:
+            if self.backends[name].capabilities.billed and self.metrics is not None:
+                self._saved_counter(name, self.metrics).inc(len(attempt.text))
+            future: asyncio.Future[Translation] = asyncio.get_running_loop().create_future()
+            future.set_result(Translation(hit.text, name, 0.0, hit.model, cached=True))
+            attempt.backend, attempt.key = name, None
+            return _Work(future)
+        work = self._inflight.get(key)
+        if work is None or work.future.done():
+            return None
+        work.waiters += 1
+        # Each waiter keeps the key: whichever is still waiting when the answer comes
+        # caches it, should the one that queued it have given up.
+        attempt.backend, attempt.key = name, key
+        attempt.held = self.batchers[name]
+        attempt.held.hold()  # a waiting segment all the same: the queue bound covers it
+        return work
+
+    def _queue(self, name: str, attempt: _Attempt, key: CacheKey | None, *,
+               force: bool) -> _Work:
+        future = self.batchers[name].submit(attempt.text, attempt.source, attempt.target,
+                                            attempt.context, model=attempt.model, force=force,
+                                            due=attempt.due, protected=attempt.protected)
+        attempt.backend, attempt.key = name, key
+        work = _Work(future)
+        if key is not None:
+            self._inflight[key] = work
+            future.add_done_callback(functools.partial(self._done_inflight, key, work))
+        return work
+
+    def _done_inflight(self, key: CacheKey, work: _Work, _future: object) -> None:
+        if self._inflight.get(key) is work:
+            del self._inflight[key]
+
+    def _saved_counter(self, name: str, metrics: Metrics) -> Any:
+        counter = self._saved.get(name)
+        if counter is None:  # a label lookup takes a lock: once per backend
+            counter = self._saved[name] = metrics.cache_billed_chars_saved.labels(name)
+        return counter
+
+    def _usable(self, name: str, attempt: _Attempt, errors: list[str]) -> bool:
+        return self.usable(name, attempt.source, attempt.target, attempt.model, errors)
+
+    def usable(self, name: str, source: str | None, target: str, model: str | None,
+               errors: list[str]) -> bool:
+        """Whether backend ``name`` would be tried for the pair now (ready, breaker closed,
+        serving it); if not, why, appended to ``errors``."""
+        translator = self.backends[name]
+        if not translator.ready:
+            errors.append(f"{name}: {translator.reason or 'not ready'}")
+            return False
+        batcher = self.batchers[name]
+        if not batcher.available():
+            errors.append(f"{name}: {batcher.breaker_reason}")
+            return False
+        served = (translator.supports(source, target) if model is None
+                  else translator.supports(source, target, model=model))
+        if not served:
+            what = "" if model is None else f" with model {model!r}"
+            errors.append(f"{name}: cannot translate {source or 'auto'} -> {target}{what}")
+            return False
+        return True
+
+    # -- previews ----------------------------------------------------------------------------
+
+    def preview(self, text: str, source: str | None, target: str, chain: Sequence[str], *,
+                model: str | None = None, protected: Protected | None = None,
+                previous: str | None = None,
+                billed: bool = False) -> asyncio.Future[Translation] | None:
+        """Start a preview on the first backend of the chain that would be tried for it,
+        passing over billed ones unless ``billed``; its batcher's low-priority lane, never
+        the cache, never down the chain. None: no backend, or its preview lane is full."""
+        for name in chain:
+            translator = self.backends[name]
+            if translator.capabilities.billed and not billed:
+                continue
+            if translator.model_problem(model) is not None:
+                continue
+            if self.usable(name, source, target, model, []):
+                return self.batchers[name].submit_preview(
+                    text, source, target, model=model, protected=protected, previous=previous)
+        return None
+
+    def _check_language(self, result: Translation, target: str) -> None:
+        """A translation reliably detected in another language than the target is bad."""
+        translator = self.backends[result.backend]
+        if not self.check_output_language or not translator.capabilities.checked_output:
+            return
+        det = self.detector.detect(result.text)
+        if det.reliable and det.lang is not None and not same_language(det.lang, target):
+            raise BadOutput(f"output is in {det.lang}, not {target}")
+
+
+def _check_spans(result: Translation, protected: Protected | None) -> None:
+    """A translation that lost a protected span, or did not render a glossary term, is bad:
+    the segment goes on down the chain. The reason names kinds and counts, never text."""
+    if protected is None:
+        return
+    lost = protected.missing(result.text)
+    if lost:
+        kinds = ", ".join(sorted({span.kind for span in lost}))
+        noun = "span" if len(lost) == 1 else "spans"
+        raise BadOutput(f"lost {len(lost)} protected {noun} of {len(protected.spans)} "
+                        f"({kinds})")

@@ -1,0 +1,35 @@
+"""What a route needs, handed over by FastAPI's dependency injection."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import Depends, Path, Request
+from pydantic import AfterValidator
+
+from service.exceptions import Overloaded
+from service.runtime import Runtime
+from service.schemas import STREAM_ID_PATTERN, check_stream_id
+from service.stream.manager import StreamManager
+
+# Dependencies are coroutines: FastAPI runs a plain function in a worker thread, which
+# costs a thread hand-off on every request.
+
+
+async def get_runtime(request: Request) -> Runtime:
+    """The runtime the app's lifespan opened."""
+    runtime: Runtime | None = getattr(request.app.state, "runtime", None)
+    if runtime is None:
+        raise Overloaded("the service is starting; retry shortly", retry_after_s=1)
+    return runtime
+
+
+async def get_streams(request: Request) -> StreamManager:
+    return (await get_runtime(request)).streams
+
+
+RuntimeDep = Annotated[Runtime, Depends(get_runtime)]
+StreamsDep = Annotated[StreamManager, Depends(get_streams)]
+StreamId = Annotated[str, Path(pattern=STREAM_ID_PATTERN,
+                               description="1-128 of A-Za-z0-9._:-, not '.' or '..'"),
+                     AfterValidator(check_stream_id)]

@@ -1,0 +1,296 @@
+"""The ASGI guard in front of the app: the bearer token, the body's media type, size limit
+and time limit, the access log and request metrics.
+
+Pure ASGI, so that the checks happen before the body is parsed: a client without the
+token gets 401 whatever it sent, a body that is not JSON 415, an oversized body 413, not a
+parse error, and a body not complete within ``body_timeout_s`` of its headers 408. A
+refusal closes the connection. Before it goes out, a body of at most
+``refused_body_drain_bytes`` is read and dropped (within ``body_timeout_s``): a socket
+closed with unread data resets the connection, and a client that sends its whole body
+before it reads (Python's urllib) then sees the reset, not the problem. A larger body, or
+one sent only after ``Expect: 100-continue``, is not read.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import logging
+import time
+from collections.abc import Awaitable, Callable, MutableMapping
+from typing import Any
+
+from service.exceptions import PayloadTooLarge, RequestTimeout, UnsupportedMediaType, kind_of
+from service.http.problems import problem
+from service.ops.metrics import Metrics
+
+access_log = logging.getLogger("thinktrans.access")
+QUIET_ROUTES = frozenset({"/v1/streams/{stream_id}/chunks"})
+# Methods whose body /v1 reads as JSON.
+BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
+CLOSE = {"Connection": "close"}
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+
+class Guard:
+    """Request metrics and the access log around every request; the bearer token on /v1;
+    the body size limit."""
+
+    def __init__(self, app: ASGIApp, max_bytes: int, token: str | None, metrics: Metrics,
+                 body_timeout_s: float | None = None, drain_bytes: int | None = None) -> None:
+        self.app = app
+        self.max_bytes = max_bytes
+        self.token = token.encode() if token else None
+        self.metrics = metrics
+        # None: the app's settings say (app.state.settings.body_timeout_s), else 30 s.
+        self.body_timeout_s = body_timeout_s
+        # None: the app's settings say (refused_body_drain_bytes), else 8 MiB.
+        self.drain_bytes = drain_bytes
+        self._observed: dict[tuple[str, str, int], tuple[Any, Any]] = {}
+        self._clock = _BodyClock()
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = time.monotonic()
+        status = 500
+
+        async def observed_send(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
+        try:
+            await self._guarded(scope, receive, observed_send)
+        finally:
+            self._observe(scope, status, time.monotonic() - started)
+
+    def _observe(self, scope: Scope, status: int, elapsed: float) -> None:
+        route = getattr(scope.get("route"), "path", "unmatched")
+        method = scope.get("method", "")
+        key = (method, route, status)
+        children = self._observed.get(key)
+        if children is None:  # label lookups take a lock: once per route and status
+            children = self._observed[key] = (
+                self.metrics.requests.labels(method, route, str(status)),
+                self.metrics.request_seconds.labels(method, route),
+            )
+        children[0].inc()
+        children[1].observe(elapsed)
+        # A stream's chunk POSTs come many times a second: logged only when they fail
+        # (or at debug); the request metrics count every one.
+        level = logging.DEBUG if status < 400 and route in QUIET_ROUTES else logging.INFO
+        if access_log.isEnabledFor(level):
+            stream_id = scope.get("path_params", {}).get("stream_id")
+            access_log.log(level, "request", extra={
+                "method": method, "route": route, "status": status,
+                "ms": round(elapsed * 1000, 2), **({"stream": stream_id} if stream_id else {}),
+            })
+
+    async def _guarded(self, scope: Scope, receive: Receive, send: Send) -> None:
+        headers = dict(scope.get("headers", []))
+        declared = headers.get(b"content-length")
+        chunked = b"transfer-encoding" in headers
+        # A body the server has not read: a refusal closes the connection after it.
+        unread = {**CLOSE} if chunked or (declared is not None and declared != b"0") else {}
+        on_v1 = self._on_v1(scope)
+        if self.token is not None and on_v1:
+            scheme, _, given = headers.get(b"authorization", b"").partition(b" ")
+            if scheme.lower() != b"bearer" or not hmac.compare_digest(given.strip(), self.token):
+                await self._refuse(problem(
+                    401, "Unauthorized", "send 'Authorization: Bearer <THINKTRANS_API_TOKEN>'",
+                    "unauthorized", headers={"WWW-Authenticate": "Bearer", **unread},
+                ), scope, receive, send, unread)
+                return
+        if declared is not None and (not declared.isdigit() or int(declared) > self.max_bytes):
+            await self._refuse(self._too_big(unread), scope, receive, send, unread)
+            return
+        check_type = on_v1 and scope.get("method") in BODY_METHODS
+        content_type = headers.get(b"content-type")
+        if check_type and declared not in (None, b"0") and not _is_json(content_type):
+            await self._refuse(_not_json(content_type, unread), scope, receive, send, unread)
+            return
+        if declared is None and not chunked:
+            await self.app(scope, receive, send)  # no body (RFC 9112 6.3)
+            return
+        # Read the whole body here: within the size limit and the time limit, then replay it.
+        body = bytearray()
+        task = asyncio.current_task()
+        assert task is not None
+        self._clock.start(task, self._body_timeout(scope))
+        try:
+            while True:
+                message = await receive()
+                if message["type"] != "http.request":
+                    await self.app(scope, _replay([message]), send)
+                    return
+                more = message.get("more_body", False)
+                if not body and not more:
+                    break  # the whole body in one message: no copy
+                body += message.get("body", b"")
+                if len(body) > self.max_bytes:
+                    size, more_body = len(body), more
+                    del body[:]
+                    await self._refuse(self._too_big(CLOSE), scope, receive, send, CLOSE,
+                                       read=size, more=more_body)
+                    return
+                if not more:
+                    message = {"type": "http.request", "body": bytes(body)}
+                    break
+        except asyncio.CancelledError:
+            if not self._clock.expired(task):
+                raise
+            await self._timed_out(scope, declared, len(body))(scope, receive, send)
+            return
+        finally:
+            self._clock.stop(task)
+        if check_type and message.get("body") and not _is_json(content_type):
+            await _not_json(content_type, {})(scope, receive, send)
+            return
+        await self.app(scope, _replay([message], receive), send)
+
+    async def _refuse(self, refusal: ASGIApp, scope: Scope, receive: Receive, send: Send,
+                      unread: dict[str, str], *, read: int = 0, more: bool = True) -> None:
+        """Send ``refusal``, having first read and dropped the rest of the request's body if
+        it is within ``drain_bytes`` (``read`` bytes of it already were): closing a socket
+        with unread data resets the connection, and a client still sending loses the
+        answer. Past the bound, or past the body's time limit, the refusal goes out as is."""
+        headers = dict(scope.get("headers", []))
+        limit = self._drain_bytes(scope)
+        declared = headers.get(b"content-length", b"")
+        if (unread and more and headers.get(b"expect", b"").lower() != b"100-continue"
+                and not (declared.isdigit() and int(declared) > limit)):
+            task = asyncio.current_task()
+            assert task is not None
+            self._clock.start(task, self._body_timeout(scope))
+            try:
+                while read <= limit:
+                    message = await receive()
+                    if message["type"] != "http.request":
+                        return  # the client is gone: nobody to answer
+                    read += len(message.get("body", b""))
+                    if not message.get("more_body", False):
+                        break
+            except asyncio.CancelledError:
+                if not self._clock.expired(task):
+                    raise
+            finally:
+                self._clock.stop(task)
+        await refusal(scope, receive, send)
+
+    def _drain_bytes(self, scope: Scope) -> int:
+        if self.drain_bytes is None:
+            settings = getattr(getattr(scope.get("app"), "state", None), "settings", None)
+            self.drain_bytes = int(getattr(settings, "refused_body_drain_bytes", 8_388_608))
+        return self.drain_bytes
+
+    def _body_timeout(self, scope: Scope) -> float:
+        if self.body_timeout_s is None:
+            settings = getattr(getattr(scope.get("app"), "state", None), "settings", None)
+            self.body_timeout_s = float(getattr(settings, "body_timeout_s", 30.0))
+        return self.body_timeout_s
+
+    def _timed_out(self, scope: Scope, declared: bytes | None, got: int) -> ASGIApp:
+        expected = f"{int(declared)} bytes declared by Content-Length, " if declared else ""
+        return problem(
+            408, kind_of(RequestTimeout).title,
+            f"the request body was not complete {self._body_timeout(scope):g} s after its "
+            f"headers ({expected}{got} received; THINKTRANS_BODY_TIMEOUT_S); send the whole "
+            "body at once, with a Content-Length that matches it", kind_of(RequestTimeout).slug,
+            headers=CLOSE,
+        )
+
+    @staticmethod
+    def _on_v1(scope: Scope) -> bool:
+        path = scope["path"]
+        root = scope.get("root_path", "")
+        if root and path.startswith(root):
+            path = path[len(root):]  # served under a proxy prefix
+        return path == "/v1" or path.startswith("/v1/")
+
+    def _too_big(self, headers: dict[str, str]) -> ASGIApp:
+        return problem(
+            413, kind_of(PayloadTooLarge).title,
+            f"request body is over THINKTRANS_MAX_REQUEST_BYTES={self.max_bytes} bytes; "
+            "send fewer or shorter texts per request", kind_of(PayloadTooLarge).slug,
+            headers=headers,
+        )
+
+
+class _BodyClock:
+    """The body time limit of every request being read, kept by one timer that looks every
+    ``TICK_S`` and cancels the reads past their time: a timer per request cost a few
+    microseconds on every chunk POST, whose body is almost always there already."""
+
+    TICK_S = 0.25
+
+    def __init__(self) -> None:
+        self._until: dict[asyncio.Task[Any], float] = {}
+        self._expired: set[asyncio.Task[Any]] = set()
+        self._timer: asyncio.TimerHandle | None = None
+
+    def start(self, task: asyncio.Task[Any], timeout_s: float) -> None:
+        loop = asyncio.get_running_loop()
+        self._until[task] = loop.time() + timeout_s
+        if self._timer is None:
+            self._timer = loop.call_later(self.TICK_S, self._tick)
+
+    def stop(self, task: asyncio.Task[Any]) -> None:
+        self._until.pop(task, None)
+
+    def expired(self, task: asyncio.Task[Any]) -> bool:
+        """Whether the cancellation ``task`` got was this clock's; if so, it is taken back."""
+        if task not in self._expired:
+            return False
+        self._expired.discard(task)
+        task.uncancel()
+        return True
+
+    def _tick(self) -> None:
+        loop = asyncio.get_running_loop()
+        now = loop.time()
+        for task, until in list(self._until.items()):
+            if now >= until:
+                del self._until[task]
+                self._expired.add(task)
+                task.cancel()
+        self._timer = loop.call_later(self.TICK_S, self._tick) if self._until else None
+
+
+def _is_json(content_type: bytes | None) -> bool:
+    """``application/json`` or ``application/<anything>+json``, parameters (charset) allowed."""
+    if content_type is None:
+        return False
+    media = content_type.partition(b";")[0].strip().lower()
+    kind, _, subtype = media.partition(b"/")
+    return kind == b"application" and (subtype == b"json" or subtype.endswith(b"+json"))
+
+
+def _not_json(content_type: bytes | None, headers: dict[str, str]) -> ASGIApp:
+    given = (f"Content-Type {content_type.decode('latin-1')!r}" if content_type is not None
+             else "no Content-Type")
+    return problem(
+        415, kind_of(UnsupportedMediaType).title,
+        f"the request body is JSON: send 'Content-Type: application/json' ({given} given)",
+        kind_of(UnsupportedMediaType).slug, headers={"Accept-Post": "application/json", **headers},
+    )
+
+
+def _replay(messages: list[Message], then: Receive | None = None) -> Receive:
+    queue = list(messages)
+
+    async def receive() -> Message:
+        if queue:
+            return queue.pop(0)
+        if then is not None:
+            return await then()
+        return {"type": "http.disconnect"}
+
+    return receive

@@ -1,0 +1,36 @@
+"""What this instance offers: languages, models, limits and backends."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter
+
+from service.http.deps import RuntimeDep
+from service.http.problems import problem_responses
+
+router = APIRouter(prefix="/v1", responses=problem_responses(401))
+
+
+@router.get("/languages")
+async def languages(runtime: RuntimeDep) -> dict[str, Any]:
+    """Supported targets per backend, the default target and the allowed ones."""
+    return runtime.languages()
+
+
+@router.get("/models")
+async def models(runtime: RuntimeDep) -> dict[str, Any]:
+    """The advisory catalog: the models each backend can serve (a request may name any)."""
+    return runtime.models()
+
+
+@router.get("/limits")
+async def limits(runtime: RuntimeDep) -> dict[str, Any]:
+    """The size and count limits this instance enforces, so clients can stay inside."""
+    return runtime.limits()
+
+
+@router.get("/backends")
+async def backends(runtime: RuntimeDep) -> dict[str, Any]:
+    """Configured backends, the default chain, readiness and queue depth."""
+    return runtime.backends_info()

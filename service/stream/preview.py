@@ -1,0 +1,272 @@
+"""Previews: provisional translations of a stream's sentence while it is still open.
+
+A stream opened with ``previews`` has a ``Previewer``. After each request's chunks (and on
+its own timer) it looks at the text the segmenter holds, the sentence still open: once it
+is long enough (``preview_min_words`` words, or ``preview_min_chars`` characters for a
+sentence mostly in Chinese, Japanese or Korean script) or old enough
+(``preview_after_ms``, with at least ``preview_step_words``), and then again each time it
+has grown by ``preview_step_words`` (``preview_step_chars``), at most every
+``preview_interval_ms`` and ``preview_max_decodes`` times a sentence, its prefix so far is
+translated (re-translation). One preview of a stream runs at a time.
+
+A preview is decided as the sentence would be if it were cut now (only a sentence to
+translate gets one) and goes to the first backend of the stream's chain that would be
+tried, billed ones passed over unless ``preview_billed`` (``Dispatcher.preview``), into
+that backend's low-priority lane (``Batcher.submit_preview``): never the cache, never down
+the chain, never counted by the breaker. The answer, less its last ``preview_mask_k``
+words (characters, for a target written without spaces: mask-k, where a prefix's
+translation changes most), goes out as a ``preview`` event unless it is what was shown
+already or it lost a protected span; the sentence's next preview is decoded towards it
+(``Job.previous``, CTranslate2's prefix bias). Held text that already ends as a sentence
+ends (the segmenter waits for what follows to cut it) gets no preview: its segment is due
+with the next text, and a preview decode then would only hold it up. When the sentence is
+cut, the segment it becomes supersedes its previews, and a preview still queued is
+cancelled (dropped unrun); one whose answer comes after is not shown.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import re
+import time
+import unicodedata
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Protocol
+
+from models.errors import Stopped
+from models.spans import Protected
+from service.chain.batcher import Translation
+from service.schemas import PreviewResult
+from service.settings import Settings
+from service.stream.emission import Emitter
+from service.text.decide import Decision
+from service.text.typography import is_tight
+
+_WORD = re.compile(r"\S+")
+# Held text that ends as a sentence ends: the segmenter holds it only to see what comes
+# next, and the next text cuts it. A preview then would only hold up its segment.
+_ENDED = re.compile(r"(?:[.!?…。！？][\"'”’)\]」』）》]*|\n)\s*$")
+# Text the segmenter holds that starts a code fence is code until the fence closes.
+_FENCES = ("```", "~~~")
+
+
+@dataclass(frozen=True, slots=True)
+class PreviewConfig:
+    """When previews are made and how they are shown (the ``preview_*`` settings)."""
+
+    min_words: int = 8
+    min_chars: int = 16
+    after_s: float = 1.5
+    step_words: int = 4
+    step_chars: int = 8
+    interval_s: float = 0.5
+    max_decodes: int = 4
+    mask_k: int = 2
+    billed: bool = False
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> PreviewConfig:
+        return cls(
+            min_words=settings.preview_min_words, min_chars=settings.preview_min_chars,
+            after_s=settings.preview_after_ms / 1000.0,
+            step_words=settings.preview_step_words, step_chars=settings.preview_step_chars,
+            interval_s=settings.preview_interval_ms / 1000.0,
+            max_decodes=settings.preview_max_decodes, mask_k=settings.preview_mask_k,
+            billed=settings.preview_billed,
+        )
+
+
+def _wide(char: str) -> bool:
+    """A character of a script written without spaces between words (Han, Kana; Hangul
+    is counted with them, by its syllables)."""
+    return unicodedata.east_asian_width(char) in "WF" and char.isalpha()
+
+
+def measure(text: str) -> tuple[int, bool]:
+    """How long an open sentence is: for one mostly in Chinese, Japanese or Korean script
+    (more of its characters than words of other scripts), (those characters and the other
+    words, True), else (words, False)."""
+    wide = sum(1 for char in text if _wide(char))
+    if not wide:
+        return len(text.split()), False
+    others = sum(1 for word in text.split() if not any(_wide(char) for char in word))
+    if wide >= others:
+        return wide + others, True
+    return len(text.split()), False
+
+
+def mask(text: str, k: int, *, tight: bool) -> str:
+    """``text`` without its last ``k`` words (characters, for a ``tight`` target); "" when
+    nothing is left. Trailing punctuation goes with the last word."""
+    text = text.strip()
+    if k <= 0 or not text:
+        return text
+    if tight:
+        chars = text.rstrip(".,;:!?。，、；：！？…")
+        return chars[:-k].rstrip() if len(chars) > k else ""
+    words = list(_WORD.finditer(text))
+    return text[: words[-k].start()].rstrip() if len(words) > k else ""
+
+
+class StartPreview(Protocol):
+    """Starts one preview (``Dispatcher.preview``, bound to the stream's chain and model)."""
+
+    def __call__(self, text: str, source: str | None, *, protected: Protected | None,
+                 previous: str | None) -> asyncio.Future[Translation] | None: ...
+
+
+class Previewer:
+    """One stream's previews of its open sentence (module docstring).
+
+    ``pending``: the text the segmenter holds; ``decide``: how that text would be decided
+    (``Cutter.preview_decision``); ``protect``: its protected spans; ``start``: starts a
+    preview; ``count``: tells the metrics each outcome.
+    """
+
+    def __init__(self, config: PreviewConfig, emitter: Emitter, *,
+                 pending: Callable[[], str], decide: Callable[[str], Decision | None],
+                 start: StartPreview, protect: Callable[[str], Protected | None] | None,
+                 count: Callable[[str], None]) -> None:
+        self.config = config
+        self._emitter = emitter
+        self._pending = pending
+        self._decide = decide
+        self._start = start
+        self._protect = protect
+        self._count = count
+        self._tight = is_tight(emitter.target)
+        self._index = -1  # the open sentence's index (its segment's, once cut)
+        self._opened = 0.0  # when it was first seen
+        self._decodes = 0  # previews of it sent
+        self._revision = 0  # previews of it shown
+        self._units = 0  # its length at its last preview
+        self._at = 0.0  # when its last preview was sent
+        self._shown: str | None = None  # its last preview, as shown
+        self._inflight: asyncio.Future[Translation] | None = None
+        self._timer: asyncio.TimerHandle | None = None
+
+    # -- when ------------------------------------------------------------------------------
+
+    def poke(self) -> None:
+        """Look at the open sentence: preview it now if it is due, or set the timer for
+        when it will be (its age, the interval)."""
+        emitter = self._emitter
+        if self._inflight is not None or emitter.closed or emitter.dropped:
+            return  # one at a time: its answer pokes again
+        text = self._pending()
+        if not text.strip() or _ENDED.search(text):
+            return  # nothing open, or its end is there already (``_ENDED``)
+        now = time.monotonic()
+        if emitter.count != self._index:  # a new sentence
+            self._new_sentence(emitter.count, now)
+        cfg = self.config
+        if self._decodes >= cfg.max_decodes or text.lstrip().startswith(_FENCES):
+            return
+        units, wide = measure(text)
+        step = cfg.step_chars if wide else cfg.step_words
+        if self._units and units - self._units < step:
+            return  # looked at already: it must grow by a step first
+        if self._decodes == 0 and units < (cfg.min_chars if wide else cfg.min_words):
+            # Not long enough: old enough, with a step's worth of words, will do.
+            age = now - self._opened
+            if units < step:
+                return
+            if age < cfg.after_s:
+                self._arm(cfg.after_s - age)
+                return
+        elif self._decodes and now - self._at < cfg.interval_s:
+            self._arm(self._at + cfg.interval_s - now)
+            return
+        self._send(text, units, now)
+
+    def _new_sentence(self, index: int, now: float) -> None:
+        self._index, self._opened = index, now
+        self._decodes = self._revision = self._units = 0
+        self._shown = None
+        self._cancel_timer()
+
+    def _arm(self, delay_s: float) -> None:
+        if self._timer is None:
+            self._timer = asyncio.get_running_loop().call_later(max(delay_s, 0.0), self._fire)
+
+    def _fire(self) -> None:
+        self._timer = None
+        self.poke()
+
+    def _cancel_timer(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    # -- sending and showing ---------------------------------------------------------------
+
+    def _send(self, text: str, units: int, now: float) -> None:
+        self._units, self._at = units, now  # looked at: the next one needs more text
+        decision = self._decide(text)
+        if decision is None:
+            return  # not to be translated (yet): looked at again as it grows
+        core = text.strip()
+        protected = self._protect(core) if self._protect is not None else None
+        future = self._start(core, decision.send_source, protected=protected,
+                             previous=self._shown)
+        if future is None:
+            self._count("no_backend")
+            return
+        self._decodes += 1
+        self._count("sent")
+        self._inflight = future
+        future.add_done_callback(functools.partial(
+            self._answered, self._index, len(text), protected))
+
+    def _answered(self, index: int, source_chars: int, protected: Protected | None,
+                  future: asyncio.Future[Translation]) -> None:
+        if self._inflight is future:
+            self._inflight = None
+        if future.cancelled():
+            return  # superseded (counted by ``cut``) or dropped with the stream
+        if isinstance(future.exception(), Stopped):
+            self._count("stopped")  # segments came to wait for its backend
+        elif future.exception() is not None:
+            self._count("failed")
+        elif index != self._index or self._emitter.count > index:
+            self._count("superseded")
+        else:
+            self._show(index, source_chars, protected, future.result().text)
+        if not self._emitter.dropped:
+            self.poke()  # it may have grown meanwhile, or a new sentence be open
+
+    def _show(self, index: int, source_chars: int, protected: Protected | None,
+              translated: str) -> None:
+        if protected is not None and protected.missing(translated):
+            self._count("failed")  # a preview never shows a span lost
+            return
+        text = mask(translated, self.config.mask_k, tight=self._tight)
+        if not text or text == self._shown:
+            self._count("unchanged")
+            return
+        self._revision += 1
+        if self._emitter.publish_preview(PreviewResult(
+                index=index, text=text, source_chars=source_chars, revision=self._revision)):
+            self._shown = text
+            self._count("shown")
+
+    # -- the sentence ends -----------------------------------------------------------------
+
+    def cut(self, index: int) -> None:
+        """Segment ``index`` was cut: its previews are over; one still queued is dropped."""
+        if index != self._index:
+            return
+        self._cancel_timer()
+        inflight, self._inflight = self._inflight, None
+        if inflight is not None and not inflight.done():
+            inflight.cancel()
+            self._count("superseded")
+
+    def drop(self) -> None:
+        """The stream is over: nothing more is previewed."""
+        self._cancel_timer()
+        inflight, self._inflight = self._inflight, None
+        if inflight is not None:
+            inflight.cancel()
