@@ -1,21 +1,5 @@
-"""The pool's clients: who calls (tokens), how much each may have waiting, what each got.
-
-A sidecar names itself in each call (``sidecar``: its ``THINKTRANS_POOL_CLIENT_ID``). The
-pool's config may name clients (``pool_clients``), each with its own token, weight and cap:
-
-- a call carrying a client's own token counts as that client's, whatever it names;
-- a call naming a client that has a token of its own must carry that token (403 otherwise);
-- the shared ``pool_token`` (or none, when neither it nor any client token is set) lets a
-  sidecar call under any other name.
-
-A client may have at most its cap (``max_waiting``, else ``pool_client_max_waiting``) of
-segments waiting or running in a replica (one with nothing waiting may send one call of any
-size the pool's limits allow); a call past it is refused with ``OverCap`` (429,
-``Retry-After``: about how long the replica takes to run that much), and its sidecar's chain
-serves it. Counts are kept per client (``/v1/stats``, and Ray's metrics when Ray runs) for
-at most ``max_clients`` ids: past that a new id takes the place of the one seen least
-recently with nothing waiting, ids the config names are never forgotten, and a new id is
-refused while every one tracked has work waiting.
+"""The pool's clients (``Clients``): who calls (tokens), how much each may have waiting, and
+what each got, so that a replica can tell its sidecars apart, cap them and count their work.
 """
 
 from __future__ import annotations
@@ -89,7 +73,25 @@ class _Metrics:
 
 
 class Clients:
-    """The clients of one replica: their identity, caps and counts."""
+    """The clients of one replica: their identity, caps and counts.
+
+    A sidecar names itself in each call (``sidecar``: its ``THINKTRANS_POOL_CLIENT_ID``). The
+    pool's config may name clients (``pool_clients``), each with its own token, weight and cap:
+
+    - a call carrying a client's own token counts as that client's, whatever it names;
+    - a call naming a client that has a token of its own must carry that token (403 otherwise);
+    - the shared ``pool_token`` (or none, when neither it nor any client token is set) lets a
+      sidecar call under any other name.
+
+    A client may have at most its cap (``max_waiting``, else ``pool_client_max_waiting``) of
+    segments waiting or running in a replica (one with nothing waiting may send one call of any
+    size the pool's limits allow); a call past it is refused with ``OverCap`` (429,
+    ``Retry-After``: about how long the replica takes to run that much), and its sidecar's chain
+    serves it. Counts are kept per client (``/v1/stats``, and Ray's metrics when Ray runs) for
+    at most ``max_clients`` ids: past that a new id takes the place of the one seen least
+    recently with nothing waiting, ids the config names are never forgotten, and a new id is
+    refused while every one tracked has work waiting.
+    """
 
     def __init__(self, policies: Mapping[str, ClientPolicy] | None = None, *,
                  shared_sha256: str | None = None, max_waiting: int = 256,

@@ -1,33 +1,5 @@
-"""Fair engine turns: calls waiting for a pool replica's engine, shared between its clients.
-
-Each client (a sidecar, named by ``THINKTRANS_POOL_CLIENT_ID``) has a queue of its own,
-first in first out. An engine turn takes at most ``max_texts`` texts and ``max_chars``
-characters; when more waits than that, the turn is shared by deficit round robin, measured
-in what the engine spends (``unit``: its texts' characters, about its tokens, or its
-segments), never in calls:
-
-1. each client with work waiting is owed its weighted max-min share of the turn (water
-   filling: a client wanting less than an even share gets all it wants, the others split
-   the rest by weight), added to its deficit; it takes texts while their cost is within its
-   deficit, the clients wanting least first;
-2. room left over (a client's next text costs more than it is owed yet) goes to the clients
-   owed most, charged to their deficits (at most one turn into debt), so no turn runs part
-   empty while work waits: a client alone gets the whole turn.
-
-A turn's room is ``max_chars`` characters (or ``max_texts`` segments). In characters a text
-costs its length, and at least its place in the turn (``max_chars / max_texts``): a short
-text takes one of the turn's ``max_texts`` places all the same, so shares hold whichever
-bound binds. A client's deficit carries over while it has work waiting (a text larger than
-its share runs once its deficit has grown to it), within one turn's room either way, and is
-cleared when its queue empties, so one idle for a while comes back with no credit and no
-debt. A call's texts may run in several
-turns: a turn takes what fits, and the rest of the call waits at the head of its queue.
-
-Without fairness (``fair=False``) a turn takes the oldest calls first, whoever sent them,
-as a plain queue would; a call that does not fit whole is still split to fill the turn.
-
-Items given up, or past due (``Cutoff``), are dropped where a turn meets them, unrun, and
-handed to the cutoff's handlers.
+"""Fair engine turns: calls waiting for a pool replica's engine, shared between its clients
+(``FairQueue``), so that one sidecar's flood does not hold back the others' work.
 """
 
 from __future__ import annotations
@@ -133,8 +105,38 @@ class _Turn(Generic[T]):
 
 
 class FairQueue(Generic[T]):
-    """Calls waiting for engine turns, one queue per client (see the module's docstring).
-    ``len()`` counts the calls with texts still to take, given up or not."""
+    """Calls waiting for engine turns, one queue per client; ``len()`` counts the calls with
+    texts still to take, given up or not.
+
+    Each client (a sidecar, named by ``THINKTRANS_POOL_CLIENT_ID``) has a queue of its own,
+    first in first out. An engine turn takes at most ``max_texts`` texts and ``max_chars``
+    characters; when more waits than that, the turn is shared by deficit round robin, measured
+    in what the engine spends (``unit``: its texts' characters, about its tokens, or its
+    segments), never in calls:
+
+    1. each client with work waiting is owed its weighted max-min share of the turn (water
+       filling: a client wanting less than an even share gets all it wants, the others split
+       the rest by weight), added to its deficit; it takes texts while their cost is within its
+       deficit, the clients wanting least first;
+    2. room left over (a client's next text costs more than it is owed yet) goes to the clients
+       owed most, charged to their deficits (at most one turn into debt), so no turn runs part
+       empty while work waits: a client alone gets the whole turn.
+
+    A turn's room is ``max_chars`` characters (or ``max_texts`` segments). In characters a text
+    costs its length, and at least its place in the turn (``max_chars / max_texts``): a short
+    text takes one of the turn's ``max_texts`` places all the same, so shares hold whichever
+    bound binds. A client's deficit carries over while it has work waiting (a text larger than
+    its share runs once its deficit has grown to it), within one turn's room either way, and is
+    cleared when its queue empties, so one idle for a while comes back with no credit and no
+    debt. A call's texts may run in several turns: a turn takes what fits, and the rest of
+    the call waits at the head of its queue.
+
+    Without fairness (``fair=False``) a turn takes the oldest calls first, whoever sent them,
+    as a plain queue would; a call that does not fit whole is still split to fill the turn.
+
+    Items given up, or past due (``Cutoff``), are dropped where a turn meets them, unrun, and
+    handed to the cutoff's handlers.
+    """
 
     def __init__(self, *, fair: bool = True, unit: Unit = "characters",
                  weight: Callable[[str], float] = lambda client: 1.0) -> None:

@@ -539,7 +539,7 @@ def pool(
         except ConfigError as exc:
             raise _fail(exc.detail, 2) from None
     try:
-        from pool.replica import run
+        from pool.deployment import run
     except ModuleNotFoundError as exc:
         raise _fail(f"{exc}", 2) from None
     try:

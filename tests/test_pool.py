@@ -418,16 +418,17 @@ def _replica(engine: Any, max_batch_size: int, limits: Any = None, *, fair: bool
              clients: Any = None) -> Any:
     """A replica of the pool's deployment without Serve: its class as written, not Serve's
     ASGI wrapper, with ``engine`` for its translator."""
+    from pool.calls import CallLimits
     from pool.clients import Clients
     from pool.fair import FairQueue
-    from pool.replica import Limits, _Stats
     from pool.replica import Pool as Deployment
+    from pool.replica import _Stats
 
     cls = Deployment.func_or_class.__bases__[0]
     replica = object.__new__(cls)
     replica.translator, replica.timeout_s, replica.max_batch_size = engine, 5.0, max_batch_size
     replica.tally, replica.engine, replica.pace_s = _Stats(), None, 0.0
-    replica.limits = limits or Limits()
+    replica.limits = limits or CallLimits()
     replica.clients = clients or Clients()
     replica.waiting = FairQueue(fair=fair, weight=replica.clients.weight)
     return replica
@@ -575,12 +576,12 @@ async def test_a_turn_merges_calls_with_and_without_spans_and_answers_each_how()
 
 def test_the_pool_checks_each_calls_spans() -> None:
     _ray()
-    from pool.replica import Limits, _parse
+    from pool.calls import CallLimits, parse_call
     from service.exceptions import InputError
 
     def parse(spans: Any, texts: tuple[str, ...] = ("abcdef",)) -> Any:
         body = {"texts": list(texts), "target": "de", "spans": spans}
-        return _parse(json.dumps(body).encode(), 8, Limits())
+        return parse_call(json.dumps(body).encode(), 8, CallLimits())
 
     good = parse([[[0, 2, "code", "ab"], [2, 4, "term", "XY"]]])
     [protected] = good.protected()
@@ -605,7 +606,8 @@ async def test_a_preview_call_gives_the_engine_its_previous_previews_and_checks_
     final call's texts (no previous for them); their count and size are checked."""
     _ray()
     from models.pooled import PoolCall
-    from pool.replica import Limits, _parse, _Queued
+    from pool.calls import CallLimits, parse_call
+    from pool.replica import _Queued
     from service.exceptions import InputError, PayloadTooLarge
 
     jobs: list[Job] = []
@@ -615,11 +617,11 @@ async def test_a_preview_call_gives_the_engine_its_previous_previews_and_checks_
             jobs.append(job)
             return [t.upper() for t in job.texts], [None] * len(job.texts)
 
-    replica = _replica(Engine(), 10, Limits(max_text_chars=20, max_call_chars=30))
+    replica = _replica(Engine(), 10, CallLimits(max_text_chars=20, max_call_chars=30))
 
     def parse(**body: Any) -> PoolCall:
-        call: PoolCall = _parse(json.dumps({"target": "de", **body}).encode(),
-                                replica.max_batch_size, replica.limits)
+        call: PoolCall = parse_call(json.dumps({"target": "de", **body}).encode(),
+                                    replica.max_batch_size, replica.limits)
         return call
 
     preview = parse(texts=["the user said", "so"], preview=True, previous=["der", None])
