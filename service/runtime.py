@@ -31,7 +31,8 @@ from service.schemas import Policy, TextResult
 from service.settings import Settings
 from service.stream.admission import Admission
 from service.stream.cutting import Pacer
-from service.stream.manager import Stream, StreamManager
+from service.stream.manager import StreamManager
+from service.stream.pipeline import Stream
 from service.text.detect import Detection, Detector, get_detector
 from service.text.limits import PUBLISHED, check_texts
 from service.text.tags import canonicalize
