@@ -15,6 +15,8 @@ from pathlib import Path
 import httpx
 
 from models.passthrough import PassthroughTranslator
+from service.ops.metrics import Metrics
+from service.ops.status import StatusReport
 from tests.conftest import free_port, make_settings, served, start_app
 from tests.fakes import FakeTranslator
 
@@ -125,6 +127,22 @@ async def test_a_chain_with_one_backend_down_is_degraded_but_ready() -> None:
         assert ready.json()["backends"]["fake"]["reason"] == "quota exceeded"
         metrics = (await running.client.get("/metrics")).text
         assert 'thinktrans_backend_ready{backend="fake"} 0.0' in metrics
+
+
+def test_the_status_report_judges_readiness_from_the_parts_it_is_given() -> None:
+    # No runtime: the report reads only the backends, settings and metrics handed to it.
+    first, second = FakeTranslator(name_="first"), FakeTranslator(name_="second")
+    metrics = Metrics()
+    status = StatusReport(make_settings(backend="first,second"),
+                          {"first": first, "second": second}, {}, None, metrics)
+    assert status.readiness() == {"status": "ready", "backends": {
+        "first": {"ready": True, "reason": None}, "second": {"ready": True, "reason": None}}}
+    first.ready, first.reason = False, "quota exceeded"
+    degraded = status.readiness()
+    assert degraded["status"] == "degraded" and "falls through to second" in degraded["reason"]
+    second.ready, second.reason = False, "loading model 'x'"
+    assert status.readiness()["status"] == "not_ready"
+    assert b'thinktrans_backend_ready{backend="second"} 0.0' in metrics.render()
 
 
 def _healthcheck_command() -> list[str]:

@@ -81,7 +81,7 @@ async def test_a_runtime_serves_without_an_app_and_closes_what_it_opened() -> No
         statuses = [s.status for s in result.segments]
         assert statuses == ["same_language", "translated"]
         assert result.segments[1].text == "<de>Let me check it."
-        assert runtime.readiness()["status"] == "ready"
+        assert runtime.status.readiness()["status"] == "ready"
         batcher = runtime.batchers[fake.name]
     assert closed == [fake.name]
     assert batcher._closed  # stopped with the runtime

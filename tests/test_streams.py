@@ -25,6 +25,8 @@ from hypothesis import strategies as st
 
 from models.base import Job
 from models.errors import BackendUnavailable
+from service.exceptions import EventsGone
+from service.stream.retention import GONE_REMEMBERED, Retention
 from tests.conftest import (
     InThread,
     app_with,
@@ -1029,3 +1031,34 @@ async def test_a_refused_chunk_says_how_far_the_request_was_accepted() -> None:
             {"seq": 1, "text": "More. "}, {"seq": 0, "text": "Other text. "}]})
         assert r.status_code == 409
         assert r.json()["accepted_through"] == 1
+
+
+# -- retention of ended streams, alone -----------------------------------------------------
+
+
+def test_retention_evicts_the_oldest_past_either_bound_and_remembers_them_as_gone() -> None:
+    kept = Retention(max_streams=2, max_bytes=100)
+    assert kept.keep("a", 10) == [] and kept.keep("b", 20) == []
+    assert kept.keep("c", 30) == ["a"]  # past the count
+    assert (len(kept), kept.bytes) == (2, 50)
+    assert kept.keep("d", 80) == ["b", "c"]  # past the bytes: as many as it takes
+    assert (len(kept), kept.bytes) == (1, 80)
+    for gone in ("a", "b", "c"):
+        with pytest.raises(EventsGone, match="THINKTRANS_MAX_ENDED_STREAMS=2") as caught:
+            kept.check(gone)
+        assert caught.value.extra["evicted"] is True
+    kept.check("d")  # kept, not gone
+    kept.forget("d")  # deleted: no longer counted, and not gone either
+    assert (len(kept), kept.bytes) == (0, 0)
+    kept.check("d")
+    kept.reuse("a")  # a new stream took the id
+    kept.check("a")
+
+
+def test_retention_remembers_a_bounded_number_of_gone_ids_oldest_forgotten_first() -> None:
+    kept = Retention(max_streams=0, max_bytes=100)
+    for i in range(GONE_REMEMBERED + 1):
+        assert kept.keep(f"s{i}", 1) == [f"s{i}"]
+    kept.check("s0")  # forgotten: a 404 now, not a 410
+    with pytest.raises(EventsGone):
+        kept.check("s1")

@@ -8,6 +8,7 @@ from fastapi import Depends, Path, Request
 from pydantic import AfterValidator
 
 from service.exceptions import Overloaded
+from service.ops.status import StatusReport
 from service.runtime import Runtime
 from service.schemas import STREAM_ID_PATTERN, check_stream_id
 from service.stream.manager import StreamManager
@@ -28,8 +29,13 @@ async def get_streams(request: Request) -> StreamManager:
     return (await get_runtime(request)).streams
 
 
+async def get_status(request: Request) -> StatusReport:
+    return (await get_runtime(request)).status
+
+
 RuntimeDep = Annotated[Runtime, Depends(get_runtime)]
 StreamsDep = Annotated[StreamManager, Depends(get_streams)]
+StatusDep = Annotated[StatusReport, Depends(get_status)]
 StreamId = Annotated[str, Path(pattern=STREAM_ID_PATTERN,
                                description="1-128 of A-Za-z0-9._:-, not '.' or '..'"),
                      AfterValidator(check_stream_id)]

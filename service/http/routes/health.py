@@ -30,7 +30,7 @@ async def readyz(request: Request) -> JSONResponse:
     runtime: Runtime | None = getattr(request.app.state, "runtime", None)
     if runtime is None:
         return JSONResponse({"status": "starting", "backends": {}}, status_code=503)
-    state = runtime.readiness()
+    state = runtime.status.readiness()
     return JSONResponse(state, status_code=503 if state["status"] == "not_ready" else 200)
 
 
@@ -39,6 +39,6 @@ async def metrics(request: Request) -> Response:
     """Prometheus text format."""
     runtime: Runtime | None = getattr(request.app.state, "runtime", None)
     if runtime is not None:
-        runtime.readiness()  # thinktrans_backend_ready, current at each scrape
+        runtime.status.readiness()  # thinktrans_backend_ready, current at each scrape
     registry: Metrics = request.app.state.metrics
     return Response(registry.render(), media_type="text/plain; version=0.0.4; charset=utf-8")

@@ -6,31 +6,31 @@ from typing import Any
 
 from fastapi import APIRouter
 
-from service.http.deps import RuntimeDep
+from service.http.deps import StatusDep
 from service.http.problems import problem_responses
 
 router = APIRouter(prefix="/v1", responses=problem_responses(401))
 
 
 @router.get("/languages")
-async def languages(runtime: RuntimeDep) -> dict[str, Any]:
+async def languages(status: StatusDep) -> dict[str, Any]:
     """Supported targets per backend, the default target and the allowed ones."""
-    return runtime.languages()
+    return status.languages()
 
 
 @router.get("/models")
-async def models(runtime: RuntimeDep) -> dict[str, Any]:
+async def models(status: StatusDep) -> dict[str, Any]:
     """The advisory catalog: the models each backend can serve (a request may name any)."""
-    return runtime.models()
+    return status.models()
 
 
 @router.get("/limits")
-async def limits(runtime: RuntimeDep) -> dict[str, Any]:
+async def limits(status: StatusDep) -> dict[str, Any]:
     """The size and count limits this instance enforces, so clients can stay inside."""
-    return runtime.limits()
+    return status.limits()
 
 
 @router.get("/backends")
-async def backends(runtime: RuntimeDep) -> dict[str, Any]:
+async def backends(status: StatusDep) -> dict[str, Any]:
     """Configured backends, the default chain, readiness and queue depth."""
-    return runtime.backends_info()
+    return status.backends_info()

@@ -35,7 +35,7 @@ from service.schemas import (
     check_stream_id,
 )
 from service.stream.emission import Event
-from service.stream.manager import Stream
+from service.stream.pipeline import Stream
 
 router = APIRouter(prefix="/v1", responses=problem_responses(401, 408, 413, 415, 422))
 
