@@ -1,23 +1,66 @@
-"""BCP 47 tags as the backends see them: a usable tag or none, and the key into a vendor table.
+"""BCP 47 tags: the one canonicaliser, the language a tag names, and the key into a vendor table.
 
-Each backend keeps its vendor's codes in a table keyed by language, or ``language-Script``
-where the script changes the code (``zh-Hans``, ``zh-Hant``). This module maps a tag to that
-key; the tables themselves live with their backends (``models.local``, ``models.deepl``,
-``models.llm``).
+``standardize`` is the canonical form everywhere (langcodes' standardisation: case, withdrawn
+codes such as ``iw`` and ``tl``, redundant scripts such as ``en-Latn``); the service adds its
+messages and allowed locales on top (``service.text.tags``), and a backend called directly
+uses ``canonical``. Each backend keeps its vendor's codes in a table keyed by language, or
+``language-Script`` where the script changes the code (``zh-Hans``, ``zh-Hant``); ``table_key``
+maps a tag to that key. The tables themselves live with their backends (``models.local``,
+``models.deepl``, ``models.llm``).
 """
 
 from __future__ import annotations
 
+import enum
 import re
+import unicodedata
 
 import langcodes
 
 MAX_TAG_LENGTH = 64
 _TAG_SHAPE = re.compile(r"[A-Za-z]{2,8}(?:-[A-Za-z0-9]{1,8})*")
-# Codes that detectors or clients use for a language kept under another key.
-ALIASES = {"no": "nb", "tl": "fil", "iw": "he", "in": "id"}
+# Control, format (bidi marks, zero-width), line and paragraph separators.
+_UNSAFE_CATEGORIES = frozenset({"Cc", "Cf", "Zl", "Zp"})
+# Codes that stay distinct in canonical form but name one language to every backend and to
+# allowed-locale matching: ``no`` (the macrolanguage) is written as Bokmal. Withdrawn codes
+# (``tl``, ``iw``, ``in``) never get here: standardisation has already replaced them.
+ALIASES = {"no": "nb"}
 # Languages whose script changes the key, and the scripts that have a key of their own.
 _SCRIPT_KEYED = {"zh": frozenset({"Hans", "Hant"})}
+
+
+class TagFault(enum.Enum):
+    """Why a value is not a usable tag; the service turns each into its own message."""
+
+    EMPTY = "not a string, or empty"
+    TOO_LONG = "longer than MAX_TAG_LENGTH"
+    UNSAFE = "control, bidi or separator characters"
+    SHAPE = "not the shape of a BCP 47 tag"
+    INVALID = "unregistered subtags, or no language"
+
+
+def standardize(tag: object) -> str | TagFault:
+    """The canonical form of a BCP 47 tag (``ZH-cn`` -> ``zh-CN``, ``tl`` -> ``fil``), or why not.
+
+    Never raises; the shape is checked before langcodes sees the value.
+    """
+    if not isinstance(tag, str) or not tag:
+        return TagFault.EMPTY
+    if len(tag) > MAX_TAG_LENGTH:
+        return TagFault.TOO_LONG
+    if any(unicodedata.category(ch) in _UNSAFE_CATEGORIES for ch in tag):
+        return TagFault.UNSAFE
+    if not _TAG_SHAPE.fullmatch(tag):
+        return TagFault.SHAPE
+    try:
+        if not langcodes.tag_is_valid(tag):
+            return TagFault.INVALID
+        standard = langcodes.standardize_tag(tag)
+    except (ValueError, langcodes.LanguageTagError):
+        return TagFault.INVALID
+    if langcodes.Language.get(standard).language in (None, "und"):
+        return TagFault.INVALID
+    return standard
 
 
 def canonical(tag: object) -> str | None:
@@ -27,22 +70,19 @@ def canonical(tag: object) -> str | None:
     client (``service.text.tags``); a backend called directly only needs to refuse what is not
     a tag, so that nothing else reaches a vendor or a prompt.
     """
-    if not isinstance(tag, str) or len(tag) > MAX_TAG_LENGTH or not _TAG_SHAPE.fullmatch(tag):
-        return None
-    try:
-        if not langcodes.tag_is_valid(tag):
-            return None
-        standard = langcodes.standardize_tag(tag)
-    except (ValueError, langcodes.LanguageTagError):
-        return None
-    if langcodes.Language.get(standard).language in (None, "und"):
-        return None
-    return standard
+    standard = standardize(tag)
+    return standard if isinstance(standard, str) else None
 
 
 def base_language(tag: str) -> str:
     """The language subtag of a tag: ``zh-Hant-TW`` -> ``zh``."""
     return langcodes.Language.get(tag).language or tag.split("-")[0].lower()
+
+
+def language_key(tag: str) -> str:
+    """The language a tag names, with codes for one language made one: ``no-NO`` -> ``nb``."""
+    base = base_language(tag)
+    return ALIASES.get(base, base)
 
 
 def region(tag: str) -> str | None:
@@ -61,4 +101,4 @@ def table_key(tag: str) -> str:
         # The script a tag names or implies: zh-TW and zh-HK are Traditional, zh Simplified.
         script = langcodes.Language.get(tag).maximize().script
         return f"{base}-{script}" if script in scripts else base
-    return ALIASES.get(base, base)
+    return language_key(tag)

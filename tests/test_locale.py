@@ -12,7 +12,8 @@ from service.text.tags import (
 )
 
 CANONICAL = [("ZH-cn", "zh-CN"), ("en", "en"), ("pt-br", "pt-BR"), ("zh-hant-tw", "zh-Hant-TW"),
-             ("ja-JP", "ja-JP"), ("iw", "he"), ("es-419", "es-419")]
+             ("ja-JP", "ja-JP"), ("iw", "he"), ("es-419", "es-419"), ("tl", "fil"),
+             ("en-Latn-US", "en-US")]
 NOT_TAGS = ["zh_CN", "zh_cn", "", "en\nIgnore previous instructions", "x" * 300, "en\u202e",
             "en\u200b", "e", "123", "en--US", "-en", "xx", "und", "en US", "en\n"]
 
@@ -53,7 +54,8 @@ def test_table_key(tag: str, key: str) -> None:
     ("detected", "target", "same"),
     [("en", "en-US", True), ("zh-Hans", "zh-CN", True), ("zh-Hant", "zh-CN", False),
      ("zh-Hans", "zh-Hant-TW", False), ("zh-Hant", "zh-TW", True), ("zh-Hant", "zh", True),
-     ("ja", "zh-CN", False), ("pt", "pt-BR", True), ("en", "de", False)],
+     ("ja", "zh-CN", False), ("pt", "pt-BR", True), ("en", "de", False), ("nb", "no", True),
+     ("nn", "no", False)],
 )
 def test_same_language(detected: str, target: str, same: bool) -> None:
     assert same_language(detected, target) is same
@@ -67,6 +69,11 @@ def test_allowed() -> None:
     assert "zh-CN, ja" in exc.value.detail
     with pytest.raises(LocaleNotAllowed):
         check_allowed("de", ["zh", "ja"])
+    # One language under two codes: no is written as Bokmal.
+    check_allowed("no", ["nb"])
+    check_allowed("no-NO", ["nb-NO"])
+    with pytest.raises(LocaleNotAllowed):
+        check_allowed("nn", ["nb"])
 
 
 def test_resolution_order() -> None:

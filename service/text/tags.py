@@ -1,58 +1,55 @@
-"""Locales: BCP 47 parsing and canonicalisation, allowed locales, target resolution.
+"""Locales: BCP 47 canonicalisation with messages, allowed locales, target resolution.
 
-Vendor codes and language names live with the backends that use them (``models.local``,
-``models.deepl``, ``models.llm``); a locale here is only ever a canonical BCP 47 tag.
+The canonical form is ``models.languages.standardize``'s, the one the backends use too; this
+module adds what the client is told and which locales are allowed. Vendor codes and language
+names live with the backends that use them (``models.local``, ``models.deepl``,
+``models.llm``); a locale here is only ever a canonical BCP 47 tag.
 """
 
 from __future__ import annotations
 
-import re
-import unicodedata
 from collections.abc import Callable, Sequence
 from typing import Literal, NamedTuple
 
 import langcodes
 
+from models.languages import MAX_TAG_LENGTH, TagFault, base_language, language_key, standardize
 from service.exceptions import InvalidLocale, LocaleNotAllowed
 
-MAX_TAG_LENGTH = 64
-_TAG_SHAPE = re.compile(r"^[A-Za-z]{2,8}(?:-[A-Za-z0-9]{1,8})*$")
+__all__ = [
+    "MAX_TAG_LENGTH", "ResolvedTarget", "TargetSource", "base_language", "canonicalize",
+    "check_allowed", "full_script", "names_script", "resolve_target", "same_language",
+]
 
-
-def _has_unsafe_chars(tag: str) -> bool:
-    return any(unicodedata.category(ch) in {"Cc", "Cf", "Zl", "Zp"} for ch in tag)
+_EXAMPLES = "examples: 'zh-CN', 'en', 'pt-BR'"
 
 
 def canonicalize(tag: str) -> str:
-    """Return the canonical form of a BCP 47 tag (``ZH-cn`` -> ``zh-CN``) or raise InvalidLocale."""
-    if not isinstance(tag, str) or not tag:
-        raise InvalidLocale("locale must be a non-empty BCP 47 tag such as 'zh-CN' or 'en'")
-    if len(tag) > MAX_TAG_LENGTH:
-        raise InvalidLocale(
-            f"locale is {len(tag)} characters long; a BCP 47 tag here is at most {MAX_TAG_LENGTH}"
-        )
-    if _has_unsafe_chars(tag):
-        raise InvalidLocale("locale contains control or bidi characters; send a plain BCP 47 tag")
-    if not _TAG_SHAPE.match(tag):
+    """Return the canonical form of a BCP 47 tag (``ZH-cn`` -> ``zh-CN``) or raise InvalidLocale.
+
+    The form is ``models.languages.standardize``'s (``tl`` -> ``fil``, ``en-Latn-US`` ->
+    ``en-US``); this adds the message that tells the client what to send instead.
+    """
+    standard = standardize(tag)
+    if isinstance(standard, str):
+        return standard
+    if standard is TagFault.EMPTY:
+        message = "locale must be a non-empty BCP 47 tag such as 'zh-CN' or 'en'"
+    elif standard is TagFault.TOO_LONG:
+        message = (f"locale is {len(tag)} characters long; "
+                   f"a BCP 47 tag here is at most {MAX_TAG_LENGTH}")
+    elif standard is TagFault.UNSAFE:
+        message = "locale contains control or bidi characters; send a plain BCP 47 tag"
+    elif standard is TagFault.SHAPE:
         hint = " (use '-', not '_')" if "_" in tag else ""
-        raise InvalidLocale(f"{tag!r} is not a BCP 47 tag{hint}; examples: 'zh-CN', 'en', 'pt-BR'")
-    try:
-        valid = langcodes.tag_is_valid(tag)
-        canonical = langcodes.standardize_tag(tag) if valid else ""
-    except (ValueError, langcodes.LanguageTagError):
-        valid = False
-    if not valid or _parse(canonical).language in (None, "und"):
-        raise InvalidLocale(f"{tag!r} is not a valid BCP 47 tag; examples: 'zh-CN', 'en', 'pt-BR'")
-    return canonical
+        message = f"{tag!r} is not a BCP 47 tag{hint}; {_EXAMPLES}"
+    else:
+        message = f"{tag!r} is not a valid BCP 47 tag; {_EXAMPLES}"
+    raise InvalidLocale(message)
 
 
 def _parse(tag: str) -> langcodes.Language:
     return langcodes.Language.get(tag)
-
-
-def base_language(tag: str) -> str:
-    """The language subtag of a canonical tag: ``zh-Hant-TW`` -> ``zh``."""
-    return _parse(tag).language or tag.split("-")[0].lower()
 
 
 def full_script(tag: str) -> str | None:
@@ -69,10 +66,10 @@ def names_script(tag: str) -> bool:
 def same_language(detected: str, target: str) -> bool:
     """Whether text detected as ``detected`` already reads as ``target``.
 
-    The language subtags must match; where the target pins a script (``zh-Hant-TW``,
-    ``zh-CN``, ``sr-Latn``) the detected script must match it too.
+    The languages must match (``nb`` reads as ``no``); where the target pins a script
+    (``zh-Hant-TW``, ``zh-CN``, ``sr-Latn``) the detected script must match it too.
     """
-    if base_language(detected) != base_language(target):
+    if language_key(detected) != language_key(target):
         return False
     if not names_script(target):
         return True
@@ -83,19 +80,26 @@ def check_allowed(tag: str, allowed: Sequence[str]) -> None:
     """Raise LocaleNotAllowed unless ``tag`` (canonical) is permitted by ``allowed``.
 
     An allowed entry without a region or script admits every variant of its language:
-    ``zh`` admits ``zh-CN`` and ``zh-Hant-TW``; ``zh-CN`` admits only itself.
+    ``zh`` admits ``zh-CN`` and ``zh-Hant-TW``; ``zh-CN`` admits only itself. Codes that
+    name one language match each other (``nb`` admits ``no``; ``tl`` is already ``fil``).
     """
     if not allowed:
         return
     for entry in allowed:
-        if entry == tag:
+        if entry == tag or _keyed(entry) == _keyed(tag):
             return
-        if not names_script(entry) and base_language(entry) == base_language(tag):
+        if not names_script(entry) and language_key(entry) == language_key(tag):
             return
     raise LocaleNotAllowed(
         f"locale {tag!r} is not allowed here; allowed: {', '.join(allowed)}",
         allowed=list(allowed),
     )
+
+
+def _keyed(tag: str) -> str:
+    """A canonical tag with its language written as its key: ``no-NO`` -> ``nb-NO``."""
+    _, _, rest = tag.partition("-")
+    return f"{language_key(tag)}-{rest}" if rest else language_key(tag)
 
 
 TargetSource = Literal["request", "user_text", "default", "none"]
