@@ -446,6 +446,8 @@ class LocalSection(BaseModel):
         "the previous preview of its sentence (`prefix_bias_beta`; a biased preview decodes "
         "with at least 2 beams); 0: previews decode like any segment.",
     )
+    # The loop guard rarely touches real text, as a 6-gram seldom recurs within one sentence,
+    # while a looping model repeats one within a few tokens; max_new_tokens bounds the rest.
     local_no_repeat_ngram_size: int = Field(
         6, ge=0, le=64, description="Loop guard: no n-gram of this size is generated twice in "
         "one segment; 0 turns it off."
@@ -726,11 +728,15 @@ class PoolSection(BaseModel):
         "num_gpus`); fractions share a GPU between replicas."
     )
 
-    def pool_config(self, *, batch_timeout_s: float, port: int = 8088) -> PoolConfig:
-        """The sidecar's `pool` backend config (``port``: the one it serves on)."""
+    def pool_config(self, *, batch_timeout_s: float, port: int) -> PoolConfig:
+        """The sidecar's `pool` backend config (``port``: the one it serves on). The pool's
+        own limits, until it says them, are taken to be these settings'."""
         return PoolConfig(url=self.pool_url, token=_secret(self.pool_token),
                           timeout_s=batch_timeout_s, concurrency=self.pool_concurrency,
-                          sidecar=self.pool_client_id or client_id(port))
+                          sidecar=self.pool_client_id or client_id(port),
+                          max_text_chars=self.pool_max_text_chars,
+                          max_call_chars=self.pool_max_call_chars,
+                          max_call_bytes=self.pool_max_call_bytes)
 
 
 class PricesSection(BaseModel):
