@@ -30,8 +30,9 @@ from typing import Any
 sys.path[:0] = [str(Path(__file__).resolve().parent.parent)]
 
 from models.errors import BackendError, PartialOutput  # noqa: E402
-from models.llm import LLMConfig, LLMTranslator  # noqa: E402
+from models.llm import LLMTranslator  # noqa: E402
 from models.llm.prompt import Request, chat_body  # noqa: E402
+from service.settings import load_settings  # noqa: E402
 from tests.fakes_remote import FakeChat  # noqa: E402
 from tests.test_llm_spans import GLOSSARY, SAMPLE, protect  # noqa: E402
 
@@ -73,7 +74,8 @@ async def fallback(rates: list[float], sizes: list[int], repeat: int) -> list[di
             for size in sizes:
                 fake.reset()
                 fake.mode, fake.drop_rate = "drop_some", rate
-                backend = LLMTranslator(LLMConfig(f"{fake.origin}/v1", "fake-model"))
+                backend = LLMTranslator(load_settings(
+                    llm_base_url=f"{fake.origin}/v1", llm_model="fake-model").llm_config())
                 texts = SAMPLE * repeat
                 down = 0
                 try:

@@ -34,7 +34,8 @@ from typing import Any
 
 sys.path[:0] = [str(Path(__file__).resolve().parent.parent)]
 
-from models.llm import LLMConfig, LLMTranslator  # noqa: E402
+from models.llm import LLMTranslator  # noqa: E402
+from service.settings import load_settings  # noqa: E402
 from service.text.segmenter import is_translatable, segment  # noqa: E402
 from service.tools.corpus import builtin_corpus  # noqa: E402
 from tests.fakes_remote import FakeChat  # noqa: E402
@@ -61,7 +62,9 @@ def sentences() -> list[tuple[str, str]]:
 async def measure(fake: FakeChat, style: str, size: int,
                   items: list[tuple[str, str]]) -> dict[str, Any]:
     fake.reset()
-    backend = LLMTranslator(LLMConfig(f"{fake.origin}/v1", "hunyuan-mt-7b", prompt_style=style))
+    backend = LLMTranslator(load_settings(
+        llm_base_url=f"{fake.origin}/v1", llm_model="hunyuan-mt-7b", llm_prompt_style=style,
+    ).llm_config())
     wrapper = 0  # characters an answer adds around its translations
     try:
         for start in range(0, len(items), size):

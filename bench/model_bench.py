@@ -57,6 +57,7 @@ from pathlib import Path
 from typing import Any
 
 from models.local.engines import cpuinfo
+from service.settings import Settings
 from service.tools.testmodel import SHAPES as TESTMODEL_SHAPES
 from service.tools.testmodel import shape_config
 
@@ -75,9 +76,9 @@ SENTENCES = [
     "I should also look at the tests to see whether any of them rely on the old value.",
 ]
 TINY = {f"tiny-{family}": family for family in ("nllb", "m2m100", "marian")}
-# The local backend's loop guard (models/local/local_translator.py NO_REPEAT_NGRAM_SIZE): it costs
+# The local backend's loop guard (the local_no_repeat_ngram_size setting's default): it costs
 # CPU per step.
-NO_REPEAT_NGRAM_SIZE = 6
+NO_REPEAT_NGRAM_SIZE = Settings.model_fields["local_no_repeat_ngram_size"].default
 ENGINES = ("transformers", "ctranslate2")
 COMPUTE_TYPES = ("auto", "int8", "int8_float32", "int8_float16", "int8_bfloat16", "float16",
                  "bfloat16", "float32")

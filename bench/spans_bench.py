@@ -48,9 +48,10 @@ os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from models.base import Job
-from models.local import LocalConfig, LocalTranslator
+from models.local import LocalTranslator
 from models.local.masking import FORMS, SpanBatch
 from models.spans import Glossary, Protected, SpanFinder
+from service.settings import load_settings
 
 FAMILIES = ("nllb", "m2m100", "marian")
 GLOSSARY = Glossary.of({"sidecar": "Beiwagen"}, ["thinktrans"])
@@ -85,9 +86,10 @@ async def measure(model: Path, engine: str, threads: int | None, rounds: int,
     """ms per text for each mode, and the share of texts the mask mode kept by their runs."""
     protected = protected_list()
     figures: dict[str, float] = {}
-    base = LocalConfig(model=str(model), engine=engine, threads=threads,
-                       ct2_cache=str(ct2_cache), compute_type="int8" if engine == "ctranslate2"
-                       else "auto", dtype="float32")
+    base = load_settings(local_model=str(model), local_engine=engine, local_threads=threads,
+                         local_ct2_cache=str(ct2_cache), local_dtype="float32",
+                         local_compute_type="int8" if engine == "ctranslate2" else "auto",
+                         ).local_config()
     for mode in ("plain", "mask", "runs"):
         config = dataclasses.replace(base, span_strategy="runs" if mode == "runs" else "mask")
         backend = LocalTranslator(config)

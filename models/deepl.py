@@ -99,7 +99,7 @@ _BRITISH_ENGLISH = frozenset({"GB", "IE", "AU", "NZ", "IN", "ZA"})
 _VARIANT_TAGS = ("en-GB", "en-US", "pt-BR", "pt-PT")
 
 
-def deepl_target_code(tag: str, *, english_variant: str = "EN-US") -> str | None:
+def deepl_target_code(tag: str, *, english_variant: str) -> str | None:
     """DeepL's target code: region picks EN-GB/EN-US and PT-PT/PT-BR; script picks ZH-HANS/HANT."""
     standard = canonical(tag)
     if standard is None:
@@ -210,20 +210,21 @@ def _app_version() -> str:
 
 @dataclass(frozen=True)
 class DeepLConfig:
-    """How the DeepL backend talks to DeepL; the registry fills it from ``deepl_*`` settings."""
+    """How the DeepL backend talks to DeepL. Its values come from the ``deepl_*`` settings
+    (``Settings.deepl_config()``), where each default is."""
 
-    api_key: str | None = field(default=None, repr=False)  # None: the backend is not ready
-    server_url: str | None = None  # None: by the key (":fx" keys go to the free API)
-    threads: int = 4  # worker threads, and batches the batcher runs at once
-    model_type: str | None = "latency_optimized"
-    formality: str | None = None
-    context: bool = False  # send the text before each one as DeepL's (unbilled) context
-    english_variant: str = "EN-US"  # the target for a bare ``en``
-    max_retries: int = 2
-    request_timeout_s: float = 10.0
+    api_key: str | None = field(repr=False)  # None: the backend is not ready
+    server_url: str | None  # None: by the key (":fx" keys go to the free API)
+    threads: int  # worker threads, and batches the batcher runs at once
+    model_type: str | None
+    formality: str | None
+    context: bool  # send the text before each one as DeepL's (unbilled) context
+    english_variant: str  # the target for a bare ``en``
     # DeepL glossaries kept for glossary terms, the least recently used deleted first (all
     # at close); 0: never create one, put each target term in the text instead.
-    max_glossaries: int = 16
+    max_glossaries: int
+    request_timeout_s: float  # one attempt (the batch timeout bounds it too)
+    max_retries: int = 2  # the client's own retries of one request; no setting
 
 
 class _Workers:

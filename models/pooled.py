@@ -78,13 +78,6 @@ from models.spans import Protected, Span
 NO_URL_REASON = "set THINKTRANS_POOL_URL to the pool's address, e.g. http://pool:8000"
 # Texts in one call when the pool has not said its own limit yet.
 DEFAULT_CALL_TEXTS = 32
-# Characters of a call's text in all, and of one text, when the pool has not said its own
-# limits (``max_call_chars``, ``max_text_chars``) yet: a larger batch is sent as several calls,
-# a longer text cut at sentence ends and its translated parts joined again.
-MAX_CALL_CHARS = 32_000
-MAX_TEXT_CHARS = 2_000
-# A call's body in bytes when the pool has not said its limit (``max_call_bytes``) yet.
-MAX_CALL_BYTES = 1 << 20
 # How long past a batch's deadline the backend still waits for the pool.
 GRACE_S = 0.1
 # Pairs whose serving model is remembered (resolve_model); past it the memory starts over.
@@ -171,11 +164,20 @@ def client_id(port: int) -> str:
 
 @dataclass(frozen=True)
 class PoolConfig:
+    """Where the pool is and how to call it. Its values come from the ``pool_*`` settings
+    (``Settings.pool_config()``), where each default is."""
+
     url: str | None
-    token: str | None = None
-    timeout_s: float = 60.0  # one call's longest wait (the batch timeout bounds it too)
-    concurrency: int = 8  # calls in flight at once from this sidecar
-    sidecar: str = field(default_factory=lambda: client_id(8088))  # the client id
+    token: str | None = field(repr=False)
+    timeout_s: float  # one call's longest wait (the batch timeout bounds it too)
+    concurrency: int  # calls in flight at once from this sidecar
+    sidecar: str  # the client id
+    # The pool's limits until its /v1/info says its own: characters of one text and of a
+    # call's texts in all, and a call's body in bytes. A larger batch is sent as several
+    # calls, a longer text cut at sentence ends and its translated parts joined again.
+    max_text_chars: int
+    max_call_chars: int
+    max_call_bytes: int
     transport: httpx.AsyncBaseTransport | None = None  # httpx's default: TCP
 
 
@@ -392,7 +394,7 @@ class PoolTranslator(RemoteTranslator):
             raise Throttled(f"the pool holds this sidecar's share of its queue (client id "
                             f"{self.config.sidecar!r}); it asked to wait {wait:.1f} s more",
                             retry_after_s=math.ceil(wait))
-        max_text = self._limit("max_text_chars", MAX_TEXT_CHARS)
+        max_text = self._limit("max_text_chars", self.config.max_text_chars)
         if any(len(text) > max_text for text in texts):  # cut to the pool's bound, rejoined
             keep = _stretches(job.protected, len(texts))
             pieces = cut_texts(texts, len, max_text, keep)  # never inside a span
@@ -416,9 +418,10 @@ class PoolTranslator(RemoteTranslator):
         """The job's texts as calls within the pool's limits, all at once; their answers."""
         texts, source, target, model = job.texts, job.source, job.target, job.model
         spans = wire_spans(job.protected, len(texts))
-        max_chars = self._limit("max_call_chars", MAX_CALL_CHARS)
-        previous = _wire_previous(job, self._limit("max_text_chars", MAX_TEXT_CHARS))
-        room = self._limit("max_call_bytes", MAX_CALL_BYTES) - _envelope(job, self.config.sidecar)
+        max_chars = self._limit("max_call_chars", self.config.max_call_chars)
+        previous = _wire_previous(job, self._limit("max_text_chars", self.config.max_text_chars))
+        room = (self._limit("max_call_bytes", self.config.max_call_bytes)
+                - _envelope(job, self.config.sidecar))
         parts = _parts(list(texts), self._call_texts(), max_chars,
                        _sizes(texts, spans, previous), room)
         calls, at = [], 0

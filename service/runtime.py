@@ -109,7 +109,8 @@ class Runtime:
                 await translator.start()
                 stack.push_async_callback(translator.aclose)
             for name, translator in self.backends.items():
-                batcher = Batcher(translator, self._limits(translator), self.metrics)
+                batcher = Batcher(translator, BatchLimits.from_settings(self.settings, translator),
+                                  self.metrics)
                 await batcher.start()
                 stack.push_async_callback(batcher.stop)
                 self.batchers[name] = batcher
@@ -160,16 +161,6 @@ class Runtime:
         s = self.settings
         return TranslationCache(int(s.cache_mb * 1024 * 1024), path=s.cache_path,
                                 ttl_s=s.cache_ttl_s, metrics=self.metrics)
-
-    def _limits(self, translator: Translator) -> BatchLimits:
-        s = self.settings
-        return BatchLimits(
-            max_batch_size=min(s.max_batch_size, translator.max_batch_size or 1 << 30),
-            max_batch_chars=s.max_batch_chars, max_wait_ms=s.max_wait_ms,
-            max_queue_size=s.max_queue_size, max_previews=s.preview_max_queue,
-            max_concurrency=translator.max_concurrency or s.max_concurrent_batches,
-            timeout_s=s.backend_timeout_s, breaker_failures=s.breaker_failures,
-            breaker_cooloff_s=s.breaker_cooloff_s)
 
     async def _close_streams(self, streams: StreamManager) -> None:
         if not streams.draining:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import difflib
 import hashlib
+import json
 import logging
 import os
 import re
@@ -19,6 +20,7 @@ import yaml
 from pydantic import (
     AliasChoices,
     BaseModel,
+    BeforeValidator,
     ConfigDict,
     Field,
     SecretStr,
@@ -47,13 +49,26 @@ from service.text.tags import base_language, canonicalize, check_allowed
 
 log = logging.getLogger("thinktrans.settings")
 
-CommaList = Annotated[list[str], NoDecode]
+
+def _list_value(value: Any) -> Any:
+    """A list setting from a string (a variable, or a string in the YAML file): a JSON array
+    is read as one (``["a", "b"]``), any other string is split at commas (``a,b``)."""
+    if not isinstance(value, str):
+        return value
+    text = value.strip()
+    if text.startswith("["):
+        try:
+            parsed = json.loads(text)
+        except ValueError:
+            parsed = None
+        if isinstance(parsed, list):
+            return parsed
+    return [part.strip() for part in text.split(",") if part.strip()]
 
 
-def _split_commas(value: Any) -> Any:
-    if isinstance(value, str):
-        return [part.strip() for part in value.split(",") if part.strip()]
-    return value
+# Every list setting's type: its variable is not decoded as JSON by pydantic-settings (which
+# refused ``a,b``) but read by ``_list_value``, the one rule docs/configuration.md states.
+ListSetting = Annotated[list[str], NoDecode, BeforeValidator(_list_value)]
 
 
 def _secret(value: SecretStr | None) -> str | None:
@@ -84,12 +99,12 @@ class BackendsSection(BaseModel):
 
     title: ClassVar[str] = "backends"
 
-    backend: CommaList = Field(
+    backend: ListSetting = Field(
         default_factory=lambda: ["local"],
         description="Backend or fallback chain, e.g. `deepl,local`; the first serves, the next "
         "take what it cannot.",
     )
-    extra_backends: CommaList = Field(
+    extra_backends: ListSetting = Field(
         default_factory=list,
         description="Further backends a request may name in `backend` (passthrough always may).",
     )
@@ -118,7 +133,7 @@ class LocaleSection(BaseModel):
     default_locale: str | None = Field(
         None, description="Target when neither the request nor `user_text` gives one."
     )
-    allowed_locales: CommaList = Field(
+    allowed_locales: ListSetting = Field(
         default_factory=list,
         description="When non-empty, the only targets accepted (a bare language admits its "
         "regions and scripts).",
@@ -127,7 +142,7 @@ class LocaleSection(BaseModel):
         "default", description="Language detector: `default`, `lingua` (the `lingua` extra) "
         "or `langdetect`; see docs/benchmarks.md for how they compare."
     )
-    detect_languages: CommaList = Field(
+    detect_languages: ListSetting = Field(
         default_factory=list,
         description="Language subtags detection may answer within a script several "
         "languages share (Latin, Cyrillic, ...), e.g. `en,de,fr,es,ru`; empty: all the "
@@ -289,16 +304,17 @@ class SpansSection(BaseModel):
         "expressions, CLI flags, quoted errors) and mark a segment `translated` only when "
         "its translation keeps each of them byte for byte; off: glossaries still apply."
     )
-    span_kinds: CommaList = Field(
+    span_kinds: ListSetting = Field(
         default_factory=list,
         description="The span kinds protected, e.g. `code,url,path`; empty: all of them "
         "(`code`, `math`, `url`, `email`, `error`, `path`, `flag`, `version`, `expr`, "
         "`identifier`, `number`; see docs/API.md).",
     )
-    span_patterns: list[str] = Field(
+    span_patterns: ListSetting = Field(
         default_factory=list,
         description="Extra regular expressions whose matches are protected too (kind "
-        "`pattern`), as a YAML list or a JSON array, e.g. `[\"JIRA-\\\\d+\"]`.",
+        "`pattern`), e.g. `JIRA-\\d+`; a pattern that holds a comma is given in a JSON "
+        "array (`[\"\\\\d{1,3}%\"]`) or a YAML list.",
     )
     glossary_file: str | None = Field(
         None, description="A YAML file of glossaries every stream shares, per target "
@@ -382,11 +398,11 @@ class LocalSection(BaseModel):
         "or a converted CTranslate2 directory (`thinktrans convert`); a Marian one may name its "
         "pair first: `en-de=DIR_OR_ID`.",
     )
-    local_marian_models: CommaList = Field(
+    local_marian_models: ListSetting = Field(
         default_factory=list,
         description="Extra Marian checkpoints, one per pair: `en-de=Helsinki-NLP/opus-mt-en-de`.",
     )
-    local_models: CommaList = Field(
+    local_models: ListSetting = Field(
         default_factory=list,
         description="Several local models, in order of preference, each as `local_model` "
         "takes it (`en-de=opus-mt-en-de,facebook/nllb-200-distilled-600M`): a pair is served "
@@ -398,7 +414,7 @@ class LocalSection(BaseModel):
         "(`model`) kept loaded at once, least recently used dropped first; 0: a model that "
         "is not configured is never loaded."
     )
-    local_model_roots: CommaList = Field(
+    local_model_roots: ListSetting = Field(
         default_factory=list, description="Directories under which a model a stream names "
         "(`model`) and that is not configured may be loaded on demand, checked on the resolved "
         "path (symlinks followed); none (the default): no directory is. A configured model is "
@@ -446,6 +462,8 @@ class LocalSection(BaseModel):
         "the previous preview of its sentence (`prefix_bias_beta`; a biased preview decodes "
         "with at least 2 beams); 0: previews decode like any segment.",
     )
+    # The loop guard rarely touches real text, as a 6-gram seldom recurs within one sentence,
+    # while a looping model repeats one within a few tokens; max_new_tokens bounds the rest.
     local_no_repeat_ngram_size: int = Field(
         6, ge=0, le=64, description="Loop guard: no n-gram of this size is generated twice in "
         "one segment; 0 turns it off."
@@ -726,11 +744,15 @@ class PoolSection(BaseModel):
         "num_gpus`); fractions share a GPU between replicas."
     )
 
-    def pool_config(self, *, batch_timeout_s: float, port: int = 8088) -> PoolConfig:
-        """The sidecar's `pool` backend config (``port``: the one it serves on)."""
+    def pool_config(self, *, batch_timeout_s: float, port: int) -> PoolConfig:
+        """The sidecar's `pool` backend config (``port``: the one it serves on). The pool's
+        own limits, until it says them, are taken to be these settings'."""
         return PoolConfig(url=self.pool_url, token=_secret(self.pool_token),
                           timeout_s=batch_timeout_s, concurrency=self.pool_concurrency,
-                          sidecar=self.pool_client_id or client_id(port))
+                          sidecar=self.pool_client_id or client_id(port),
+                          max_text_chars=self.pool_max_text_chars,
+                          max_call_chars=self.pool_max_call_chars,
+                          max_call_bytes=self.pool_max_call_bytes)
 
 
 class PricesSection(BaseModel):
@@ -756,13 +778,6 @@ class Settings(
         env_prefix="THINKTRANS_", extra="forbid", validate_default=True, populate_by_name=True,
         allow_inf_nan=False,
     )
-
-    @field_validator("backend", "extra_backends", "allowed_locales", "local_marian_models",
-                     "local_models", "detect_languages", "span_kinds",
-                     mode="before")
-    @classmethod
-    def _lists(cls, value: Any) -> Any:
-        return _split_commas(value)
 
     @field_validator("port", mode="before")
     @classmethod
@@ -924,7 +939,7 @@ class Settings(
         update: dict[str, Any] = {}
         if backend is not None:
             try:
-                update["backend"] = self._chain(_split_commas(backend))
+                update["backend"] = self._chain(_list_value(backend))
             except ValueError as exc:
                 raise ConfigError(f"invalid --backend {backend!r}: {exc}") from None
         if host is not None:
@@ -1034,8 +1049,8 @@ def _unparsed(exc: SettingsError) -> str:
     if found is None:
         return str(exc).splitlines()[0]
     field = found.group(1)
-    return (f"{field} (THINKTRANS_{field.upper()}): is not valid JSON; give a JSON value, "
-            f"such as {{\"llm\": 20.0}} for a mapping or [\"a\", \"b\"] for a list")
+    return (f"{field} (THINKTRANS_{field.upper()}): is not valid JSON; give a JSON object, "
+            f"such as {{\"llm\": 20.0}}")
 
 
 _MERGE = "tag:yaml.org,2002:merge"

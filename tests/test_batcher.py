@@ -24,9 +24,10 @@ from models.errors import (
     PartialOutput,
     UnsupportedLanguage,
 )
-from service.chain.batcher import Batcher, BatchLimits, Translation
+from service.chain.batcher import Batcher, Translation
 from service.exceptions import Overloaded, kind_of
 from service.ops.metrics import Metrics
+from tests.configs import batch_limits
 from tests.fakes import FakeTranslator
 
 
@@ -34,7 +35,7 @@ from tests.fakes import FakeTranslator
 async def running(
     fake: FakeTranslator, grace_s: float = 0.5, **limits: Any
 ) -> AsyncIterator[Batcher]:
-    batcher = Batcher(fake, BatchLimits(**limits), Metrics())
+    batcher = Batcher(fake, batch_limits(fake, **limits), Metrics())
     await batcher.start()
     try:
         yield batcher
@@ -275,7 +276,7 @@ async def test_submit_past_the_queue_bound_raises_overloaded() -> None:
 async def test_stop_fails_queued_and_running_items_and_leaves_none_pending() -> None:
     gate = asyncio.Event()
     fake = FakeTranslator(gate=gate)
-    b = Batcher(fake, BatchLimits(max_batch_size=2, max_wait_ms=0), Metrics())
+    b = Batcher(fake, batch_limits(fake, max_batch_size=2, max_wait_ms=0), Metrics())
     await b.start()
     try:
         running_items = [b.submit("r0", None, "fr"), b.submit("r1", None, "fr")]
@@ -294,7 +295,7 @@ async def test_stop_fails_queued_and_running_items_and_leaves_none_pending() -> 
 
 async def test_stop_lets_a_running_batch_finish_within_grace() -> None:
     fake = FakeTranslator(delay_s=0.05)
-    b = Batcher(fake, BatchLimits(max_batch_size=1, max_wait_ms=0), Metrics())
+    b = Batcher(fake, batch_limits(fake, max_batch_size=1, max_wait_ms=0), Metrics())
     await b.start()
     future = b.submit("in flight", None, "fr")
     await asyncio.wait_for(fake.started.wait(), 2.0)
@@ -318,7 +319,7 @@ async def test_stop_lets_a_running_batch_finish_within_grace() -> None:
 )
 def test_limits_reject_bad_values_naming_them(field: str, value: float, message: str) -> None:
     with pytest.raises(ValueError) as info:
-        BatchLimits(**{field: value})  # type: ignore[arg-type]
+        batch_limits(FakeTranslator(), **{field: value})
     assert str(info.value) == message
 
 
@@ -424,7 +425,8 @@ def test_every_live_item_gets_its_own_answer_in_well_formed_batches(
 async def test_cancelled_items_free_their_queue_space() -> None:
     gate = asyncio.Event()
     fake = FakeTranslator(gate=gate)
-    b = Batcher(fake, BatchLimits(max_queue_size=2, max_wait_ms=0, max_batch_size=1), Metrics())
+    b = Batcher(fake, batch_limits(fake, max_queue_size=2, max_wait_ms=0, max_batch_size=1),
+                Metrics())
     await b.start()
     try:
         first = b.submit("a", "en", "de")
@@ -445,9 +447,9 @@ async def test_cancelled_items_free_their_queue_space() -> None:
 
 def test_nan_limits_are_refused() -> None:
     with pytest.raises(ValueError, match="max_wait_ms"):
-        BatchLimits(max_wait_ms=float("nan"))
+        batch_limits(FakeTranslator(), max_wait_ms=float("nan"))
     with pytest.raises(ValueError, match="timeout_s"):
-        BatchLimits(timeout_s=float("nan"))
+        batch_limits(FakeTranslator(), timeout_s=float("nan"))
 
 
 # -- deadlines, for backends that take them (the pool) ---------------------------------------

@@ -71,6 +71,8 @@ CASES: dict[str, tuple[Case, list[str]]] = {
     "cache path a symlink": (_symlink, ["THINKTRANS_CACHE_PATH", "symbolic link"]),
     "config not utf-8": (_latin1_config, ["thinktrans.yaml", "UTF-8"]),
     "config key twice": (_duplicate_key, ["thinktrans.yaml", "'backend'", "twice"]),
+    "list item not a string": (lambda tmp: ({"THINKTRANS_SPAN_KINDS": '["code", 3]'}, None),
+                               ["THINKTRANS_SPAN_KINDS", "valid string"]),
 }
 
 
@@ -109,3 +111,12 @@ def test_a_bad_setting_is_one_line_and_exit_2(tmp_path: Path, command: str, case
     assert (result.returncode, lines[0].startswith("thinktrans: ")) == (2, True), lines[0]
     for word in words:
         assert word in lines[0]
+
+
+@pytest.mark.parametrize("roots", ["/models, /srv/models", '["/models", "/srv/models"]'])
+def test_a_list_variable_starts_in_either_form(roots: str) -> None:
+    # THINKTRANS_LOCAL_MODEL_ROOTS was refused in both forms ("should be a valid list").
+    result = run(["translate", "--to", "de", "Hello there, this is a test."],
+                 {"THINKTRANS_LOCAL_MODEL_ROOTS": roots}, None)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.strip() == "Hello there, this is a test."

@@ -303,10 +303,13 @@ def test_serving_a_converted_model_needs_no_torch(converted: dict[str, Path]) ->
     script = f"""
 import asyncio, sys
 sys.modules["torch"] = None  # find_spec answers None, import raises: as if not installed
-from models.local import LocalConfig, LocalTranslator
+from models.local import LocalTranslator
+from service.settings import load_settings
 
 async def main():
-    backend = LocalTranslator(LocalConfig(model={str(converted["nllb"])!r}, engine="ctranslate2"))
+    config = load_settings(local_model={str(converted["nllb"])!r},
+                           local_engine="ctranslate2").local_config()
+    backend = LocalTranslator(config)
     await backend.start()
     assert await backend.wait_ready(120), backend.reason
     print(await backend.translate(["Hello there."], source="en", target="de"))

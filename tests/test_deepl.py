@@ -24,7 +24,6 @@ from models.deepl import (
     NO_KEY_REASON,
     SOURCE_CODES,
     TARGET_CODES,
-    DeepLConfig,
     DeepLTranslator,
     deepl_target_code,
 )
@@ -39,6 +38,7 @@ from models.languages import table_key
 from models.registry import build_backend
 from service.settings import load_settings
 from service.text.tags import canonicalize
+from tests.configs import deepl_config
 from tests.conftest import app_with, check_stream, deltas, post_chunks, read_until, segments
 from tests.fakes_remote import FakeDeepL, closed_port_url
 
@@ -105,12 +105,13 @@ async def test_registry_builds_it() -> None:
      ("hi", None)],
 )
 def test_deepl_codes(tag: str, code: str | None) -> None:
-    assert deepl_target_code(tag) == code
+    assert deepl_target_code(tag, english_variant="EN-US") == code
 
 
 def test_deepl_english_variant() -> None:
     assert deepl_target_code("en", english_variant="EN-GB") == "EN-GB"
-    assert deepl_target_code("en-AU") == "EN-GB" and deepl_target_code("en-CA") == "EN-US"
+    assert deepl_target_code("en-AU", english_variant="EN-US") == "EN-GB"
+    assert deepl_target_code("en-CA", english_variant="EN-US") == "EN-US"
 
 
 def test_table_is_consistent() -> None:
@@ -329,7 +330,7 @@ async def test_billed_characters_counted(fake: FakeDeepL, make: Make) -> None:
 
 
 async def test_no_key_is_not_ready(fake: FakeDeepL) -> None:
-    backend = DeepLTranslator(DeepLConfig(server_url=fake.origin))
+    backend = DeepLTranslator(deepl_config(deepl_server_url=fake.origin))
     before = len(fake.requests)
     try:
         await backend.start()

@@ -12,6 +12,7 @@ elsewhere to run the last tests against it too.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import os
 import string
 from collections.abc import AsyncIterator, Callable
@@ -25,9 +26,10 @@ pytest.importorskip("deepl", reason="needs the deepl extra: pip install 'thinktr
 
 import deepl
 
-from models.deepl import DeepLConfig, DeepLTranslator
+from models.deepl import DeepLTranslator
 from models.deepl_spans import escape, unescape, unwrap, wrap
 from models.spans import Glossary, Protected, SpanFinder, rejoin
+from tests.configs import deepl_config
 from tests.fakes_deepl import MarkupDeepL
 from tests.fakes_remote import FakeDeepL
 
@@ -64,8 +66,9 @@ async def make(fake: MarkupDeepL, monkeypatch: pytest.MonkeyPatch) -> AsyncItera
     made: list[DeepLTranslator] = []
 
     def _make(server: FakeDeepL | None = None, **overrides: Any) -> DeepLTranslator:
-        config = DeepLConfig(api_key="k", server_url=(server or fake).origin, max_retries=0,
-                             request_timeout_s=5.0, **overrides)
+        config = dataclasses.replace(
+            deepl_config(deepl_api_key="k", deepl_server_url=(server or fake).origin),
+            max_retries=0, request_timeout_s=5.0, **overrides)
         backend = DeepLTranslator(config)
         monkeypatch.setattr(deepl.http_client, "max_network_retries", 0)
         made.append(backend)
@@ -422,7 +425,8 @@ async def test_deepl_mock_spans_kept_and_glossary_life_cycle() -> None:
     """deepl-mock answers a fixed phrase whatever the input: every text falls back to its
     pieces, and still keeps its spans; its glossary is created once and deleted at close."""
     assert MOCK_URL is not None
-    backend = DeepLTranslator(DeepLConfig(api_key="thinktrans-test", server_url=MOCK_URL))
+    backend = DeepLTranslator(deepl_config(deepl_api_key="thinktrans-test",
+                                           deepl_server_url=MOCK_URL))
     lister = deepl.DeepLClient("thinktrans-test", server_url=MOCK_URL)
     before = {g.glossary_id for g in lister.list_glossaries()}
     try:

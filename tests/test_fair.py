@@ -19,11 +19,12 @@ import pytest
 import models.pooled
 from models.errors import BackendUnavailable, RateLimited, Throttled
 from models.passthrough import PassthroughTranslator
-from models.pooled import MAX_HOLD_S, PoolConfig, PoolTranslator
+from models.pooled import MAX_HOLD_S, PoolTranslator
 from pool.clients import ClientPolicy, Clients, Unauthorized
 from pool.fair import FairQueue, Slice, Unit, shares
 from service.chain.batching import Cutoff, Pair
 from service.exceptions import Forbidden, OverCap
+from tests.configs import pool_config
 from tests.conftest import Running, make_settings, start_app
 from tests.fakes import FakeTranslator
 
@@ -605,8 +606,8 @@ class ShiftedTime:
 
 
 async def pool_backend(pool: ScriptedPool) -> PoolTranslator:
-    backend = PoolTranslator(PoolConfig(url="http://pool", token="t", sidecar="me",
-                                        transport=httpx.MockTransport(pool)))
+    backend = PoolTranslator(pool_config(httpx.MockTransport(pool), pool_url="http://pool",
+                                         pool_token="t", pool_client_id="me"))
     await backend.start()
     assert await backend.wait_ready(5)
     return backend

@@ -124,6 +124,32 @@ async def test_a_body_that_stops_midway_times_out_in_process() -> None:
     assert "THINKTRANS_BODY_TIMEOUT_S" in detail
 
 
+@pytest.mark.parametrize(("drain_bytes", "reads"), [(0, 0), (1_000_000, 2)])
+async def test_a_refused_body_is_drained_as_the_settings_say(drain_bytes: int,
+                                                              reads: int) -> None:
+    """The app factory hands the guard refused_body_drain_bytes: within it, a body over
+    max_request_bytes is read to its end before the 413; at 0 it is not read at all."""
+    app = create_app(make_settings(max_request_bytes=1024, refused_body_drain_bytes=drain_bytes))
+    scope = {"type": "http", "method": "POST", "path": "/v1/translate", "raw_path": b"",
+             "root_path": "", "query_string": b"", "http_version": "1.1", "scheme": "http",
+             "server": ("test", 80), "client": ("test", 1), "app": app,
+             "headers": [(b"content-type", b"application/json"), (b"content-length", b"4000")]}
+    parts = [{"type": "http.request", "body": b"x" * 2000, "more_body": more}
+             for more in (False, True)]
+    sent: list[dict[str, Any]] = []
+
+    async def receive() -> dict[str, Any]:
+        return parts.pop()
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+
+    async with app.router.lifespan_context(app):
+        await app(scope, receive, send)
+    assert sent[0]["status"] == 413
+    assert 2 - len(parts) == reads
+
+
 # -- a real server, raw sockets ----------------------------------------------------------------
 
 

@@ -27,7 +27,6 @@ from models.llm import (
     MAX_CONTEXT_CHARS,
     PROMPT_ID,
     SYSTEM_PROMPT,
-    LLMConfig,
     LLMTranslator,
     MalformedAnswer,
     code_spans,
@@ -44,6 +43,7 @@ from models.llm import (
 from models.registry import build_backend
 from service.settings import load_settings
 from service.text.tags import canonicalize
+from tests.configs import llm_config
 from tests.conftest import (
     app_with,
     check_stream,
@@ -365,7 +365,8 @@ async def test_info_hides_credentials(fake: FakeChat, make: Make) -> None:
 
 
 async def test_json_mode_is_optional(fake: FakeChat) -> None:
-    backend = LLMTranslator(LLMConfig(f"{fake.origin}/v1", "fake-model", json_mode=True))
+    backend = LLMTranslator(llm_config(llm_base_url=f"{fake.origin}/v1",
+                                       llm_model="fake-model", llm_json_mode=True))
     try:
         await backend.translate(THOUGHTS[:1], source="en", target="de")
     finally:
@@ -591,7 +592,8 @@ async def test_one_bad_item_is_replaced_by_its_retry(fake: FakeChat, make: Make)
 
 async def test_checks_can_be_turned_off(fake: FakeChat) -> None:
     fake.mode = "obey"
-    config = LLMConfig(f"{fake.origin}/v1", "fake-model", check_items=False)
+    config = llm_config(llm_base_url=f"{fake.origin}/v1", llm_model="fake-model",
+                        llm_check_items=False)
     backend = LLMTranslator(config)
     try:
         assert await backend.translate(FACTS, source="en", target="de") == [OBEYED] * 3
@@ -922,7 +924,8 @@ async def test_long_context_keeps_its_end(fake: FakeChat, make: Make) -> None:
 
 
 async def test_context_off(fake: FakeChat) -> None:
-    backend = LLMTranslator(LLMConfig(f"{fake.origin}/v1", "fake-model", context=False))
+    backend = LLMTranslator(llm_config(llm_base_url=f"{fake.origin}/v1",
+                                       llm_model="fake-model", llm_context=False))
     try:
         assert not backend.capabilities.context and backend.info()["context"] is False
         assert "|ctx=False|" in str(backend.cache_identity(None, "en", "de"))

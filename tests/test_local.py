@@ -30,7 +30,6 @@ from models.errors import BackendConfigError, BackendUnavailable, UnsupportedLan
 from models.local import (
     M2M_CODES,
     NLLB_CODES,
-    LocalConfig,
     LocalTranslator,
     detect_family,
     engines,
@@ -40,6 +39,7 @@ from models.registry import build_backend
 from service.settings import load_settings
 from service.tools import testmodel
 from service.tools.testmodel import make_test_model
+from tests.configs import local_config
 
 # MarianTokenizer asks for sacremoses, an optional punctuation normaliser these tests do not need.
 pytestmark = pytest.mark.filterwarnings("ignore:Recommended. pip install sacremoses")
@@ -449,7 +449,7 @@ def test_missing_packages_name_the_extra(monkeypatch: pytest.MonkeyPatch) -> Non
         engines, "find_spec", lambda name: None if name == "torch" else real(name)
     )
     with pytest.raises(ModuleNotFoundError, match=r"pip install 'thinktrans\[local\]'") as err:
-        LocalTranslator(LocalConfig(model="x", engine="transformers"))
+        LocalTranslator(local_config(local_model="x", local_engine="transformers"))
     assert err.value.name == "torch"
     # The registry turns it into a configuration error that names the extra.
     needs = r"needs 'torch': pip install 'thinktrans\[local\]'"

@@ -8,6 +8,7 @@ shown it; its next preview, of the longer sentence, is decoded towards it.
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 from itertools import takewhile
 from pathlib import Path
@@ -20,10 +21,11 @@ pytest.importorskip("torch", reason="needs the local extra: pip install 'thinktr
 
 from models.base import Job
 from models.errors import BackendConfigError, Stopped
-from models.local import LocalConfig, LocalTranslator
+from models.local import LocalTranslator
 from models.registry import build_backend
 from models.spans import SpanFinder
 from service.settings import load_settings
+from tests.configs import local_config
 
 pytestmark = pytest.mark.filterwarnings("ignore:Recommended. pip install sacremoses")
 
@@ -145,7 +147,9 @@ async def test_on_transformers_a_preview_decodes_as_any_segment(
 def test_the_bias_must_be_a_beta_ctranslate2_takes() -> None:
     for beta in (1.0, -0.1):
         with pytest.raises(BackendConfigError, match="local_preview_bias"):
-            LocalTranslator(LocalConfig(engine="ctranslate2", preview_bias=beta))
+            # Past the setting's own bounds: the backend checks what it is given too.
+            config = local_config(local_engine="ctranslate2")
+            LocalTranslator(dataclasses.replace(config, preview_bias=beta))
 
 
 class StopAfter(threading.Event):

@@ -36,9 +36,10 @@ from models.errors import (
     RateLimited,
     UnsupportedLanguage,
 )
-from models.pooled import PoolConfig, PoolTranslator, _parts
+from models.pooled import PoolTranslator, _parts
 from models.spans import Glossary, Protected, SpanFinder
 from service.tools.testmodel import make_test_model
+from tests.configs import pool_config
 from tests.conftest import (
     Server,
     check_stream,
@@ -288,7 +289,8 @@ async def test_spans_sent_to_the_pool_come_back_kept_and_calls_still_merge(pool:
     finder = SpanFinder()
     protected = [finder.find(text, Glossary.of({"sidecar": "Beiwagen"})) for text in SPAN_TEXTS]
     assert all(p is not None and len(p.spans) == 3 for p in protected)
-    backends = [PoolTranslator(PoolConfig(url=pool.url, token=TOKEN, sidecar=name))
+    backends = [PoolTranslator(pool_config(pool_url=pool.url, pool_token=TOKEN,
+                                                      pool_client_id=name))
                 for name in ("with-spans", "without")]
     try:
         for backend in backends:
@@ -671,8 +673,8 @@ class ScriptedPool:
 
 
 async def scripted(pool: ScriptedPool) -> PoolTranslator:
-    backend = PoolTranslator(PoolConfig(url="http://pool", token="t",
-                                        transport=httpx.MockTransport(pool)))
+    backend = PoolTranslator(pool_config(httpx.MockTransport(pool), pool_url="http://pool",
+                                         pool_token="t"))
     await backend.start()
     assert await backend.wait_ready(5)
     return backend
@@ -737,7 +739,7 @@ async def test_a_batch_whose_deadline_passes_while_it_waits_is_given_up() -> Non
         await asyncio.sleep(10)
         return httpx.Response(500)
 
-    backend = PoolTranslator(PoolConfig(url="http://pool", transport=httpx.MockTransport(slow)))
+    backend = PoolTranslator(pool_config(httpx.MockTransport(slow), pool_url="http://pool"))
     await backend.start()
     await backend.wait_ready(5)
     try:
@@ -751,7 +753,7 @@ async def test_a_batch_whose_deadline_passes_while_it_waits_is_given_up() -> Non
 
 
 async def test_a_batch_past_its_deadline_is_not_sent() -> None:
-    backend = PoolTranslator(PoolConfig(url="http://127.0.0.1:9"))
+    backend = PoolTranslator(pool_config(pool_url="http://127.0.0.1:9"))
     backend.ready = True
     try:
         with pytest.raises(Expired):
@@ -765,7 +767,7 @@ async def test_a_batch_past_its_deadline_is_not_sent() -> None:
 
 
 async def test_without_a_url_the_pool_backend_is_never_ready() -> None:
-    backend = PoolTranslator(PoolConfig(url=None))
+    backend = PoolTranslator(pool_config())
     assert not backend.ready and "THINKTRANS_POOL_URL" in (backend.reason or "")
     with pytest.raises(BackendUnavailable):
         await backend.translate(["Hello."], source="en", target="de")
@@ -801,7 +803,7 @@ async def test_the_backend_cuts_long_texts_and_calls_to_the_pools_limits() -> No
                                          "identity": "abc"})
 
     calls: list[list[str]] = []
-    backend = PoolTranslator(PoolConfig(url="http://pool", transport=httpx.MockTransport(pool)))
+    backend = PoolTranslator(pool_config(httpx.MockTransport(pool), pool_url="http://pool"))
     await backend.start()
     assert await backend.wait_ready(5)
     try:
@@ -852,7 +854,7 @@ async def test_the_backend_sends_each_texts_spans_within_the_pools_limits() -> N
                                           range(8)]]
     protected: list[Protected | None] = [finder.find(text) for text in texts]
     assert protected[1] is None and all(p is not None for i, p in enumerate(protected) if i != 1)
-    backend = PoolTranslator(PoolConfig(url="http://pool", transport=httpx.MockTransport(pool)))
+    backend = PoolTranslator(pool_config(httpx.MockTransport(pool), pool_url="http://pool"))
     await backend.start()
     assert await backend.wait_ready(5)
     try:
@@ -890,8 +892,7 @@ async def test_the_backend_takes_the_pools_word_on_checking_its_output() -> None
         async def pool(request: httpx.Request, info: dict[str, Any] = info) -> httpx.Response:
             return httpx.Response(200, json=info)
 
-        backend = PoolTranslator(PoolConfig(url="http://pool",
-                                            transport=httpx.MockTransport(pool)))
+        backend = PoolTranslator(pool_config(httpx.MockTransport(pool), pool_url="http://pool"))
         await backend.start()
         try:
             assert await backend.wait_ready(5)
@@ -939,7 +940,7 @@ async def test_a_preview_goes_with_its_previous_previews_within_the_pools_limits
         bodies.append(body)
         return httpx.Response(200, json={"translations": body["texts"], "identity": "abc"})
 
-    backend = PoolTranslator(PoolConfig(url="http://pool", transport=httpx.MockTransport(pool)))
+    backend = PoolTranslator(pool_config(httpx.MockTransport(pool), pool_url="http://pool"))
     await backend.start()
     assert await backend.wait_ready(5)
     long = "The first one reads the file. The second one writes it all again."

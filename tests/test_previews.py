@@ -13,9 +13,10 @@ from hypothesis import strategies as st
 
 from models.base import Capabilities, Job
 from models.errors import BackendUnavailable, Stopped
-from service.chain.batcher import Batcher, BatchLimits
+from service.chain.batcher import Batcher
 from service.ops.metrics import Metrics
 from service.stream.preview import mask, measure
+from tests.configs import batch_limits
 from tests.conftest import app_with, assert_problem, poll, post_chunks, read_until
 from tests.fakes import FakeTranslator
 
@@ -91,7 +92,7 @@ def test_mask_k_leaves_off_the_last_words_or_characters() -> None:
 async def test_a_segment_overtakes_previews_and_a_preview_cancelled_is_dropped_unrun() -> None:
     gate = asyncio.Event()
     fake = FakeTranslator(gate=gate)
-    batcher = Batcher(fake, BatchLimits(max_wait_ms=0, max_batch_size=8, max_previews=2),
+    batcher = Batcher(fake, batch_limits(fake, max_wait_ms=0, max_batch_size=8, max_previews=2),
                       Metrics())
     await batcher.start()
     try:
@@ -133,7 +134,7 @@ async def test_a_segment_stops_the_preview_decode_that_holds_the_backend(slots: 
     """With every slot held by a preview, a segment that comes tells it to stop (its future
     gets Stopped, the segment runs at once); with a slot free, the preview runs on."""
     fake = Stoppable(concurrency=slots)
-    batcher = Batcher(fake, BatchLimits(max_wait_ms=0, max_concurrency=slots), Metrics())
+    batcher = Batcher(fake, batch_limits(fake, max_wait_ms=0, max_concurrency=slots), Metrics())
     await batcher.start()
     try:
         preview = batcher.submit_preview("a preview", "en", "zh-CN")

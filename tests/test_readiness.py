@@ -12,6 +12,7 @@ Real tiny checkpoints (``service.tools.testmodel``), the app in-process; the hub
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import threading
 import time
@@ -24,9 +25,10 @@ import pytest
 pytest.importorskip("torch", reason="needs the local extra: pip install 'thinktrans[local]'")
 pytest.importorskip("transformers", reason="needs the local extra: pip install 'thinktrans[local]'")
 
-from models.local import LocalConfig, LocalTranslator
+from models.local import LocalTranslator
 from models.passthrough import PassthroughTranslator
 from service.tools.testmodel import make_test_model
+from tests.configs import local_config
 from tests.conftest import Running, app_with
 from tests.test_local import (  # noqa: F401 - autouse fixtures and the parametrize hook
     _offline,
@@ -162,8 +164,8 @@ async def test_a_model_that_appears_later_is_loaded_without_a_restart(
     marian: Path, tmp_path: Path,
 ) -> None:
     missing = tmp_path / "mounted-later"
-    local = LocalTranslator(LocalConfig(model=str(missing), load_retry_initial_s=0.2,
-                                        load_retry_max_s=0.8))
+    local = LocalTranslator(dataclasses.replace(
+        local_config(local_model=str(missing), load_retry_max_s=0.8), load_retry_initial_s=0.2))
     async with app_with(backends=with_passthrough(local), backend="local") as app:
 
         async def retrying() -> dict[str, Any] | None:
@@ -206,7 +208,7 @@ def _worker_threads() -> list[threading.Thread]:
 
 async def test_wait_ready_fails_fast_and_aclose_stops_the_retries(tmp_path: Path) -> None:
     # The default first delay (5 s): wait_ready must not sit through it.
-    local = LocalTranslator(LocalConfig(model=str(tmp_path / "nothing-here")))
+    local = LocalTranslator(local_config(local_model=str(tmp_path / "nothing-here")))
     began = time.monotonic()
     assert await local.wait_ready(timeout_s=60) is False
     assert time.monotonic() - began < 4.0
@@ -230,7 +232,8 @@ async def test_wait_ready_fails_fast_and_aclose_stops_the_retries(tmp_path: Path
 
 
 async def test_aclose_while_a_retry_attempt_runs(tmp_path: Path) -> None:
-    local = LocalTranslator(LocalConfig(model=str(tmp_path / "gone"), load_retry_initial_s=0.05))
+    local = LocalTranslator(dataclasses.replace(
+        local_config(local_model=str(tmp_path / "gone")), load_retry_initial_s=0.05))
     await local.start()
     assert await local.wait_ready(timeout_s=30) is False
     gate = threading.Event()
@@ -255,8 +258,9 @@ async def test_the_first_run_without_the_hub_says_what_to_do_and_segments_keep_o
     """`thinktrans serve` on a hub model, no hub: the reason names the two ways to start at
     once; the first failure does not say "attempt 2"; every segment's error is the same line,
     without the retry schedule, which /readyz and the log carry."""
-    local = LocalTranslator(LocalConfig(model="nobody/not-cached-here", load_retry_initial_s=0.2,
-                                        load_retry_max_s=0.4))
+    local = LocalTranslator(dataclasses.replace(
+        local_config(local_model="nobody/not-cached-here", load_retry_max_s=0.4),
+        load_retry_initial_s=0.2))
     async with app_with(backends=with_passthrough(local), backend="local") as app:
 
         async def failed_once() -> dict[str, Any] | None:

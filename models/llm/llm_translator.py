@@ -32,29 +32,30 @@ NOT_CONFIGURED = "set {names} or choose another backend"
 
 @dataclass(frozen=True)
 class LLMConfig:
-    """Where the chat endpoint is and how to call it; the settings' ``llm_*`` section."""
+    """Where the chat endpoint is and how to call it. Its values come from the ``llm_*``
+    settings (``Settings.llm_config()``), where each default is."""
 
-    base_url: str | None = None  # the part before /chat/completions; None: not ready
-    model: str | None = None  # None: not ready
-    api_key: str | None = field(default=None, repr=False)  # sent as a Bearer token
-    timeout_s: float = 30.0  # one chat request, end to end
-    concurrency: int = 4  # requests in flight, and batches the batcher runs at once
+    base_url: str | None  # the part before /chat/completions; None: not ready
+    model: str | None  # None: not ready
+    api_key: str | None = field(repr=False)  # sent as a Bearer token
+    timeout_s: float  # one chat request, end to end
+    concurrency: int  # requests in flight, and batches the batcher runs at once
     # Not every server has response_format; on only where a setting asks for it.
-    json_mode: bool = False
+    json_mode: bool
     # Each item must keep its source's numbers, inline code and URLs, at a plausible
     # length (item_problem). Off: only non-empty items are required, that keep their
     # protected spans (which are checked either way).
-    check_items: bool = True
+    check_items: bool
     # Send each segment's preceding stream text as its item's "context" (capabilities.context).
-    context: bool = True
+    context: bool
     # How reasoning is switched off (models.llm.dialects), and what every request adds.
-    dialect: str = "auto"
-    extra_body: Mapping[str, Any] = field(default_factory=dict)
-    stream: bool = False  # ask for server-sent events (answers are read either way)
+    dialect: str
+    extra_body: Mapping[str, Any]
+    stream: bool  # ask for server-sent events (answers are read either way)
     # "json": numbered batches; "plain": one segment a request in a translation model's
     # own prompt, ``plain_template`` (a family of models.llm.plain, "auto", or a template).
-    prompt_style: str = "json"
-    plain_template: str = "auto"
+    prompt_style: str
+    plain_template: str
 
 
 class LLMTranslator(RemoteTranslator):

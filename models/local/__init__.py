@@ -33,7 +33,7 @@ from models.local.checkpoint import (
     not_found_reason,
     parse_pair_spec,
 )
-from models.local.local_translator import NO_REPEAT_NGRAM_SIZE, LocalConfig, LocalTranslator
+from models.local.local_translator import LocalConfig, LocalTranslator
 from models.local.pieces import split_text
 from models.local.slot import MAX_BATCH_TOKENS
 
@@ -43,7 +43,6 @@ __all__ = [
     "M2M_CODES",
     "MAX_BATCH_TOKENS",
     "NLLB_CODES",
-    "NO_REPEAT_NGRAM_SIZE",
     "LocalConfig",
     "LocalTranslator",
     "detect_family",

@@ -71,17 +71,18 @@ class ConversionFailed(LoadError):
 
 @dataclass(frozen=True)
 class EngineOptions:
-    """What the engines read from the local backend's settings."""
+    """What the engines read from the local backend's settings (``LocalConfig.engine_options``;
+    the defaults are the settings')."""
 
-    device: str = "auto"  # auto, cpu, cuda, cuda:N
-    dtype: str = "auto"  # transformers: auto, float32, float16, bfloat16
-    compute_type: str = "auto"  # ctranslate2: auto (int8 on CPU, int8_float16 on CUDA), ...
-    threads: int | None = None  # CPU threads; None: the library's default
-    ct2_workers: int | None = None  # ctranslate2: parts of a batch run at once; None: by size
-    num_beams: int = 1
-    no_repeat_ngram_size: int = 6  # 0: off
-    ct2_cache: Path | None = None  # where checkpoints are converted to; None: beside the HF cache
-    ct2_cache_bytes: int | None = None  # the conversion cache's bound; None: unbounded
+    device: str  # auto, cpu, cuda, cuda:N
+    dtype: str  # transformers: auto, float32, float16, bfloat16
+    compute_type: str  # ctranslate2: auto (int8 on CPU, int8_float16 on CUDA), ...
+    threads: int | None  # CPU threads; None: the library's default
+    ct2_workers: int | None  # ctranslate2: parts of a batch run at once; None: by size
+    num_beams: int
+    no_repeat_ngram_size: int  # 0: off
+    ct2_cache: Path | None  # where checkpoints are converted to; None: beside the HF cache
+    ct2_cache_bytes: int | None  # the conversion cache's bound; None: unbounded
 
 
 @dataclass

@@ -60,49 +60,45 @@ _T = TypeVar("_T")
 
 log = logging.getLogger(__name__)
 
-# The default loop guard (local_no_repeat_ngram_size): it rarely touches real text, as a 6-gram
-# seldom recurs within one sentence, while a looping model repeats one within a few tokens.
-# max_new_tokens bounds the rest.
-NO_REPEAT_NGRAM_SIZE = 6
-
-
 @dataclass(frozen=True)
 class LocalConfig:
-    """What the local backend runs and how; the registry fills it from ``local_*`` settings."""
+    """What the local backend runs and how. Its values come from the ``local_*`` settings
+    (``Settings.local_config()``), where each default is; so nothing here has one but the
+    retry's first delay, which is no setting."""
 
     # Hub id or directory; a Marian one may name its pair first: ``en-de=DIR``.
-    model: str = "facebook/nllb-200-distilled-600M"
+    model: str
     # Extra Marian checkpoints, one per pair, each ``src-tgt=ID_OR_DIR``.
-    marian_models: tuple[str, ...] = ()
+    marian_models: tuple[str, ...]
     # Several models in order of preference, each as ``model`` takes it; when set, it replaces
     # ``model`` and ``marian_models``.
-    models: tuple[str, ...] = ()
+    models: tuple[str, ...]
     # Models not configured but named by requests, kept loaded at once (LRU); 0: never loaded.
-    max_extra_models: int = 1
+    max_extra_models: int
     # Where those may resolve: directories under these roots (none: no directory), and hub
     # ids when ``hub_models``; a configured model, however spelled, is always served.
-    model_roots: tuple[str, ...] = ()
-    hub_models: bool = True
-    engine: str = "auto"  # auto (ctranslate2 where installed), ctranslate2, transformers
-    device: str = "auto"  # auto (CUDA when present), cpu, cuda:0
-    dtype: str = "auto"  # transformers: auto, float32, float16, bfloat16
-    compute_type: str = "auto"  # ctranslate2: auto (int8 on CPU, int8_float16 on CUDA), ...
-    num_beams: int = 1
+    model_roots: tuple[str, ...]
+    hub_models: bool
+    engine: str  # auto (ctranslate2 where installed), ctranslate2, transformers
+    device: str  # auto (CUDA when present), cpu, cuda:0
+    dtype: str  # transformers: auto, float32, float16, bfloat16
+    compute_type: str  # ctranslate2: auto (int8 on CPU, int8_float16 on CUDA), ...
+    num_beams: int
     # CTranslate2: a preview's decoding biased towards its sentence's previous preview
     # (``prefix_bias_beta``, in [0, 1), with at least 2 beams); 0: off.
-    preview_bias: float = 0.5
-    no_repeat_ngram_size: int = NO_REPEAT_NGRAM_SIZE  # the loop guard; 0: off
-    max_input_tokens: int = 256  # longer segments are split and rejoined
-    threads: int | None = None  # CPU threads; None: the engine's default
-    ct2_cache: str | None = None  # where checkpoints are converted to; None: beside the HF cache
-    ct2_workers: int | None = None  # parts of a batch run at once; None: by the model's size
-    ct2_cache_mb: float | None = 8192  # the conversion cache's bound; None: unbounded
-    # A failed load is tried again after this long, doubling up to load_retry_max_s.
-    load_retry_initial_s: float = 5.0
-    load_retry_max_s: float = 300.0
+    preview_bias: float
+    no_repeat_ngram_size: int  # the loop guard; 0: off
+    max_input_tokens: int  # longer segments are split and rejoined
+    threads: int | None  # CPU threads; None: the engine's default
+    ct2_cache: str | None  # where checkpoints are converted to; None: beside the HF cache
+    ct2_workers: int | None  # parts of a batch run at once; None: by the model's size
+    ct2_cache_mb: float | None  # the conversion cache's bound; None: unbounded
+    # A failed load is tried again after load_retry_initial_s, doubling up to this long.
+    load_retry_max_s: float
     # How protected spans are kept: "mask" (the family's placeholders; the prose runs between
     # the spans, translated on their own, where one is lost) or "runs" (the runs always).
-    span_strategy: str = "mask"
+    span_strategy: str
+    load_retry_initial_s: float = 5.0
 
     def engine_options(self) -> EngineOptions:
         return EngineOptions(
@@ -122,9 +118,8 @@ class LocalTranslator(Translator):
     # One worker thread: more batches in flight would only queue behind it.
     max_concurrency = 1
 
-    def __init__(self, config: LocalConfig | None = None) -> None:
+    def __init__(self, config: LocalConfig) -> None:
         super().__init__()
-        config = config or LocalConfig()
         self.engine_name = _checked_engine(config)
         self.config = config
         self._engine = engines.build(self.engine_name, config.engine_options())

@@ -29,7 +29,7 @@ import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 from models.base import Job, Translator
 from models.errors import (
@@ -47,6 +47,9 @@ from service.chain.batching import Breaker, Cutoff, GroupedQueue, Pair, check_ou
 from service.exceptions import Overloaded, kind_of
 from service.ops.logs import text_fields
 from service.ops.metrics import Metrics
+
+if TYPE_CHECKING:
+    from service.settings import Settings
 
 log = logging.getLogger("thinktrans.batcher")
 
@@ -88,17 +91,30 @@ _GIVEN_UP: Cutoff[_Item] = Cutoff()
 
 @dataclass(frozen=True, slots=True)
 class BatchLimits:
-    """The batcher's knobs, checked once with messages that give the bad value."""
+    """The batcher's knobs, checked once with messages that give the bad value. Their
+    defaults are the settings' (``from_settings``)."""
 
-    max_batch_size: int = 32
-    max_batch_chars: int = 16_000
-    max_wait_ms: float = 10.0
-    max_queue_size: int = 4096
-    max_concurrency: int = 1
-    timeout_s: float = 60.0
-    breaker_failures: int = 3
-    breaker_cooloff_s: float = 30.0
-    max_previews: int = 256  # previews waiting in the low-priority lane
+    max_batch_size: int
+    max_batch_chars: int
+    max_wait_ms: float
+    max_queue_size: int
+    max_concurrency: int
+    timeout_s: float
+    breaker_failures: int
+    breaker_cooloff_s: float
+    max_previews: int  # previews waiting in the low-priority lane
+
+    @classmethod
+    def from_settings(cls, s: Settings, translator: Translator) -> BatchLimits:
+        """The settings' limits, within what ``translator`` takes (its batch size and
+        concurrency, where it sets them)."""
+        return cls(
+            max_batch_size=min(s.max_batch_size, translator.max_batch_size or 1 << 30),
+            max_batch_chars=s.max_batch_chars, max_wait_ms=s.max_wait_ms,
+            max_queue_size=s.max_queue_size, max_previews=s.preview_max_queue,
+            max_concurrency=translator.max_concurrency or s.max_concurrent_batches,
+            timeout_s=s.backend_timeout_s, breaker_failures=s.breaker_failures,
+            breaker_cooloff_s=s.breaker_cooloff_s)
 
     def __post_init__(self) -> None:
         for name in ("max_batch_size", "max_batch_chars", "max_queue_size", "max_concurrency",

@@ -39,17 +39,16 @@ ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 class Guard:
     """Request metrics and the access log around every request; the bearer token on /v1;
-    the body size limit."""
+    the body size limit. The app factory gives it its settings (``max_request_bytes``,
+    ``api_token``, ``body_timeout_s``, ``refused_body_drain_bytes``)."""
 
-    def __init__(self, app: ASGIApp, max_bytes: int, token: str | None, metrics: Metrics,
-                 body_timeout_s: float | None = None, drain_bytes: int | None = None) -> None:
+    def __init__(self, app: ASGIApp, *, max_bytes: int, token: str | None, metrics: Metrics,
+                 body_timeout_s: float, drain_bytes: int) -> None:
         self.app = app
         self.max_bytes = max_bytes
         self.token = token.encode() if token else None
         self.metrics = metrics
-        # None: the app's settings say (app.state.settings.body_timeout_s), else 30 s.
         self.body_timeout_s = body_timeout_s
-        # None: the app's settings say (refused_body_drain_bytes), else 8 MiB.
         self.drain_bytes = drain_bytes
         self._observed: dict[tuple[str, str, int], tuple[Any, Any]] = {}
         self._clock = _BodyClock()
@@ -124,7 +123,7 @@ class Guard:
         body = bytearray()
         task = asyncio.current_task()
         assert task is not None
-        self._clock.start(task, self._body_timeout(scope))
+        self._clock.start(task, self.body_timeout_s)
         try:
             while True:
                 message = await receive()
@@ -147,7 +146,7 @@ class Guard:
         except asyncio.CancelledError:
             if not self._clock.expired(task):
                 raise
-            await self._timed_out(scope, declared, len(body))(scope, receive, send)
+            await self._timed_out(declared, len(body))(scope, receive, send)
             return
         finally:
             self._clock.stop(task)
@@ -163,13 +162,13 @@ class Guard:
         with unread data resets the connection, and a client still sending loses the
         answer. Past the bound, or past the body's time limit, the refusal goes out as is."""
         headers = dict(scope.get("headers", []))
-        limit = self._drain_bytes(scope)
+        limit = self.drain_bytes
         declared = headers.get(b"content-length", b"")
         if (unread and more and headers.get(b"expect", b"").lower() != b"100-continue"
                 and not (declared.isdigit() and int(declared) > limit)):
             task = asyncio.current_task()
             assert task is not None
-            self._clock.start(task, self._body_timeout(scope))
+            self._clock.start(task, self.body_timeout_s)
             try:
                 while read <= limit:
                     message = await receive()
@@ -185,23 +184,11 @@ class Guard:
                 self._clock.stop(task)
         await refusal(scope, receive, send)
 
-    def _drain_bytes(self, scope: Scope) -> int:
-        if self.drain_bytes is None:
-            settings = getattr(getattr(scope.get("app"), "state", None), "settings", None)
-            self.drain_bytes = int(getattr(settings, "refused_body_drain_bytes", 8_388_608))
-        return self.drain_bytes
-
-    def _body_timeout(self, scope: Scope) -> float:
-        if self.body_timeout_s is None:
-            settings = getattr(getattr(scope.get("app"), "state", None), "settings", None)
-            self.body_timeout_s = float(getattr(settings, "body_timeout_s", 30.0))
-        return self.body_timeout_s
-
-    def _timed_out(self, scope: Scope, declared: bytes | None, got: int) -> ASGIApp:
+    def _timed_out(self, declared: bytes | None, got: int) -> ASGIApp:
         expected = f"{int(declared)} bytes declared by Content-Length, " if declared else ""
         return problem(
             408, kind_of(RequestTimeout).title,
-            f"the request body was not complete {self._body_timeout(scope):g} s after its "
+            f"the request body was not complete {self.body_timeout_s:g} s after its "
             f"headers ({expected}{got} received; THINKTRANS_BODY_TIMEOUT_S); send the whole "
             "body at once, with a Content-Length that matches it", kind_of(RequestTimeout).slug,
             headers=CLOSE,

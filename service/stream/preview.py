@@ -54,17 +54,18 @@ _FENCES = ("```", "~~~")
 
 @dataclass(frozen=True, slots=True)
 class PreviewConfig:
-    """When previews are made and how they are shown (the ``preview_*`` settings)."""
+    """When previews are made and how they are shown (the ``preview_*`` settings, where
+    each default is: ``from_settings``)."""
 
-    min_words: int = 8
-    min_chars: int = 16
-    after_s: float = 1.5
-    step_words: int = 4
-    step_chars: int = 8
-    interval_s: float = 0.5
-    max_decodes: int = 4
-    mask_k: int = 2
-    billed: bool = False
+    min_words: int
+    min_chars: int
+    after_s: float
+    step_words: int
+    step_chars: int
+    interval_s: float
+    max_decodes: int
+    mask_k: int
+    billed: bool
 
     @classmethod
     def from_settings(cls, settings: Settings) -> PreviewConfig:

@@ -44,8 +44,12 @@ given in neither keeps its default. In the YAML file the key is the lower-case n
 the prefix (`max_batch_size: 8`). Invalid settings stop the start with one line that names
 the setting and the value.
 
-Lists are comma separated in a variable (`THINKTRANS_BACKEND=deepl,local`) and either a YAML
-list or the same string in the file. A mapping is JSON in a variable
+Every list is given the same way: its items separated by commas
+(`THINKTRANS_BACKEND=deepl,local`), or a JSON array
+(`THINKTRANS_LOCAL_MODEL_ROOTS='["/models", "/srv/models"]'`), in a variable or as a string in
+the file, where a YAML list does too. A value that is a JSON array is read as one; any other
+is split at commas, so an item that holds a comma (a `span_patterns` regular expression) needs
+the JSON array or the YAML list. A mapping is JSON in a variable
 (`THINKTRANS_PRICE_PER_MILLION_CHARS='{{"deepl": 25}}'`). Booleans are `true` or `false`.
 Secrets (`THINKTRANS_API_TOKEN`, the API keys) are never logged or shown by the service; pass
 them through your orchestrator's secret store rather than a file in the image.

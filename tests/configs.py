@@ -1,0 +1,48 @@
+"""Backend configs for tests that build a backend or a batcher by hand: each goes through
+the settings, where every default is, so that a test names only what it changes."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import httpx
+
+from models.base import Translator
+from models.deepl import DeepLConfig
+from models.llm import LLMConfig
+from models.local import LocalConfig
+from models.pooled import PoolConfig
+from service.chain.batcher import BatchLimits
+from service.settings import load_settings
+
+
+def local_config(**settings: Any) -> LocalConfig:
+    """``local_*`` settings (``local_model="x"``) as the local backend's config."""
+    return load_settings(**settings).local_config()
+
+
+def deepl_config(**settings: Any) -> DeepLConfig:
+    """``deepl_*`` settings as the DeepL backend's config."""
+    s = load_settings(**settings)
+    return s.deepl_config(batch_timeout_s=s.backend_timeout_s)
+
+
+def llm_config(**settings: Any) -> LLMConfig:
+    """``llm_*`` settings as the LLM backend's config."""
+    return load_settings(**settings).llm_config()
+
+
+def pool_config(transport: httpx.AsyncBaseTransport | None = None,
+                **settings: Any) -> PoolConfig:
+    """``pool_*`` settings as the `pool` backend's config, calling through ``transport``
+    (a ``httpx.MockTransport``) where one is given."""
+    s = load_settings(**settings)
+    config = s.pool_config(batch_timeout_s=s.backend_timeout_s, port=s.port)
+    return dataclasses.replace(config, transport=transport)
+
+
+def batch_limits(translator: Translator, **limits: Any) -> BatchLimits:
+    """The settings' batch limits for ``translator``, with ``limits`` (by their names in
+    ``BatchLimits``) put over them."""
+    return dataclasses.replace(BatchLimits.from_settings(load_settings(), translator), **limits)
