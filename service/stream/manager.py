@@ -39,9 +39,10 @@ from service.exceptions import (
     TooManyStreams,
 )
 from service.ops.metrics import Metrics
-from service.schemas import Policy, SegmentResult, TextResult
+from service.schemas import Policy, TextResult
 from service.settings import Settings
 from service.stream.admission import Admission
+from service.stream.counters import StreamCounters
 from service.stream.cutting import FEED_BATCH_CHARS, Cutter, Pacer, Submit
 from service.stream.emission import Emitter, Event, EventLog
 from service.stream.intake import ChunkIntake
@@ -86,9 +87,9 @@ class Stream:
     """One thinking part (or one one-shot text): its intake, admission, cutting and
     emission, composed.
 
-    ``submit`` starts a segment down the chain; ``on_result`` is told of every segment
-    result that goes out, ``on_memory`` of every segment the stream's memory settled,
-    ``on_end`` once the stream's ``end`` is out.
+    ``submit`` starts a segment down the chain; ``counters`` counts what its parts do
+    (results out, segments the stream's memory settled, previews); ``on_end`` is told
+    once the stream's ``end`` is out.
     """
 
     def __init__(
@@ -101,8 +102,7 @@ class Stream:
         detector: Detector,
         submit: Submit,
         admission: Admission,
-        on_result: Callable[[SegmentResult], None],
-        on_memory: Callable[[str], None],
+        counters: StreamCounters,
         on_end: Callable[[Stream], None],
         backend_name: str | None = None,
         source: str | None = None,
@@ -114,7 +114,7 @@ class Stream:
         release: Callable[[], None] | None = None,
         glossary: Glossary | None = None,
         protect: Callable[[str], Protected | None] | None = None,
-        previews: tuple[PreviewConfig, StartPreview, Callable[[str], None]] | None = None,
+        previews: tuple[PreviewConfig, StartPreview] | None = None,
     ) -> None:
         self.stream_id = stream_id
         # Called once, when the stream ends or is dropped: its model may be evicted then.
@@ -137,13 +137,13 @@ class Stream:
         segmenter = Segmenter(config.max_segment_chars, max_fence_chars=config.max_fence_chars)
         self.log = EventLog(stream_id, max_events, keep_results=deferred)
         self.emitter = Emitter(self.log, target=self.target, deadline_s=deadline_s,
-                               on_result=on_result, on_end=self._ended, deferred=deferred)
+                               counters=counters, on_end=self._ended, deferred=deferred)
         self.cutter = Cutter(
             segmenter, detector, self.emitter, submit, chain=chain, target=self.target,
             source=source, model=model, policy=policy, deadline_s=deadline_s,
             memory_wait_s=config.stream_memory_wait_ms / 1000.0,
             context_max_chars=config.context_max_chars if uses_context else 0,
-            cut=admission.cut, on_memory=on_memory, busy=self._busy, deferred=deferred,
+            cut=admission.cut, counters=counters, busy=self._busy, deferred=deferred,
             protect=protect,
         )
         self.intake = ChunkIntake(stream_id, max_gap=config.max_gap,
@@ -151,13 +151,13 @@ class Stream:
                                   accepted=admission.accepted,
                                   pending=self.cutter.pending_chars)
         self._admission = admission.stream(chain, self.cutter.pending_chars, self._feed_unfed)
-        # Previews of the open sentence (``service/stream/preview.py``): (config, start, count).
+        # Previews of the open sentence (``service/stream/preview.py``): (config, start).
         self.previewer: Previewer | None = None
         if previews is not None and not deferred:
-            preview_config, start, count = previews
+            preview_config, start = previews
             self.previewer = Previewer(
                 preview_config, self.emitter, pending=self.cutter.pending,
-                decide=self.cutter.preview_decision, start=start, protect=protect, count=count)
+                work=self.cutter.preview_work, start=start, counters=counters)
             self.emitter.on_cut = self.previewer.cut
 
     # -- what the parts say --------------------------------------------------------------
@@ -367,14 +367,13 @@ class StreamManager:
         self.dispatcher = dispatcher
         self.admission = admission
         self.metrics = metrics
+        self.counters = StreamCounters(metrics)  # what every stream's parts count
         self.streams: dict[str, Stream] = {}
         # Ended streams still kept for late readers, oldest first, with their estimated
         # bytes; and the ids of ones evicted to bound them (read: 410, not 404).
         self._ended: OrderedDict[str, int] = OrderedDict()
         self._ended_bytes = 0
         self._evicted: OrderedDict[str, None] = OrderedDict()
-        self._counted: dict[tuple[str, str], tuple[Any, Any]] = {}
-        self._previews_counted: dict[str, Any] = {}
         self._sweeper: asyncio.Task[None] | None = None
         self.draining = False
 
@@ -404,29 +403,6 @@ class StreamManager:
         return resolve_target(requested, user_text=user_text,
                               default_locale=settings.default_locale,
                               allowed=settings.allowed_locales, detect=detect)
-
-    def count(self, result: SegmentResult) -> None:
-        """Metrics for a segment that goes out."""
-        key = (result.status, result.backend or "")
-        children = self._counted.get(key)
-        if children is None:  # label lookups take a lock: once per status and backend
-            children = self._counted[key] = (self.metrics.segments.labels(*key),
-                                             self.metrics.segment_seconds.labels(key[0]))
-        children[0].inc()
-        children[1].observe(result.latency_ms / 1000.0)
-        if result.status == "deadline":
-            self.metrics.deadline_misses.inc()
-
-    def preview_outcome(self, outcome: str) -> None:
-        """Metrics for a preview (``thinktrans_previews``: sent, shown, ...)."""
-        children = self._previews_counted.get(outcome)
-        if children is None:
-            children = self._previews_counted[outcome] = self.metrics.previews.labels(outcome)
-        children.inc()
-
-    def memory(self, outcome: str) -> None:
-        """Metrics for a segment the stream's memory settled (``kept`` or ``own``)."""
-        self.metrics.stream_memory.labels(outcome).inc()
 
     def on_end(self, stream: Stream) -> None:
         """A named stream ended: keep its events for late readers, within the bounds on
@@ -487,14 +463,13 @@ class StreamManager:
                    else functools.partial(self.finder.find, glossary=glossary))
         previewing = None
         if previews and target.target is not None:
-            start = functools.partial(self.dispatcher.preview, target=target.target,
-                                      chain=chain, model=model,
+            start = functools.partial(self.dispatcher.preview, chain=chain,
                                       billed=self.preview_config.billed)
-            previewing = (self.preview_config, start, self.preview_outcome)
+            previewing = (self.preview_config, start)
         stream = Stream(
             stream_id, self.config, target=target, chain=chain, detector=self.detector,
-            submit=self.dispatcher.submit, admission=self.admission, on_result=self.count,
-            on_memory=self.memory, on_end=self.on_end, backend_name=backend_name,
+            submit=self.dispatcher.submit, admission=self.admission, counters=self.counters,
+            on_end=self.on_end, backend_name=backend_name,
             source=source, model=model, policy=policy,
             uses_context=self.dispatcher.uses_context(chain), max_events=max_events,
             deferred=deferred, release=self.dispatcher.use_model(chain, model),
