@@ -183,6 +183,9 @@ async def test_segments_go_out_in_order_whatever_order_their_translations_come_i
     await run.until(2)
     assert [(d["index"], d["text"]) for d in data(run.log)] == [(0, "Eins. "), (1, "Zwei. ")]
     assert [r.status for r in run.results] == ["translated", "translated"]
+    counted = run.counters.metrics.registry.get_sample_value(
+        "thinktrans_segments_total", {"status": "translated", "backend": "fake"})
+    assert counted == 2  # counted by the emitter as they went out
 
 
 async def test_a_decided_segment_goes_out_at_once() -> None:
