@@ -8,6 +8,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from models.base import Capabilities, Job, Translator
+from models.spans import Protected
+from service.chain.work import SegmentWork
+from service.text.decide import Decision
 
 
 @dataclass
@@ -80,3 +83,14 @@ class FakeTranslator(Translator):
     def catalog(self) -> list[dict[str, object]]:
         return [{"model": m, "languages": None, "default": i == 0, "notes": "fake"}
                 for i, m in enumerate(self.models)]
+
+
+def work(text: str, source: str | None, target: str, *, model: str | None = None,
+         context: str | None = None, due: float | None = None,
+         protected: Protected | None = None, preview: bool = False,
+         previous: str | None = None) -> SegmentWork:
+    """One segment's work as a cutter makes it, for tests that drive a batcher or the
+    chain without a stream (``source``: the one sent)."""
+    return SegmentWork(0, text, Decision(None, source, source), 0.0, target, text=text,
+                       model=model, context=context, protected=protected, due=due,
+                       preview=preview, previous=previous)

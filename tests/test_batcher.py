@@ -28,7 +28,7 @@ from service.chain.batcher import Batcher, Translation
 from service.exceptions import Overloaded, kind_of
 from service.ops.metrics import Metrics
 from tests.configs import batch_limits
-from tests.fakes import FakeTranslator
+from tests.fakes import FakeTranslator, work
 
 
 @asynccontextmanager
@@ -72,7 +72,7 @@ async def test_a_partial_answer_answers_the_good_items_and_fails_only_the_bad() 
 
     fake = FakeTranslator(answers=deque([half]))
     async with running(fake, max_batch_size=3, max_wait_ms=10_000, breaker_failures=1) as b:
-        results = await gather_all([b.submit(t, None, "de") for t in ("a", "bad", "c")])
+        results = await gather_all([b.submit(work(t, None, "de")) for t in ("a", "bad", "c")])
         assert b.available()  # the backend answered: its breaker counts no failure
     good_a, bad, good_c = results
     assert isinstance(good_a, Translation) and good_a.text == "ok a"
@@ -86,7 +86,7 @@ async def test_a_partial_answer_of_the_wrong_length_fails_the_batch() -> None:
 
     fake = FakeTranslator(answers=deque([short]))
     async with running(fake, max_batch_size=3, max_wait_ms=10_000) as b:
-        results = await gather_all([b.submit(t, None, "de") for t in ("a", "b", "c")])
+        results = await gather_all([b.submit(work(t, None, "de")) for t in ("a", "b", "c")])
     assert all(isinstance(r, BadOutput) and "2 outputs for 3" in r.detail for r in results)
 
 
@@ -97,7 +97,7 @@ async def test_full_batch_goes_at_once_without_waiting() -> None:
     fake = FakeTranslator()
     async with running(fake, max_batch_size=4, max_wait_ms=10_000) as b:
         started = time.monotonic()
-        futures = [b.submit(f"text {i}", None, "zh-CN") for i in range(4)]
+        futures = [b.submit(work(f"text {i}", None, "zh-CN")) for i in range(4)]
         results = await asyncio.wait_for(asyncio.gather(*futures), 2.0)
         assert time.monotonic() - started < 2.0  # far below max_wait_ms
     assert sizes(fake) == [4]
@@ -109,7 +109,7 @@ async def test_partial_batch_goes_after_max_wait_as_one_batch() -> None:
     fake = FakeTranslator()
     async with running(fake, max_batch_size=10, max_wait_ms=100) as b:
         started = time.monotonic()
-        futures = [b.submit(f"t{i}", "en", "ja") for i in range(3)]
+        futures = [b.submit(work(f"t{i}", "en", "ja")) for i in range(3)]
         await asyncio.sleep(0.02)
         assert fake.calls == []  # still waiting for more items
         results = await asyncio.wait_for(asyncio.gather(*futures), 2.0)
@@ -123,8 +123,8 @@ async def test_partial_batch_goes_after_max_wait_as_one_batch() -> None:
 async def test_char_budget_splits_batches() -> None:
     fake = FakeTranslator()
     async with running(fake, max_batch_size=100, max_batch_chars=10, max_wait_ms=20) as b:
-        futures = [b.submit(c * 4, None, "de") for c in "abcde"]
-        futures.append(b.submit("x" * 25, None, "de"))  # over the budget alone: goes alone
+        futures = [b.submit(work(c * 4, None, "de")) for c in "abcde"]
+        futures.append(b.submit(work("x" * 25, None, "de")))  # over the budget alone: goes alone
         results = await asyncio.wait_for(asyncio.gather(*futures), 2.0)
     assert [r.text for r in results] == [f"<de>{c * 4}" for c in "abcde"] + ["<de>" + "x" * 25]
     for call in fake.calls:
@@ -143,7 +143,7 @@ async def test_pairs_never_share_a_call() -> None:
         for i in range(12):
             source, target = pairs[i % len(pairs)]
             text = f"{source}>{target}#{i}"
-            futures[text] = b.submit(text, source, target)
+            futures[text] = b.submit(work(text, source, target))
         results = await asyncio.wait_for(asyncio.gather(*futures.values()), 2.0)
     assert len(fake.calls) == len(pairs)
     for call in fake.calls:
@@ -158,9 +158,9 @@ async def test_items_pile_up_while_the_backend_is_busy() -> None:
     gate = asyncio.Event()
     fake = FakeTranslator(gate=gate)
     async with running(fake, max_batch_size=8, max_wait_ms=0, max_concurrency=1) as b:
-        first = b.submit("first", None, "fr")
+        first = b.submit(work("first", None, "fr"))
         await asyncio.wait_for(fake.started.wait(), 2.0)
-        rest = [b.submit(f"next {i}", None, "fr") for i in range(10)]
+        rest = [b.submit(work(f"next {i}", None, "fr")) for i in range(10)]
         await asyncio.sleep(0.05)
         assert sizes(fake) == [1]  # the only slot is busy: nothing else has gone
         assert b.queue_size == 10
@@ -176,10 +176,10 @@ async def test_cancelled_item_is_dropped_before_it_runs() -> None:
     gate = asyncio.Event()
     fake = FakeTranslator(gate=gate)
     async with running(fake, max_batch_size=8, max_wait_ms=0) as b:
-        first = b.submit("first", None, "fr")
+        first = b.submit(work("first", None, "fr"))
         await asyncio.wait_for(fake.started.wait(), 2.0)
-        dropped = b.submit("dropped", None, "fr")
-        kept = b.submit("kept", None, "fr")
+        dropped = b.submit(work("dropped", None, "fr"))
+        kept = b.submit(work("kept", None, "fr"))
         dropped.cancel()
         gate.set()
         assert (await asyncio.wait_for(kept, 2.0)).text == "<fr>kept"
@@ -193,11 +193,11 @@ async def test_cancelled_items_take_no_place_in_a_batch() -> None:
     gate = asyncio.Event()
     fake = FakeTranslator(gate=gate)
     async with running(fake, max_batch_size=2, max_wait_ms=0) as b:
-        first = b.submit("first", None, "fr")
+        first = b.submit(work("first", None, "fr"))
         await asyncio.wait_for(fake.started.wait(), 2.0)
-        kept = [b.submit("b", None, "fr")]
-        b.submit("c", None, "fr").cancel()
-        kept.append(b.submit("d", None, "fr"))
+        kept = [b.submit(work("b", None, "fr"))]
+        b.submit(work("c", None, "fr")).cancel()
+        kept.append(b.submit(work("d", None, "fr")))
         gate.set()
         await asyncio.wait_for(asyncio.gather(first, *kept), 2.0)
     assert [call.texts for call in fake.calls] == [["first"], ["b", "d"]]
@@ -206,11 +206,11 @@ async def test_cancelled_items_take_no_place_in_a_batch() -> None:
 async def test_cancelled_items_alone_make_no_call() -> None:
     fake = FakeTranslator()
     async with running(fake, max_batch_size=8, max_wait_ms=30) as b:
-        futures = [b.submit(f"t{i}", None, "fr") for i in range(3)]
+        futures = [b.submit(work(f"t{i}", None, "fr")) for i in range(3)]
         for f in futures:
             f.cancel()
         await asyncio.sleep(0.1)
-        after = b.submit("after", None, "fr")
+        after = b.submit(work("after", None, "fr"))
         assert (await asyncio.wait_for(after, 2.0)).text == "<fr>after"
     assert [call.texts for call in fake.calls] == [["after"]]
 
@@ -231,13 +231,13 @@ async def test_an_error_reaches_every_caller_of_the_batch(
 ) -> None:
     fake = FakeTranslator(answers=deque([answer]))  # type: ignore[list-item]
     async with running(fake, max_batch_size=3, max_wait_ms=10_000) as b:
-        futures = [b.submit(f"t{i}", None, "fr") for i in range(3)]
+        futures = [b.submit(work(f"t{i}", None, "fr")) for i in range(3)]
         outcomes = await gather_all(futures)
         errors_counted = b.metrics.registry.get_sample_value(
             "thinktrans_backend_errors_total", {"backend": "fake", "kind": kind_of(expected).slug}
         )
         # The batcher survives: the next batch is served.
-        later = [b.submit(f"u{i}", None, "fr") for i in range(3)]
+        later = [b.submit(work(f"u{i}", None, "fr")) for i in range(3)]
         assert [r.text for r in await gather_all(later)] == ["<fr>u0", "<fr>u1", "<fr>u2"]
     assert sizes(fake) == [3, 3]
     for outcome in outcomes:
@@ -250,7 +250,8 @@ async def test_a_hung_backend_times_out_for_every_caller() -> None:
     fake = FakeTranslator(gate=asyncio.Event())  # never opened by the test
     async with running(fake, max_batch_size=2, max_wait_ms=10_000, timeout_s=0.1) as b:
         started = time.monotonic()
-        outcomes = await gather_all([b.submit("a", None, "fr"), b.submit("b", None, "fr")])
+        outcomes = await gather_all([b.submit(work("a", None, "fr")),
+                                     b.submit(work("b", None, "fr"))])
         assert time.monotonic() - started < 2.0
     assert all(isinstance(o, BackendTimeout) for o in outcomes)
     assert "0.1 s" in str(outcomes[0])
@@ -262,10 +263,10 @@ async def test_a_hung_backend_times_out_for_every_caller() -> None:
 async def test_submit_past_the_queue_bound_raises_overloaded() -> None:
     fake = FakeTranslator()
     async with running(fake, max_queue_size=3, max_batch_size=10, max_wait_ms=10_000) as b:
-        futures = [b.submit(f"t{i}", None, "fr") for i in range(3)]
+        futures = [b.submit(work(f"t{i}", None, "fr")) for i in range(3)]
         assert b.free() == 0
         with pytest.raises(Overloaded) as info:
-            b.submit("one too many", None, "fr")
+            b.submit(work("one too many", None, "fr"))
         assert kind_of(info.value).status == 503
         assert info.value.retry_after_s >= 1
         assert "MAX_QUEUE_SIZE" in info.value.detail
@@ -279,9 +280,9 @@ async def test_stop_fails_queued_and_running_items_and_leaves_none_pending() -> 
     b = Batcher(fake, batch_limits(fake, max_batch_size=2, max_wait_ms=0), Metrics())
     await b.start()
     try:
-        running_items = [b.submit("r0", None, "fr"), b.submit("r1", None, "fr")]
+        running_items = [b.submit(work("r0", None, "fr")), b.submit(work("r1", None, "fr"))]
         await asyncio.wait_for(fake.started.wait(), 2.0)
-        queued = [b.submit(f"q{i}", "en", "ja") for i in range(5)]
+        queued = [b.submit(work(f"q{i}", "en", "ja")) for i in range(5)]
     finally:
         await asyncio.wait_for(b.stop(grace_s=0.1), 2.0)
     everything = running_items + queued
@@ -290,14 +291,14 @@ async def test_stop_fails_queued_and_running_items_and_leaves_none_pending() -> 
     assert all(isinstance(o, BackendUnavailable) for o in outcomes)
     assert b.queue_size == 0
     with pytest.raises(BackendUnavailable):
-        b.submit("late", None, "fr")
+        b.submit(work("late", None, "fr"))
 
 
 async def test_stop_lets_a_running_batch_finish_within_grace() -> None:
     fake = FakeTranslator(delay_s=0.05)
     b = Batcher(fake, batch_limits(fake, max_batch_size=1, max_wait_ms=0), Metrics())
     await b.start()
-    future = b.submit("in flight", None, "fr")
+    future = b.submit(work("in flight", None, "fr"))
     await asyncio.wait_for(fake.started.wait(), 2.0)
     await b.stop(grace_s=2.0)
     assert future.result().text == "<fr>in flight"
@@ -327,7 +328,7 @@ async def test_at_most_max_concurrency_batches_run_at_once() -> None:
     gate = asyncio.Event()
     fake = FakeTranslator(gate=gate)
     async with running(fake, max_batch_size=1, max_wait_ms=0, max_concurrency=2) as b:
-        futures = [b.submit(f"t{i}", None, "fr") for i in range(5)]
+        futures = [b.submit(work(f"t{i}", None, "fr")) for i in range(5)]
         await wait_until(lambda: len(fake.calls) == 2)
         await asyncio.sleep(0.05)
         assert len(fake.calls) == 2  # two in flight, held by the gate; three wait
@@ -341,7 +342,7 @@ async def test_backend_concurrency_is_also_bounded_at_one() -> None:
     gate = asyncio.Event()
     fake = FakeTranslator(gate=gate)
     async with running(fake, max_batch_size=1, max_wait_ms=0, max_concurrency=1) as b:
-        futures = [b.submit(f"t{i}", None, "fr") for i in range(3)]
+        futures = [b.submit(work(f"t{i}", None, "fr")) for i in range(3)]
         await wait_until(lambda: len(fake.calls) == 1)
         await asyncio.sleep(0.05)
         assert len(fake.calls) == 1
@@ -354,9 +355,9 @@ async def test_metrics_count_batches_and_queue_depth() -> None:
     fake = FakeTranslator()
     async with running(fake, max_batch_size=3, max_wait_ms=10_000) as b:
         registry = b.metrics.registry
-        futures = [b.submit(f"t{i}", None, "fr") for i in range(2)]
+        futures = [b.submit(work(f"t{i}", None, "fr")) for i in range(2)]
         assert registry.get_sample_value("thinktrans_queue_depth", {"backend": "fake"}) == 2
-        futures.append(b.submit("t2", None, "fr"))
+        futures.append(b.submit(work("t2", None, "fr")))
         await asyncio.wait_for(asyncio.gather(*futures), 2.0)
         assert registry.get_sample_value("thinktrans_batch_size_count", {"backend": "fake"}) == 1
         assert registry.get_sample_value("thinktrans_batch_size_sum", {"backend": "fake"}) == 3
@@ -396,7 +397,7 @@ def test_every_live_item_gets_its_own_answer_in_well_formed_batches(
         async with running(fake, **limits) as b:
             futures = []
             for i, ((source, target), text, cancel) in enumerate(items):
-                future = b.submit(f"{i}:{text}", source, target)
+                future = b.submit(work(f"{i}:{text}", source, target))
                 if cancel:
                     future.cancel()
                 futures.append(future)
@@ -429,14 +430,14 @@ async def test_cancelled_items_free_their_queue_space() -> None:
                 Metrics())
     await b.start()
     try:
-        first = b.submit("a", "en", "de")
+        first = b.submit(work("a", "en", "de"))
         await asyncio.wait_for(fake.started.wait(), 2)
-        abandoned = [b.submit("b", "en", "de"), b.submit("c", "en", "de")]
+        abandoned = [b.submit(work("b", "en", "de")), b.submit(work("c", "en", "de"))]
         for future in abandoned:
             future.cancel()
         await asyncio.sleep(0)  # their done callbacks give the places back
         assert b.queue_size == 0
-        third = b.submit("d", "en", "de")  # would be Overloaded if cancelled items held space
+        third = b.submit(work("d", "en", "de"))  # would be Overloaded if cancelled items held space
         gate.set()
         assert (await first).text == "<de>a"
         assert (await third).text == "<de>d"
@@ -472,10 +473,10 @@ async def test_a_backend_that_takes_deadlines_gets_the_time_until_its_last_item_
     fake = DeadlineFake()
     async with running(fake, max_wait_ms=20) as batcher:
         now = time.monotonic()
-        await gather_all([batcher.submit("a", "en", "de", due=now + 1.0),
-                          batcher.submit("b", "en", "de", due=now + 2.0)])
-        await gather_all([batcher.submit("c", "en", "de", due=now + 1.0),
-                          batcher.submit("d", "en", "de")])  # one without a deadline
+        await gather_all([batcher.submit(work("a", "en", "de", due=now + 1.0)),
+                          batcher.submit(work("b", "en", "de", due=now + 2.0))])
+        await gather_all([batcher.submit(work("c", "en", "de", due=now + 1.0)),
+                          batcher.submit(work("d", "en", "de"))])  # one without a deadline
     assert sizes(fake) == [2, 2]
     first, second = fake.deadlines
     assert first is not None and 1.5 < first <= 2.0
@@ -487,9 +488,9 @@ async def test_late_work_and_unserved_pairs_do_not_open_the_breaker() -> None:
                                          Expired("late again")]))
     async with running(fake, breaker_failures=1) as batcher:
         for text in ("a", "b", "c"):
-            [error] = await gather_all([batcher.submit(text, "en", "de")])
+            [error] = await gather_all([batcher.submit(work(text, "en", "de"))])
             assert isinstance(error, Expired | UnsupportedLanguage)
         assert batcher.available()
         fake.answers.append(BackendError("a real failure"))
-        await gather_all([batcher.submit("d", "en", "de")])
+        await gather_all([batcher.submit(work("d", "en", "de"))])
         assert not batcher.available()

@@ -9,8 +9,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from models.spans import Protected
-from service.chain.batcher import Translation
+from service.chain.work import SegmentWork, Translation
+from service.ops.metrics import Metrics
+from service.stream.counters import StreamCounters
 from service.stream.cutting import Context, Cutter, Pacer
 from service.stream.emission import Emitter, EventLog
 from service.text.detect import Detection, Detector
@@ -37,29 +38,32 @@ class FakeDetector(Detector):
 
 @dataclass
 class Submitted:
-    text: str
-    source: str | None
-    target: str
+    work: SegmentWork
     chain: Sequence[str]
-    context: str | None
-    model: str | None
-    due: float | None
     future: asyncio.Future[Translation]
-    protected: Protected | None = None
 
 
 class FakeSubmit:
     def __init__(self) -> None:
         self.calls: list[Submitted] = []
 
-    def __call__(self, text: str, source: str | None, target: str, chain: Sequence[str],
-                 context: str | None = None, model: str | None = None,
-                 due: float | None = None,
-                 protected: Protected | None = None) -> asyncio.Future[Translation]:
+    def __call__(self, work: SegmentWork,
+                 chain: Sequence[str]) -> asyncio.Future[Translation]:
         future: asyncio.Future[Translation] = asyncio.get_running_loop().create_future()
-        self.calls.append(Submitted(text, source, target, chain, context, model, due, future,
-                                    protected))
+        self.calls.append(Submitted(work, chain, future))
         return future
+
+
+class Counted(StreamCounters):
+    """Counters that tell a run of each segment the stream's memory settled."""
+
+    def __init__(self, told: Any) -> None:
+        super().__init__(Metrics())
+        self.told = told
+
+    def memory(self, outcome: str) -> None:
+        self.told(outcome)
+        super().memory(outcome)
 
 
 class Run:
@@ -76,15 +80,15 @@ class Run:
         self.busy = False
         self.busy_asked = asyncio.Event()
         self.log = EventLog("s", None)
+        counters = Counted(self._memory)
         self.emitter = Emitter(self.log, target="en", deadline_s=deadline_s,
-                               on_result=lambda _: None, on_end=lambda: None,
-                               deferred=deferred)
+                               counters=counters, on_end=lambda: None, deferred=deferred)
         self.cutter = Cutter(
             Segmenter(400), self.detector, self.emitter, self.submit, chain=["fake"],
             target="en", source=source, model="m", policy="translate",
             deadline_s=deadline_s, memory_wait_s=memory_wait_s,
             context_max_chars=context_max_chars, cut=self.cuts.append,
-            on_memory=self._memory, busy=self._busy, deferred=deferred,
+            counters=counters, busy=self._busy, deferred=deferred,
         )
 
     def _memory(self, outcome: str) -> None:
@@ -100,7 +104,7 @@ class Run:
         await self.cutter.feed(text, pacer or Pacer(), counted=counted)
 
     def sent(self) -> list[tuple[str, Any]]:
-        return [(c.text, c.source) for c in self.submit.calls]
+        return [(c.work.text, c.work.source) for c in self.submit.calls]
 
 
 async def test_each_segment_is_detected_decided_and_submitted_as_it_is_cut() -> None:
@@ -108,8 +112,10 @@ async def test_each_segment_is_detected_decided_and_submitted_as_it_is_cut() -> 
     await run.feed("Der erste Satz ist hier.\n\n42 + 17 = 59\n\nDer zweite")
     assert run.sent() == [("Der erste Satz ist hier.", "de")]  # numbers are skipped
     [call] = run.submit.calls
-    assert (call.target, list(call.chain), call.model) == ("en", ["fake"], "m")
-    assert call.due is not None and call.due > 0
+    assert (call.work.target, list(call.chain), call.work.model) == ("en", ["fake"], "m")
+    assert call.work.due is not None and call.work.due > 0
+    assert call.work.index == 0 and call.work.original == "Der erste Satz ist hier.\n\n"
+    assert call.future is call.work.answer  # the emitter holds the same work's answer
     assert run.cutter.pending_chars() == len("Der zweite")
     run.cutter.flush()
     assert run.sent()[-1] == ("Der zweite", "de")
@@ -220,12 +226,12 @@ async def test_backends_that_use_it_get_the_preceding_text_as_context() -> None:
     await run.feed("Der erste Satz. Der zweite Satz. Der dritte Satz. ")
     run.cutter.flush()
     # at most context_max_chars, cut at a segment: the latest ones are kept
-    assert [c.context for c in run.submit.calls] == [
+    assert [c.work.context for c in run.submit.calls] == [
         None, "Der erste Satz. ", "Der zweite Satz. "]
     plain = Run()
     await plain.feed("Der erste Satz. Der zweite Satz. ")
     plain.cutter.flush()
-    assert [c.context for c in plain.submit.calls] == [None, None]
+    assert [c.work.context for c in plain.submit.calls] == [None, None]
 
 
 def test_context_keeps_the_latest_text_within_its_bound_but_always_the_last() -> None:

@@ -5,17 +5,18 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 
 import pytest
 
 from models.errors import BackendError
-from service.chain.batcher import Translation
+from service.chain.work import SegmentWork, Translation
 from service.exceptions import EventsGone
+from service.ops.metrics import Metrics
 from service.schemas import SegmentResult, StreamEnd
-from service.stream.emission import EMIT_BATCH, Emitter, EventLog, Segment
+from service.stream.counters import StreamCounters
+from service.stream.emission import EMIT_BATCH, Emitter, EventLog
 from service.text.decide import Decision
-from service.text.detect import Detection
-from service.text.segmenter import Piece
 
 TRANSLATE = Decision(None, "en", "en")
 SKIP = Decision("skipped", None, None)
@@ -118,26 +119,45 @@ def test_a_one_shot_log_keeps_its_results_and_no_events() -> None:
 # -- the emitter ---------------------------------------------------------------------------
 
 
+class Counted(StreamCounters):
+    """Counters that also keep each segment result they count."""
+
+    def __init__(self) -> None:
+        super().__init__(Metrics())
+        self.results: list[SegmentResult] = []
+
+    def segment(self, result: SegmentResult) -> None:
+        self.results.append(result)
+        super().segment(result)
+
+
 class Run:
     """An emitter with its log, recording what it reports."""
 
     def __init__(self, deadline_s: float = WAIT_S * 6, *, deferred: bool = False) -> None:
-        self.results: list[SegmentResult] = []
+        self.counters = Counted()
+        self.results = self.counters.results
         self.ends = 0
         self.log = EventLog("s", None)
         self.emitter = Emitter(self.log, target="de", deadline_s=deadline_s,
-                               on_result=self.results.append, on_end=self._end,
-                               deferred=deferred)
+                               counters=self.counters, on_end=self._end, deferred=deferred)
 
     def _end(self) -> None:
         self.ends += 1
 
-    def add(self, text: str, decision: Decision = TRANSLATE) -> Segment:
-        seg = self.emitter.add(Piece(text, "text"), decision)
+    def cut(self, text: str, decision: Decision = TRANSLATE, *,
+            held: bool = False) -> SegmentWork:
+        """A segment's work as the cutter makes it, taken by the emitter."""
+        seg = SegmentWork(self.emitter.count, text, decision, time.monotonic(), "de",
+                          text=text.strip(), held=held)
+        self.emitter.add(seg)
+        return seg
+
+    def add(self, text: str, decision: Decision = TRANSLATE) -> SegmentWork:
+        seg = self.cut(text, decision)
         if decision.status is None:
             task: asyncio.Future[Translation] = asyncio.get_running_loop().create_future()
-            task.add_done_callback(lambda t: self.emitter.on_task_done(seg, t))
-            seg.task = task
+            self.emitter.track(seg, task)
         self.emitter.advance()
         return seg
 
@@ -148,9 +168,9 @@ class Run:
                                                  ended=False), WAIT_S)
 
 
-def answer(seg: Segment, text: str) -> None:
-    assert seg.task is not None
-    seg.task.set_result(Translation(text, "fake", 1.0))
+def answer(seg: SegmentWork, text: str) -> None:
+    assert seg.answer is not None
+    seg.answer.set_result(Translation(text, "fake", 1.0))
 
 
 async def test_segments_go_out_in_order_whatever_order_their_translations_come_in() -> None:
@@ -163,6 +183,9 @@ async def test_segments_go_out_in_order_whatever_order_their_translations_come_i
     await run.until(2)
     assert [(d["index"], d["text"]) for d in data(run.log)] == [(0, "Eins. "), (1, "Zwei. ")]
     assert [r.status for r in run.results] == ["translated", "translated"]
+    counted = run.counters.metrics.registry.get_sample_value(
+        "thinktrans_segments_total", {"status": "translated", "backend": "fake"})
+    assert counted == 2  # counted by the emitter as they went out
 
 
 async def test_a_decided_segment_goes_out_at_once() -> None:
@@ -187,8 +210,8 @@ async def test_a_missed_deadline_sends_the_original_then_an_update_then_end() ->
 async def test_a_failed_translation_goes_out_as_an_error_with_its_original() -> None:
     run = Run()
     seg = run.add("One. ")
-    assert seg.task is not None
-    seg.task.set_exception(BackendError("it broke"))
+    assert seg.answer is not None
+    seg.answer.set_exception(BackendError("it broke"))
     await run.until(1)
     assert data(run.log)[0]["status"] == "error" and data(run.log)[0]["error"] == "it broke"
 
@@ -207,7 +230,7 @@ async def test_one_step_emits_a_batch_and_lets_the_loop_turn_before_the_rest() -
 
 async def test_a_held_segment_holds_those_behind_it_until_it_is_settled() -> None:
     run = Run(deadline_s=0.0)  # the deadline has passed already: only holding stops it
-    held = run.emitter.add_held(Piece("OK. ", "text"), Detection("en", 0.3, False), "de")
+    held = run.cut("OK. ", Decision(None, "en", None), held=True)
     run.add("```x```", SKIP)
     await asyncio.sleep(0.01)
     assert run.log.after(-1) == []
@@ -224,7 +247,7 @@ async def test_a_deferred_emitter_starts_no_deadline_until_started() -> None:
     run.emitter.start()
     await run.until(1)
     assert data(run.log)[0]["status"] == "deadline"
-    assert seg.task is not None and not seg.task.done()
+    assert seg.answer is not None and not seg.answer.done()
 
 
 async def test_abort_sends_every_segment_and_owed_update_as_an_error_then_end() -> None:
@@ -237,8 +260,8 @@ async def test_abort_sends_every_segment_and_owed_update_as_an_error_then_end() 
     assert kinds(run.log) == ["segment", "segment", "update", "end"]
     assert [d.get("error") for d in data(run.log)[1:3]] == ["shut down", "shut down"]
     assert run.emitter.ended and run.emitter.dropped
-    assert late.task is not None and waiting.task is not None
-    assert late.task.cancelled() and waiting.task.cancelled()  # the work is dropped
+    assert late.answer is not None and waiting.answer is not None
+    assert late.answer.cancelled() and waiting.answer.cancelled()  # the work is dropped
     assert run.ends == 0  # aborted, not ended: the manager drops it
 
 

@@ -18,7 +18,7 @@ from service.ops.metrics import Metrics
 from service.stream.preview import mask, measure
 from tests.configs import batch_limits
 from tests.conftest import app_with, assert_problem, poll, post_chunks, read_until
-from tests.fakes import FakeTranslator
+from tests.fakes import FakeTranslator, work
 
 LONG = ("Let me think about how the cache handles an entry that expired while a reader was "
         "still holding a reference to it, because that decides the answer. ")
@@ -96,13 +96,14 @@ async def test_a_segment_overtakes_previews_and_a_preview_cancelled_is_dropped_u
                       Metrics())
     await batcher.start()
     try:
-        blocker = batcher.submit("first", "en", "zh-CN")
+        blocker = batcher.submit(work("first", "en", "zh-CN"))
         await fake.started.wait()  # the one slot is busy: what follows waits
-        kept = batcher.submit_preview("a preview", "en", "zh-CN")
-        gone = batcher.submit_preview("a superseded preview", "en", "zh-CN")
+        kept = batcher.submit_preview(work("a preview", "en", "zh-CN", preview=True))
+        gone = batcher.submit_preview(work("a superseded preview", "en", "zh-CN", preview=True))
         assert kept is not None and gone is not None
-        assert batcher.submit_preview("one too many", "en", "zh-CN") is None  # its bound
-        final = batcher.submit("a segment", "en", "zh-CN")
+        one_too_many = work("one too many", "en", "zh-CN", preview=True)
+        assert batcher.submit_preview(one_too_many) is None  # its bound
+        final = batcher.submit(work("a segment", "en", "zh-CN"))
         assert batcher.queue_size == 1, "previews take no place admission counts"
         gone.cancel()
         gate.set()
@@ -137,10 +138,10 @@ async def test_a_segment_stops_the_preview_decode_that_holds_the_backend(slots: 
     batcher = Batcher(fake, batch_limits(fake, max_wait_ms=0, max_concurrency=slots), Metrics())
     await batcher.start()
     try:
-        preview = batcher.submit_preview("a preview", "en", "zh-CN")
+        preview = batcher.submit_preview(work("a preview", "en", "zh-CN", preview=True))
         assert preview is not None
         await fake.started.wait()
-        final = await asyncio.wait_for(batcher.submit("a segment", "en", "zh-CN"), 2)
+        final = await asyncio.wait_for(batcher.submit(work("a segment", "en", "zh-CN")), 2)
         assert final.text == "<zh-CN>a segment"
         [job] = [j for j in fake.jobs if j.preview]
         assert job.stop is not None and job.stop.is_set() is (slots == 1)

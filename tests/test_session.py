@@ -19,7 +19,7 @@ from tests.conftest import (
     read_until,
     segments,
 )
-from tests.fakes import FakeTranslator
+from tests.fakes import FakeTranslator, work
 
 ENGLISH = "Let me add the three legs of the hike together. "
 CHINESE = "所以总时间是五个小时。"
@@ -223,9 +223,9 @@ async def test_joined_segments_hold_queue_places_until_their_work_is_done() -> N
     async with app_with(fake, max_wait_ms=0) as app:
         dispatcher = app.runtime.dispatcher
         batcher = dispatcher.batchers["fake"]
-        first = dispatcher.submit(ENGLISH, "en", "de", ["fake"])
+        first = dispatcher.submit(work(ENGLISH, "en", "de"), ["fake"])
         await fake.started.wait()  # its batch runs: its item has left the queue
-        joined = [dispatcher.submit(ENGLISH, "en", "de", ["fake"]) for _ in range(3)]
+        joined = [dispatcher.submit(work(ENGLISH, "en", "de"), ["fake"]) for _ in range(3)]
         assert batcher.queue_size == 3  # each a waiting segment, though none is queued
         joined[0].cancel()
         await asyncio.sleep(0)
@@ -237,7 +237,7 @@ async def test_joined_segments_hold_queue_places_until_their_work_is_done() -> N
         assert {a.text for a in answers} == {f"<de>{ENGLISH}"}
         assert batcher.queue_size == 0 and len(fake.calls) == 1
         # Cached by a segment that joined, since the one that queued it was gone.
-        again = await dispatcher.submit(ENGLISH, "en", "de", ["fake"])
+        again = await dispatcher.submit(work(ENGLISH, "en", "de"), ["fake"])
         assert again.cached and len(fake.calls) == 1
 
 
@@ -249,14 +249,14 @@ async def test_work_forced_onto_a_full_backend_is_cached_as_that_backends() -> N
                         max_wait_ms=0) as app:
         dispatcher = app.runtime.dispatcher
         for fake in (a, b):  # one batch stuck, one item queued: full
-            dispatcher.batchers[fake.name].submit("busy one", "en", "de")
+            dispatcher.batchers[fake.name].submit(work("busy one", "en", "de"))
             await fake.started.wait()
-            dispatcher.batchers[fake.name].submit("busy two", "en", "de")
-        forced = dispatcher.submit(ENGLISH, "en", "de", ["a", "b"])
+            dispatcher.batchers[fake.name].submit(work("busy two", "en", "de"))
+        forced = dispatcher.submit(work(ENGLISH, "en", "de"), ["a", "b"])
         a.gate.set()  # type: ignore[union-attr]
         b.gate.set()  # type: ignore[union-attr]
         assert (await forced).backend == "a"
-        by_b = await dispatcher.submit(ENGLISH, "en", "de", ["b"])
+        by_b = await dispatcher.submit(work(ENGLISH, "en", "de"), ["b"])
         assert (by_b.backend, by_b.cached) == ("b", False)
-        by_a = await dispatcher.submit(ENGLISH, "en", "de", ["a"])
+        by_a = await dispatcher.submit(work(ENGLISH, "en", "de"), ["a"])
         assert (by_a.backend, by_a.cached) == ("a", True)

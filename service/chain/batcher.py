@@ -9,6 +9,11 @@ happens: a result, a BackendError, or cancelled by its caller (then dropped unru
 the cut-off of given-up items, the circuit breaker and the check of an answer are the parts
 in ``service/chain/batching.py``, which the pool's engine turns use too.
 
+An item is the batcher's own record of a segment's ``SegmentWork`` (``service/chain/work.py``):
+the work itself, held by reference, with the future the batcher answers. A batch becomes the
+backend's ``Job`` by reading its works; ``_Runner`` runs it, counts the outcome and settles
+every future.
+
 Previews (provisional translations of sentences still streaming) wait in a low-priority
 lane of their own, bounded by ``BatchLimits.max_previews``: a preview batch is formed only
 while no segment waits, so segments always overtake them; one superseded before it ran is
@@ -42,8 +47,8 @@ from models.errors import (
     Throttled,
     UnsupportedLanguage,
 )
-from models.spans import Protected
 from service.chain.batching import Breaker, Cutoff, GroupedQueue, Pair, check_outputs
+from service.chain.work import SegmentWork, Translation
 from service.exceptions import Overloaded, kind_of
 from service.ops.logs import text_fields
 from service.ops.metrics import Metrics
@@ -53,32 +58,29 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("thinktrans.batcher")
 
-
-@dataclass(frozen=True, slots=True)
-class Translation:
-    """A backend's answer for one item, with the time it waited in the queue."""
-
-    text: str
-    backend: str
-    queued_ms: float
-    model: str | None = None  # the model that translated it, where the backend has one
-    cached: bool = False  # served from the translation cache
+__all__ = ["BatchLimits", "Batcher", "Translation"]
 
 
 @dataclass(slots=True, eq=False)
 class _Item:
-    text: str
-    pair: Pair
+    """The batcher's own record of a work it holds: the future it answers, the group it
+    waits in, and its place in the queue."""
+
+    work: SegmentWork
+    pair: Pair  # the group it shares a batch with: (source, target, model)
     future: asyncio.Future[Translation]
-    context: str | None = None  # the text before it, for backends that use it
-    due: float | None = None  # when its segment is due out (monotonic); None: no deadline
-    protected: Protected | None = None  # its protected spans and glossary, if any
-    preview: bool = False  # a preview's item, in the low-priority lane
-    previous: str | None = None  # a preview's: its sentence's previous preview, as shown
+    chars: int  # len(work.text), counted once: batches are formed by it
     enqueued: float = field(default_factory=time.monotonic)
     queued: bool = True  # counted in the queue's size (False once taken or cancelled)
-    chars: int = 0  # len(text), counted once: batches are formed by it
     weight: ClassVar[int] = 1  # one segment: one place in a batch
+
+    @property
+    def due(self) -> float | None:
+        return self.work.due
+
+    @property
+    def preview(self) -> bool:
+        return self.work.preview
 
     def gone(self) -> bool:
         """Its caller cancelled it (a queued item's future is done by nothing else)."""
@@ -133,17 +135,15 @@ class BatchLimits:
 
 
 class Batcher:
-    """Collects items for one backend and runs them in batches."""
+    """Collects one backend's segment works into batches (its queue, its preview lane,
+    its concurrency slots) and has its ``_Runner`` run each batch."""
 
     def __init__(self, translator: Translator, limits: BatchLimits, metrics: Metrics) -> None:
         self.translator = translator
         self.name = translator.name
         self.limits = limits
         self.metrics = metrics
-        # This backend's series, looked up once (a label lookup takes a lock).
-        self._queue_depth = metrics.queue_depth.labels(self.name)
-        self._batch_size = metrics.batch_size.labels(self.name)
-        self._batch_seconds = metrics.batch_seconds.labels(self.name)
+        self._queue_depth = metrics.queue_depth.labels(self.name)  # looked up once
         self._queue: GroupedQueue[_Item] = GroupedQueue()  # len: items waiting, not cancelled
         # Segments waiting on identical work already here (the dispatcher joins them to
         # it): they take no place in a batch but hold memory, so they count in the queue.
@@ -154,6 +154,7 @@ class Batcher:
         self._running: set[asyncio.Task[None]] = set()
         self._closed = False
         self.breaker = Breaker(self.name, limits.breaker_failures, limits.breaker_cooloff_s)
+        self._runner = _Runner(translator, limits.timeout_s, self.breaker, metrics)
         # The low-priority lane: previews (provisional translations of open sentences). A
         # batch is taken from it only while no segment waits; it has its own bound.
         self._previews: GroupedQueue[_Item] = GroupedQueue()
@@ -219,19 +220,14 @@ class Batcher:
         self._held -= 1
         self._gauge()
 
-    def submit(
-        self, text: str, source: str | None, target: str, context: str | None = None,
-        *, model: str | None = None, force: bool = False, due: float | None = None,
-        protected: Protected | None = None,
-    ) -> asyncio.Future[Translation]:
-        """Queue one text; the future gets its Translation or a BackendError.
+    def submit(self, work: SegmentWork, *, force: bool = False) -> asyncio.Future[Translation]:
+        """Queue one segment's work; the future gets its Translation or a BackendError.
 
         Raises Overloaded when the queue is full, unless ``force``: text a stream has
         already accepted is never refused (admission checked the room before accepting
         it). A caller that no longer wants the answer cancels the future; its place in
-        the queue is freed on the loop's next turn and the item is dropped unrun. ``due``
-        is when the text's segment is due out (monotonic), for backends that take a
-        deadline; ``protected``, its spans and glossary. O(1) amortised.
+        the queue is freed on the loop's next turn and the item is dropped unrun. The
+        work's ``due`` is for backends that take a deadline. O(1) amortised.
         """
         if self._closed:
             raise BackendUnavailable(f"backend {self.name!r} is shutting down")
@@ -241,34 +237,36 @@ class Batcher:
                 "retry later or raise THINKTRANS_MAX_QUEUE_SIZE",
                 retry_after_s=1,
             )
-        future: asyncio.Future[Translation] = asyncio.get_running_loop().create_future()
-        pair: Pair = (source, target, model)
-        item = _Item(text, pair, future, context=context, due=due, protected=protected,
-                     chars=len(text))
+        item = self._item(work)
         self._queue.push(item)
-        future.add_done_callback(functools.partial(self._on_done, item))
         self._gauge()
         _wake(self._waiter)
         if self._preview_stops and len(self._running) >= self.limits.max_concurrency:
             for stop in self._preview_stops:  # a segment waits no decode of a preview
                 stop.set()
-        return future
+        return item.future
 
-    def submit_preview(self, text: str, source: str | None, target: str, *,
-                       model: str | None = None, protected: Protected | None = None,
-                       previous: str | None = None) -> asyncio.Future[Translation] | None:
-        """Queue a preview in the low-priority lane (``Batcher`` docstring); None when the
-        lane holds ``limits.max_previews`` already or the batcher is stopping: no preview then.
-        The caller cancels the future once the preview is superseded: unrun, it is dropped."""
+    def submit_preview(self, work: SegmentWork) -> asyncio.Future[Translation] | None:
+        """Queue a preview's work in the low-priority lane (``Batcher`` docstring); None when
+        the lane holds ``limits.max_previews`` already or the batcher is stopping: no preview
+        then. The caller cancels the future once the preview is superseded: unrun, it is
+        dropped."""
         if self._closed or len(self._previews) >= self.limits.max_previews:
             return None
-        future: asyncio.Future[Translation] = asyncio.get_running_loop().create_future()
-        item = _Item(text, (source, target, model), future, protected=protected,
-                     preview=True, previous=previous, chars=len(text))
+        item = self._item(work)
         self._previews.push(item)
-        future.add_done_callback(functools.partial(self._on_done, item))
         _wake(self._waiter)
-        return future
+        return item.future
+
+    def _item(self, work: SegmentWork) -> _Item:
+        """The batcher's record of ``work``, its future answered here."""
+        target = work.target
+        if target is None:
+            raise ValueError(f"segment {work.index} has no target to translate into")
+        future: asyncio.Future[Translation] = asyncio.get_running_loop().create_future()
+        item = _Item(work, (work.source, target, work.model), future, len(work.text))
+        future.add_done_callback(functools.partial(self._on_done, item))
+        return item
 
     def _on_done(self, item: _Item, future: asyncio.Future[Translation]) -> None:
         """A queued item cancelled by its caller gives its place back now (an item taken
@@ -329,92 +327,133 @@ class Batcher:
                 timer.cancel()
 
     async def _run(self, batch: list[_Item]) -> None:
-        stop: threading.Event | None = None  # a preview batch's (``_preview_stops``)
+        """Run one batch taken from the queue (its items still wanted), then give its
+        concurrency slot back. A preview batch's stop signal is kept while it runs."""
         try:
             live = _GIVEN_UP.sift(batch)
             if not live:
                 return
-            source, target, model = live[0].pair
-            texts = [item.text for item in live]
-            started = time.monotonic()
-            self._batch_size.observe(len(live))
-            served_by = self.translator.resolve_model(model, source, target)
-            job = self._job(live, texts)
-            if (stop := job.stop) is not None:
-                self._preview_stops.add(stop)
-            call = self.translator.run(job)
-            # A model one stream named may fail without the backend being at fault: only
-            # the backend's own choice counts for its breaker; previews never count.
-            preview = live[0].preview
-            counted = model is None and not preview
-            partial: PartialOutput | None = None
+            job = self._runner.job(live)
+            if job.stop is not None:
+                self._preview_stops.add(job.stop)
             try:
-                try:
-                    outputs: Sequence[str | None] = await asyncio.wait_for(
-                        call, self.limits.timeout_s)
-                except PartialOutput as exc:  # the good ones are answered, the rest fail
-                    partial, outputs = exc, exc.outputs
-                check_outputs(self.name, texts, outputs, partial=partial is not None)
-            except BackendError as exc:
-                # Work dropped late, a pair the backend does not serve, or a shared backend
-                # holding this client's share already: no fault of it.
-                blameless = isinstance(exc, Expired | UnsupportedLanguage | Throttled)
-                self._fail_all(live, exc, counted=counted and not blameless)
-                return
-            except TimeoutError:
-                self._fail_all(live, BackendTimeout(
-                    f"backend {self.name!r} took over {self.limits.timeout_s:g} s for a batch"
-                ), counted=counted)
-                return
-            except asyncio.CancelledError:
-                self._fail_all(live, BackendUnavailable(f"backend {self.name!r} stopped"))
-                raise
-            except Exception as exc:  # a bug or an unmapped vendor error: fail, don't hang
-                log.exception("backend %s raised %s", self.name, type(exc).__name__)
-                self._fail_all(live, BackendError(f"backend {self.name!r} failed: "
-                                                  f"{type(exc).__name__}"), counted=counted)
-                return
-            if counted:
-                self.breaker.record(ok=True)
-            elapsed = time.monotonic() - started
-            self._batch_seconds.observe(elapsed)
-            if self.translator.capabilities.billed:
-                self.metrics.billed_chars.labels(self.name).inc(sum(map(len, texts)))
-            if log.isEnabledFor(logging.DEBUG):  # a line per batch: too many for info
-                log.debug("batch", extra={
-                    "backend": self.name, "size": len(live), "ms": round(elapsed * 1000, 2),
-                    "source": source, "target": target, "model": served_by,
-                    "queued_ms": round((started - live[0].enqueued) * 1000, 2),
-                    **text_fields("\n".join(texts)),  # lengths and a hash, unless log_text
-                })
-            if partial is not None and not preview:
-                self.metrics.backend_errors.labels(self.name, kind_of(partial).slug).inc()
-            for item, out in zip(live, outputs, strict=True):
-                queued_ms = (started - item.enqueued) * 1000.0
-                if out is None:
-                    assert partial is not None
-                    _fail(item, BadOutput(partial.detail))
-                elif not item.future.done():
-                    item.future.set_result(Translation(out, self.name, queued_ms, served_by))
+                await self._runner.run(job, live)
+            finally:
+                if job.stop is not None:
+                    self._preview_stops.discard(job.stop)
         finally:
-            if stop is not None:
-                self._preview_stops.discard(stop)
             self._slots.release()
 
-    def _job(self, live: Sequence[_Item], texts: list[str]) -> Job:
-        """The batch as the backend takes it: contexts only for a backend that uses them;
-        due, the latest of its items' (None when one has no deadline)."""
+    def _gauge(self) -> None:
+        self._queue_depth.set(self.queue_size)
+
+
+class _Runner:
+    """Runs one batch on the backend: the batch as its ``Job``, the call and its check,
+    the outcome counted (breaker, metrics, a debug line), and every item's future settled."""
+
+    def __init__(self, translator: Translator, timeout_s: float, breaker: Breaker,
+                 metrics: Metrics) -> None:
+        self.translator = translator
+        self.name = translator.name
+        self.timeout_s = timeout_s
+        self.breaker = breaker
+        self.metrics = metrics
+        # This backend's series, looked up once (a label lookup takes a lock).
+        self._batch_size = metrics.batch_size.labels(self.name)
+        self._batch_seconds = metrics.batch_seconds.labels(self.name)
+
+    async def run(self, job: Job, live: Sequence[_Item]) -> None:
+        """The backend's answer to ``job``, made of the items ``live``: a result or an
+        error for each."""
+        started = time.monotonic()
+        self._batch_size.observe(len(live))
+        served_by = self.translator.resolve_model(job.model, job.source, job.target)
+        # A model one stream named may fail without the backend being at fault: only the
+        # backend's own choice counts for its breaker; previews never count.
+        counted = job.model is None and not job.preview
+        try:
+            outputs, partial = await self._call(job)
+        except BackendError as exc:
+            # Work dropped late, a pair the backend does not serve, or a shared backend
+            # holding this client's share already: no fault of it.
+            blameless = isinstance(exc, Expired | UnsupportedLanguage | Throttled)
+            self._fail_all(live, exc, counted=counted and not blameless)
+            return
+        except asyncio.CancelledError:
+            self._fail_all(live, BackendUnavailable(f"backend {self.name!r} stopped"))
+            raise
+        if counted:
+            self.breaker.record(ok=True)
+        self._count_batch(job, live, started, served_by, partial)
+        self._settle(live, outputs, partial, started, served_by)
+
+    async def _call(self, job: Job) -> tuple[Sequence[str | None], PartialOutput | None]:
+        """The backend's outputs for the job, checked, with the ``PartialOutput`` when only
+        some are good; every failure as a ``BackendError`` (a timeout, or a bug or an
+        unmapped vendor error: fail the batch, don't hang it)."""
+        try:
+            try:
+                outputs: list[str] = await asyncio.wait_for(
+                    self.translator.run(job), self.timeout_s)
+            except PartialOutput as exc:  # the good ones are answered, the rest fail
+                check_outputs(self.name, job.texts, exc.outputs, partial=True)
+                return exc.outputs, exc
+            check_outputs(self.name, job.texts, outputs)
+            return outputs, None
+        except BackendError:
+            raise
+        except TimeoutError as exc:
+            raise BackendTimeout(f"backend {self.name!r} took over "
+                                 f"{self.timeout_s:g} s for a batch") from exc
+        except Exception as exc:
+            log.exception("backend %s raised %s", self.name, type(exc).__name__)
+            raise BackendError(f"backend {self.name!r} failed: {type(exc).__name__}") from exc
+
+    def _count_batch(self, job: Job, live: Sequence[_Item], started: float,
+                     served_by: str | None, partial: PartialOutput | None) -> None:
+        """Metrics and the debug line of a batch the backend answered."""
+        elapsed = time.monotonic() - started
+        self._batch_seconds.observe(elapsed)
+        if self.translator.capabilities.billed:
+            self.metrics.billed_chars.labels(self.name).inc(sum(map(len, job.texts)))
+        if log.isEnabledFor(logging.DEBUG):  # a line per batch: too many for info
+            log.debug("batch", extra={
+                "backend": self.name, "size": len(live), "ms": round(elapsed * 1000, 2),
+                "source": job.source, "target": job.target, "model": served_by,
+                "queued_ms": round((started - live[0].enqueued) * 1000, 2),
+                **text_fields("\n".join(job.texts)),  # lengths and a hash, unless log_text
+            })
+        if partial is not None and not job.preview:
+            self.metrics.backend_errors.labels(self.name, kind_of(partial).slug).inc()
+
+    def _settle(self, live: Sequence[_Item], outputs: Sequence[str | None],
+                partial: PartialOutput | None, started: float, served_by: str | None) -> None:
+        """Each item's future: its translation (``served_by`` the model that made it), or,
+        where a partial answer has none, the reason."""
+        for item, out in zip(live, outputs, strict=True):
+            if out is None:
+                assert partial is not None
+                _fail(item, BadOutput(partial.detail))
+            elif not item.future.done():
+                queued_ms = (started - item.enqueued) * 1000.0
+                item.future.set_result(Translation(out, self.name, queued_ms, served_by))
+
+    def job(self, live: Sequence[_Item]) -> Job:
+        """The batch as the backend takes it, read from its works: contexts only for a
+        backend that uses them; due, the latest of theirs (None when one has no deadline)."""
         source, target, model = live[0].pair
-        contexts = ([item.context for item in live] if self.translator.capabilities.context
+        works = [item.work for item in live]
+        contexts = ([w.context for w in works] if self.translator.capabilities.context
                     else None)
-        dues = [item.due for item in live]
+        dues = [w.due for w in works]
         due = None if None in dues else max(d for d in dues if d is not None)
-        protected = [item.protected for item in live]
-        preview = live[0].preview  # a batch comes from one lane
-        return Job(texts, source, target, model, contexts, due,
+        protected = [w.protected for w in works]
+        preview = works[0].preview  # a batch comes from one lane
+        return Job([w.text for w in works], source, target, model, contexts, due,
                    protected if any(p is not None for p in protected) else None,
                    preview=preview,
-                   previous=[item.previous for item in live] if preview else None,
+                   previous=[w.previous for w in works] if preview else None,
                    stop=threading.Event() if preview else None)
 
     def _fail_all(self, items: Sequence[_Item], exc: BackendError, *,
@@ -430,8 +469,6 @@ class Batcher:
         for item in items:
             _fail(item, exc)
 
-    def _gauge(self) -> None:
-        self._queue_depth.set(self.queue_size)
 
 
 def _wake(waiter: asyncio.Future[None] | None) -> None:

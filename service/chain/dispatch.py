@@ -31,8 +31,9 @@ from typing import Any
 from models.base import Translator
 from models.errors import BackendError, BadOutput
 from models.spans import Protected
-from service.chain.batcher import Batcher, Translation
+from service.chain.batcher import Batcher
 from service.chain.cache import CacheKey, TranslationCache, context_mark
+from service.chain.work import SegmentWork, Translation
 from service.exceptions import Overloaded, UnknownBackend
 from service.ops.metrics import Metrics
 from service.text.detect import Detector
@@ -41,13 +42,9 @@ from service.text.tags import same_language
 
 @dataclass(eq=False, slots=True)
 class _Attempt:
-    """One segment on its way down a chain."""
+    """The dispatcher's own record of one segment's work on its way down a chain."""
 
-    text: str
-    source: str | None
-    target: str
-    context: str | None
-    model: str | None  # the model the request or stream named
+    work: SegmentWork
     rest: list[str]  # the backends not tried yet
     result: asyncio.Future[Translation]
     errors: list[str] = field(default_factory=list)
@@ -55,8 +52,6 @@ class _Attempt:
     backend: str = ""  # the backend of that work
     key: CacheKey | None = None  # the cache key of that work (None: not cached)
     held: Batcher | None = None  # joined identical work there: holds a place in its queue
-    due: float | None = None  # when the segment is due out (monotonic), for the batcher
-    protected: Protected | None = None  # its protected spans and glossary, if any
 
     def __post_init__(self) -> None:
         self.result.add_done_callback(self._on_result)
@@ -175,13 +170,9 @@ class Dispatcher:
 
     # -- translating -------------------------------------------------------------------------
 
-    def submit(
-        self, text: str, source: str | None, target: str, chain: Sequence[str],
-        context: str | None = None, model: str | None = None, due: float | None = None,
-        protected: Protected | None = None,
-    ) -> asyncio.Future[Translation]:
-        """Start one segment's text down the chain; the future gets the first good answer:
-        one that keeps every protected span of ``protected`` (``models.spans``).
+    def submit(self, work: SegmentWork, chain: Sequence[str]) -> asyncio.Future[Translation]:
+        """Start one segment's work down the chain; the future gets the first good answer:
+        one that keeps every protected span of ``work.protected`` (``models.spans``).
 
         The segment is accepted work (its caller checked ``room`` before accepting the
         text), so it is never refused: it goes to the first usable backend with room, else
@@ -190,9 +181,7 @@ class Dispatcher:
         future drops the work wherever it is (unless another segment waits on it). Driven
         by callbacks, not a task: a segment costs no coroutine of its own.
         """
-        attempt = _Attempt(text, source, target, context, model, list(chain),
-                           asyncio.get_running_loop().create_future(), due=due,
-                           protected=protected)
+        attempt = _Attempt(work, list(chain), asyncio.get_running_loop().create_future())
         self._next(attempt)
         return attempt.result
 
@@ -215,8 +204,10 @@ class Dispatcher:
                 raise BackendError("cancelled")
             answer = future.result()
             if not answer.cached:
-                self._check_language(answer, attempt.target)
-                _check_spans(answer, attempt.protected)
+                work = attempt.work
+                assert work.target is not None  # a work to translate has one
+                self._check_language(answer, work.target)
+                _check_spans(answer, work.protected)
         except BackendError as exc:
             attempt.errors.append(f"{name}: {exc.detail}")
             self._next(attempt)
@@ -233,15 +224,15 @@ class Dispatcher:
         full: list[str] = []
         while rest:
             name = rest.pop(0)
-            problem = self.backends[name].model_problem(attempt.model)
+            problem = self.backends[name].model_problem(attempt.work.model)
             if problem is not None:
                 errors.append(f"{name}: {problem}")
                 continue
-            key = self._key(name, attempt)
+            key = self._key(name, attempt.work)
             found = self._found(name, attempt, key)
             if found is not None:
                 return found
-            if not self._usable(name, attempt, errors):
+            if not self.usable(name, attempt.work, errors):
                 continue
             try:
                 return self._queue(name, attempt, key, force=False)
@@ -253,24 +244,24 @@ class Dispatcher:
             name = full[0]
             attempt.rest[:0] = full[1:]  # still to try, should this one fail
             try:
-                return self._queue(name, attempt, self._key(name, attempt), force=True)
+                return self._queue(name, attempt, self._key(name, attempt.work), force=True)
             except BackendError as exc:
                 errors.append(f"{name}: {exc.detail}")
         return None
 
-    def _key(self, name: str, attempt: _Attempt) -> CacheKey | None:
-        """The attempt's cache key on backend ``name``; None: not cached there."""
-        if self.cache is None:
+    def _key(self, name: str, work: SegmentWork) -> CacheKey | None:
+        """The work's cache key on backend ``name``; None: not cached there."""
+        if self.cache is None or work.target is None:
             return None
         translator = self.backends[name]
-        identity = translator.cache_identity(attempt.model, attempt.source, attempt.target)
+        identity = translator.cache_identity(work.model, work.source, work.target)
         if identity is None:
             return None
         if translator.capabilities.context:  # the batcher sends it the context: its input
-            identity = f"{identity}|{context_mark(attempt.context)}"
-        if attempt.protected is not None:  # the spans and glossary decide the output too
-            identity = f"{identity}|{attempt.protected.digest}"
-        return (identity, attempt.source, attempt.target, attempt.text)
+            identity = f"{identity}|{context_mark(work.context)}"
+        if work.protected is not None:  # the spans and glossary decide the output too
+            identity = f"{identity}|{work.protected.digest}"
+        return (identity, work.source, work.target, work.text)
 
     def _found(self, name: str, attempt: _Attempt, key: CacheKey | None) -> _Work | None:
         """A cached answer of ``name``'s, or identical work in flight there; else None."""
@@ -279,7 +270,7 @@ class Dispatcher:
         hit = self.cache.get(key)
         if hit is not None:
             if self.backends[name].capabilities.billed and self.metrics is not None:
-                self._saved_counter(name, self.metrics).inc(len(attempt.text))
+                self._saved_counter(name, self.metrics).inc(len(attempt.work.text))
             future: asyncio.Future[Translation] = asyncio.get_running_loop().create_future()
             future.set_result(Translation(hit.text, name, 0.0, hit.model, cached=True))
             attempt.backend, attempt.key = name, None
@@ -297,9 +288,7 @@ class Dispatcher:
 
     def _queue(self, name: str, attempt: _Attempt, key: CacheKey | None, *,
                force: bool) -> _Work:
-        future = self.batchers[name].submit(attempt.text, attempt.source, attempt.target,
-                                            attempt.context, model=attempt.model, force=force,
-                                            due=attempt.due, protected=attempt.protected)
+        future = self.batchers[name].submit(attempt.work, force=force)
         attempt.backend, attempt.key = name, key
         work = _Work(future)
         if key is not None:
@@ -317,13 +306,13 @@ class Dispatcher:
             counter = self._saved[name] = metrics.cache_billed_chars_saved.labels(name)
         return counter
 
-    def _usable(self, name: str, attempt: _Attempt, errors: list[str]) -> bool:
-        return self.usable(name, attempt.source, attempt.target, attempt.model, errors)
-
-    def usable(self, name: str, source: str | None, target: str, model: str | None,
-               errors: list[str]) -> bool:
-        """Whether backend ``name`` would be tried for the pair now (ready, breaker closed,
-        serving it); if not, why, appended to ``errors``."""
+    def usable(self, name: str, work: SegmentWork, errors: list[str]) -> bool:
+        """Whether backend ``name`` would be tried for the work's pair now (ready, breaker
+        closed, serving it); if not, why, appended to ``errors``."""
+        source, target, model = work.source, work.target, work.model
+        if target is None:
+            errors.append(f"{name}: no target to translate into")
+            return False
         translator = self.backends[name]
         if not translator.ready:
             errors.append(f"{name}: {translator.reason or 'not ready'}")
@@ -342,22 +331,19 @@ class Dispatcher:
 
     # -- previews ----------------------------------------------------------------------------
 
-    def preview(self, text: str, source: str | None, target: str, chain: Sequence[str], *,
-                model: str | None = None, protected: Protected | None = None,
-                previous: str | None = None,
+    def preview(self, work: SegmentWork, chain: Sequence[str], *,
                 billed: bool = False) -> asyncio.Future[Translation] | None:
-        """Start a preview on the first backend of the chain that would be tried for it,
-        passing over billed ones unless ``billed``; its batcher's low-priority lane, never
-        the cache, never down the chain. None: no backend, or its preview lane is full."""
+        """Start a preview's work on the first backend of the chain that would be tried for
+        it, passing over billed ones unless ``billed``; its batcher's low-priority lane,
+        never the cache, never down the chain. None: no backend, or its lane is full."""
         for name in chain:
             translator = self.backends[name]
             if translator.capabilities.billed and not billed:
                 continue
-            if translator.model_problem(model) is not None:
+            if translator.model_problem(work.model) is not None:
                 continue
-            if self.usable(name, source, target, model, []):
-                return self.batchers[name].submit_preview(
-                    text, source, target, model=model, protected=protected, previous=previous)
+            if self.usable(name, work, []):
+                return self.batchers[name].submit_preview(work)
         return None
 
     def _check_language(self, result: Translation, target: str) -> None:

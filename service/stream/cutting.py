@@ -13,6 +13,10 @@ reliably in another (a switch) its own detection; the wait running out, or a flu
 the recent language. For backends that use it, each segment carries the preceding
 segments' text (``context_max_chars``).
 
+Each segment is one ``SegmentWork`` (``service/chain/work.py``), made here as it is cut and
+handed as it is to the emitter, then, to translate, down the chain; the cutter writes only
+its own fields of it (its decision, context, spans, due) and the emitter its answer.
+
 A one-shot text (``deferred``) is cut whole first; its segments are submitted together by
 ``start_deferred`` once admission has found room for all of them.
 """
@@ -20,16 +24,17 @@ A one-shot text (``deferred``) is cut whole first; its segments are submitted to
 from __future__ import annotations
 
 import asyncio
-import functools
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Protocol
 
 from models.spans import Protected
-from service.chain.batcher import Translation
+from service.chain.work import SegmentWork, Translation
 from service.schemas import Policy
-from service.stream.emission import Emitter, Segment
+from service.stream.counters import StreamCounters
+from service.stream.emission import Emitter
 from service.text.decide import Decision, decide, leans_on_memory, settled_memory, wants_detection
 from service.text.detect import Detection, Detector
 from service.text.segmenter import Piece, Segmenter
@@ -60,12 +65,20 @@ class Pacer:
 
 
 class Submit(Protocol):
-    """Starts one segment's text down a chain (``Dispatcher.submit``)."""
+    """Starts one segment's work down a chain (``Dispatcher.submit``)."""
 
-    def __call__(self, text: str, source: str | None, target: str, chain: Sequence[str],
-                 context: str | None = None, model: str | None = None,
-                 due: float | None = None,
-                 protected: Protected | None = None) -> asyncio.Future[Translation]: ...
+    def __call__(self, work: SegmentWork,
+                 chain: Sequence[str]) -> asyncio.Future[Translation]: ...
+
+
+@dataclass(eq=False, slots=True)
+class _Held:
+    """The segment waiting for the next one to settle its language: its detection, and
+    the stream's recent language when it was cut."""
+
+    work: SegmentWork
+    detection: Detection
+    memory: str | None
 
 
 class Context:
@@ -96,7 +109,7 @@ class Cutter:
     """A stream's text into decided segments, handed to its ``Emitter`` and started.
 
     ``cut``: told how many accepted characters each step cut (admission's uncut count);
-    ``on_memory``: told how each held segment was settled (``kept``: the recent language;
+    ``counters``: counts how each held segment was settled (``kept``: the recent language;
     ``own``: its own detection); ``busy``: whether a request is cutting the stream now
     (a held segment's wait running out then leaves it to that request).
     """
@@ -105,7 +118,7 @@ class Cutter:
                  submit: Submit, *, chain: Sequence[str], target: str | None,
                  source: str | None, model: str | None, policy: Policy, deadline_s: float,
                  memory_wait_s: float, context_max_chars: int, cut: Callable[[int], None],
-                 on_memory: Callable[[str], None], busy: Callable[[], bool],
+                 counters: StreamCounters, busy: Callable[[], bool],
                  deferred: bool = False,
                  protect: Callable[[str], Protected | None] | None = None) -> None:
         self.segmenter = segmenter
@@ -121,18 +134,17 @@ class Cutter:
         self._memory_wait_s = min(memory_wait_s, deadline_s / 2)
         self._context = Context(context_max_chars)
         self._cut = cut
-        self._on_memory = on_memory
+        self._counters = counters
         self._busy = busy
-        self._done = emitter.on_task_done
         self._protect = protect  # a segment's text -> its protected spans (None: none)
         self.recent_lang: str | None = None
         # At most one segment waits for the next one to settle its language (memory).
-        self._held: Segment | None = None
+        self._held: _Held | None = None
         self._held_timer: asyncio.TimerHandle | None = None
         # The held segment whose wait ran out while a request was cutting.
-        self._memory_overdue: Segment | None = None
+        self._memory_overdue: _Held | None = None
         # One-shot: segments are cut first and started together, after admission.
-        self._unstarted: list[Segment] | None = [] if deferred else None
+        self._unstarted: list[SegmentWork] | None = [] if deferred else None
 
     # -- text in ---------------------------------------------------------------------------
 
@@ -165,10 +177,10 @@ class Cutter:
             if left:
                 cut(left)
 
-    def preview_decision(self, text: str) -> Decision | None:
-        """How the open sentence ``text`` would be decided were it cut now, when it would be
-        translated (its source sent with the decision); None: it would not (code, the
-        target's language, hidden, no target)."""
+    def preview_work(self, text: str, previous: str | None) -> SegmentWork | None:
+        """The work of a preview of the open sentence ``text``, decided as it would be were
+        it cut now (``previous``: its last preview as shown); None: it would not be
+        translated (code, the target's language, hidden, no target)."""
         if self.target is None or self._unstarted is not None or not wants_detection(
                 text, "text"):
             return None
@@ -176,7 +188,12 @@ class Cutter:
         decision = decide(True, target=self.target, detection=detection,
                           fallback_lang=self.recent_lang, source=self.source,
                           policy=self.policy)
-        return decision if decision.status is None else None
+        if decision.status is not None:
+            return None
+        core = text.strip()
+        return SegmentWork(self._emitter.count, text, decision, time.monotonic(), self.target,
+                           text=core, model=self.model, preview=True, previous=previous,
+                           protected=self._protect(core) if self._protect is not None else None)
 
     def pending_chars(self) -> int:
         """Characters fed and not cut into a segment yet."""
@@ -210,18 +227,26 @@ class Cutter:
         decision = decide(prose, target=self.target, detection=detection,
                           fallback_lang=self.recent_lang, source=self.source,
                           policy=self.policy)
-        seg = self._emitter.add(piece, decision)
+        seg = self._cut_segment(piece, decision)
         if decision.status is None:
-            seg.context = self._context.take(piece.text)
             self._begin(seg)
         self._emitter.advance()
+
+    def _cut_segment(self, piece: Piece, decision: Decision, *,
+                     held: bool = False) -> SegmentWork:
+        """The segment's work, made once, ready now, taken by the emitter as the next."""
+        seg = SegmentWork(self._emitter.count, piece.text, decision, time.monotonic(),
+                          self.target, text=piece.text.strip(), model=self.model, held=held)
+        self._emitter.add(seg)
+        return seg
 
     # -- stream memory -----------------------------------------------------------------------
 
     def _hold(self, piece: Piece, detection: Detection) -> None:
         """Cut a segment whose language only the stream's memory can tell, and let it wait
         (at most ``_memory_wait_s``) for the next segment: see ``_settle``."""
-        self._held = self._emitter.add_held(piece, detection, self.recent_lang)
+        seg = self._cut_segment(piece, Decision(None, detection.lang, None), held=True)
+        self._held = _Held(seg, detection, self.recent_lang)
         if self._unstarted is None:  # a one-shot text is settled when it is all cut
             self._held_timer = asyncio.get_running_loop().call_later(
                 self._memory_wait_s, self._on_memory_wait)
@@ -232,20 +257,19 @@ class Cutter:
         it is that language; before a segment reliably in another language (a switch) it
         is what its own detection says; with no clear next language (the wait ran out, a
         flush, an unclear next segment) it is the recent language, as it always was."""
-        seg, self._held = self._held, None
-        assert seg is not None
+        held, self._held = self._held, None
+        assert held is not None
         if self._held_timer is not None:
             self._held_timer.cancel()
             self._held_timer = None
-        memory = settled_memory(seg.memory, next_lang)
+        memory = settled_memory(held.memory, next_lang)
+        seg = held.work
         seg.held = False
-        seg.decision = decide(True, target=self.target, detection=seg.detection,
+        seg.decision = decide(True, target=self.target, detection=held.detection,
                               fallback_lang=memory, policy=self.policy)
-        self._on_memory("kept" if memory else "own")
+        self._counters.memory("kept" if memory else "own")
         if seg.decision.status is None:
-            # No segment after it has taken its context yet: it is settled first.
-            seg.context = self._context.take(seg.piece.text)
-            self._begin(seg)
+            self._begin(seg)  # no segment after it has taken its context yet
         self._emitter.advance()
 
     def _on_memory_wait(self) -> None:
@@ -267,11 +291,13 @@ class Cutter:
 
     # -- starting ----------------------------------------------------------------------------
 
-    def _begin(self, seg: Segment) -> None:
-        """A segment to translate: its spans found; one that is all spans (nothing but code,
-        paths, ... and punctuation; no glossary term to render) is skipped instead."""
+    def _begin(self, seg: SegmentWork) -> None:
+        """A segment to translate: its context taken, its spans found; one that is all spans
+        (nothing but code, paths, ... and punctuation; no glossary term to render) is
+        skipped instead."""
+        seg.context = self._context.take(seg.original)
         if self._protect is not None:
-            seg.protected = self._protect(seg.piece.text.strip())
+            seg.protected = self._protect(seg.text)
             if seg.protected is not None and _all_spans(seg.protected):
                 seg.decision = Decision("skipped", seg.decision.source_lang, None)
                 return
@@ -294,18 +320,15 @@ class Cutter:
             self._start(seg)
         self._emitter.start()
 
-    def _start(self, seg: Segment) -> None:
-        """Queue a segment's translation. The text that carried it is accepted, so it is
-        never refused (admission checked the room first): past its deadline it goes out
-        as `deadline` and its update follows."""
+    def _start(self, seg: SegmentWork) -> None:
+        """Queue a segment's translation; the emitter tracks its answer. The text that
+        carried it is accepted, so it is never refused (admission checked the room first):
+        past its deadline it goes out as `deadline` and its update follows."""
         if self._emitter.ended:
             return
         assert self.target is not None
-        seg.task = self._submit(
-            seg.piece.text.strip(), seg.decision.send_source, self.target, self._chain,
-            seg.context, self.model, due=seg.ready_at + self._deadline_s,
-            protected=seg.protected)
-        seg.task.add_done_callback(functools.partial(self._done, seg))
+        seg.due = seg.ready_at + self._deadline_s
+        self._emitter.track(seg, self._submit(seg, self._chain))
 
     def drop(self) -> None:
         """Stop the held segment's wait: nothing is cut or started after this."""

@@ -19,22 +19,19 @@ from __future__ import annotations
 
 import asyncio
 import bisect
+import functools
 import itertools
 import sys
 import time
 from collections import deque
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
 from typing import TypeAlias
 
 from models.errors import BackendError
-from models.spans import Protected
-from service.chain.batcher import Translation
+from service.chain.work import SegmentWork, Translation
 from service.exceptions import EventsGone
 from service.schemas import PreviewResult, SegmentResult, SegmentUpdate, Status, StreamEnd
-from service.text.decide import Decision
-from service.text.detect import Detection
-from service.text.segmenter import Piece
+from service.stream.counters import StreamCounters
 from service.text.typography import is_tight, keep_whitespace
 
 # Memory an event takes beside its JSON (the tuple, its id, the deque's slot), as
@@ -62,23 +59,6 @@ def _event_id(event: Event) -> int:
 
 def _reason(exc: BaseException) -> str:
     return exc.detail if isinstance(exc, BackendError) else type(exc).__name__
-
-
-@dataclass(eq=False)
-class Segment:
-    index: int
-    piece: Piece
-    decision: Decision
-    ready_at: float
-    context: str | None = None  # the stream's preceding text, for backends that use it
-    task: asyncio.Future[Translation] | None = None
-    late: bool = False  # emitted as `deadline`; an update is owed
-    # Waiting for the stream's next segment to be decided (``decision`` is a placeholder):
-    # its detection, and the stream's recent language when it was cut.
-    held: bool = False
-    detection: Detection | None = None
-    memory: str | None = None
-    protected: Protected | None = None  # its protected spans and glossary terms, if any
 
 
 def _time_up(waiter: asyncio.Future[None]) -> None:
@@ -276,15 +256,17 @@ class Emitter:
     """A stream's segments from cut to out: in index order, each by its deadline, then
     the updates owed and ``end``; into its ``EventLog``.
 
-    ``on_result``: told of every segment result that goes out (metrics); ``on_end``:
-    called once, when ``end`` is published. A deferred emitter (a one-shot text) starts
-    no deadline until ``start``: its segments are started together, after admission.
+    Each segment is the cutter's ``SegmentWork``, taken as it is; the emitter writes only
+    its own fields of it (``answer``, ``late``). ``counters``: each segment result that
+    goes out is counted there; ``on_end``: called once, when ``end`` is published. A
+    deferred emitter (a one-shot text) starts no deadline until ``start``: its segments
+    are started together, after admission.
     Previews of the sentence still open (``publish_preview``) go out as they come; the
     segment that sentence becomes supersedes them; ``on_cut`` is told of each segment cut.
     """
 
     def __init__(self, log: EventLog, *, target: str | None, deadline_s: float,
-                 on_result: Callable[[SegmentResult], None], on_end: Callable[[], None],
+                 counters: StreamCounters, on_end: Callable[[], None],
                  deferred: bool = False) -> None:
         self.log = log
         self.on_cut: Callable[[int], None] | None = None  # told of each segment cut
@@ -293,43 +275,33 @@ class Emitter:
         self.target = target
         self.tight = is_tight(target)  # no spaces between its sentences
         self.deadline_s = deadline_s
-        self._on_result = on_result
+        self._counters = counters
         self._on_end = on_end
         self.started = not deferred  # deadlines run (a one-shot's: once admitted)
         self.count = 0  # segments taken so far
-        self._waiting: deque[Segment] = deque()  # taken and not out yet, in order
-        self._late: dict[int, Segment] = {}  # out as `deadline`, their update owed
+        self._waiting: deque[SegmentWork] = deque()  # taken and not out yet, in order
+        self._late: dict[int, SegmentWork] = {}  # out as `deadline`, their update owed
         self.closed = False  # no segment comes after those taken
         self.ended = False
         self.dropped = False
         # One deadline timer, for the head segment: emission is in order, so no segment
         # behind it can go out first.
         self._deadline_timer: asyncio.TimerHandle | None = None
-        self._deadline_of: Segment | None = None
+        self._deadline_of: SegmentWork | None = None
         self._advance_soon = False
         self._all_out: asyncio.Future[None] | None = None
 
     # -- segments in -----------------------------------------------------------------------
 
-    def add(self, piece: Piece, decision: Decision) -> Segment:
-        """Take the next segment, ready now; ``advance`` lets it out when it can go."""
-        seg = Segment(self.count, piece, decision, time.monotonic())
+    def add(self, seg: SegmentWork) -> None:
+        """Take the next segment, as the cutter made it (index ``count``); ``advance`` lets
+        it out when it can go. A ``held`` one waits, holding those behind it, until the
+        cutter settles it."""
+        assert seg.index == self.count, (seg.index, self.count)
         self.count += 1
         self._waiting.append(seg)
         if self.on_cut is not None:
             self.on_cut(seg.index)
-        return seg
-
-    def add_held(self, piece: Piece, detection: Detection, memory: str | None) -> Segment:
-        """Take the next segment, undecided: it waits, holding those behind it, until it
-        is settled (its ``held`` cleared, its ``decision`` set)."""
-        seg = Segment(self.count, piece, Decision(None, detection.lang, None), time.monotonic(),
-                      held=True, detection=detection, memory=memory)
-        self.count += 1
-        self._waiting.append(seg)
-        if self.on_cut is not None:
-            self.on_cut(seg.index)
-        return seg
 
     def publish_preview(self, preview: PreviewResult) -> bool:
         """Publish a preview of the sentence still open, superseding the one before it;
@@ -346,7 +318,12 @@ class Emitter:
         self.started = True
         self.advance()  # arms the head's deadline
 
-    def on_task_done(self, seg: Segment, _task: asyncio.Future[Translation]) -> None:
+    def track(self, seg: SegmentWork, answer: asyncio.Future[Translation]) -> None:
+        """A segment was started down its chain: ``answer`` gets its translation."""
+        seg.answer = answer
+        answer.add_done_callback(functools.partial(self._answered, seg))
+
+    def _answered(self, seg: SegmentWork, _answer: asyncio.Future[Translation]) -> None:
         """A segment's translation is back (or failed): it, and any behind it that can,
         go out if it is the head; a late one sends its update."""
         if self.dropped:
@@ -395,16 +372,16 @@ class Emitter:
         if not self.dropped:
             self.advance()
 
-    def _resolvable(self, seg: Segment) -> bool:
+    def _resolvable(self, seg: SegmentWork) -> bool:
         if seg.held:
             return False  # settled within half its deadline, by the next segment or a timer
-        if seg.decision.status is not None or (seg.task is not None and seg.task.done()):
+        if seg.decision.status is not None or (seg.answer is not None and seg.answer.done()):
             return True
         if not self.started:
             return False  # not started yet: its deadline has not begun
         return time.monotonic() >= seg.ready_at + self.deadline_s - 0.0005
 
-    def _arm_deadline(self, head: Segment) -> None:
+    def _arm_deadline(self, head: SegmentWork) -> None:
         """The stream's one deadline timer, set for its head segment."""
         if self._deadline_of is head or not self.started:
             return  # armed already; or not started: its deadline has not begun
@@ -421,15 +398,15 @@ class Emitter:
         if not self.dropped:
             self.advance()  # re-arms, should the loop's clock be a hair early
 
-    def _result(self, seg: Segment, unfinished: Status = "deadline",
+    def _result(self, seg: SegmentWork, unfinished: Status = "deadline",
                 reason: str | None = None) -> SegmentResult:
         """A segment's result from its decision and (finished or not) translation."""
         latency_ms = (time.monotonic() - seg.ready_at) * 1000.0
-        original = seg.piece.text
+        original = seg.original
         status: Status
         text, backend, error, queued_ms = original, None, None, 0.0
         model, cached = None, False
-        task = seg.task
+        task = seg.answer
         if seg.decision.status is not None:
             status = seg.decision.status
             if status == "hidden":
@@ -450,15 +427,15 @@ class Emitter:
             backend=backend, queued_ms=round(queued_ms, 3), latency_ms=round(latency_ms, 3),
             error=error, model=model, cached=cached,  # left out of the JSON when unset
         )
-        self._on_result(result)
+        self._counters.segment(result)
         return result
 
-    def _emit_update(self, seg: Segment) -> None:
-        task = seg.task
+    def _emit_update(self, seg: SegmentWork) -> None:
+        task = seg.answer
         assert task is not None
         seg.late = False
         del self._late[seg.index]
-        original = seg.piece.text
+        original = seg.original
         update: SegmentUpdate
         if task.cancelled():
             update = SegmentUpdate(index=seg.index, text=original, status="error",
@@ -513,21 +490,21 @@ class Emitter:
         late, self._late = self._late, {}
         for seg in late.values():
             seg.late = False
-            self.log.publish(SegmentUpdate(index=seg.index, text=seg.piece.text,
+            self.log.publish(SegmentUpdate(index=seg.index, text=seg.original,
                                            status="error", backend=None, error=reason))
         self.ended = True
         self.log.publish(StreamEnd(segments=self.count))
         self.drop(waiting + deque(late.values()))
 
-    def drop(self, segments: Iterable[Segment] = ()) -> None:
+    def drop(self, segments: Iterable[SegmentWork] = ()) -> None:
         """Cancel the deadline timer and the work (of ``segments`` too: ones taken out
         already); wake readers. Nothing is emitted after this."""
         self.dropped = True
         if self._deadline_timer is not None:
             self._deadline_timer.cancel()
         for seg in itertools.chain(segments, self._waiting, self._late.values()):
-            if seg.task is not None and not seg.task.done():
-                seg.task.cancel()
+            if seg.answer is not None and not seg.answer.done():
+                seg.answer.cancel()
         self.ended = True
         if self._all_out is not None and not self._all_out.done():
             self._all_out.set_result(None)

@@ -26,6 +26,7 @@ from service.ops.metrics import Metrics
 from service.schemas import Policy
 from service.settings import Settings
 from service.stream.admission import Admission
+from service.stream.counters import StreamCounters
 from service.stream.pipeline import Stream, StreamConfig
 from service.stream.preview import PreviewConfig
 from service.stream.retention import Retention
@@ -57,6 +58,7 @@ class StreamManager:
         self.detector = detector
         self.dispatcher = dispatcher
         self.admission = admission
+        self.counters = StreamCounters(metrics)  # what every stream's parts count
         self.tally = StreamTally(metrics)
         self.retention = Retention(max_streams=settings.max_ended_streams,
                                    max_bytes=settings.max_ended_bytes)
@@ -109,14 +111,12 @@ class StreamManager:
                    else functools.partial(self.finder.find, glossary=glossary))
         previewing = None
         if previews and target.target is not None:
-            start = functools.partial(self.dispatcher.preview, target=target.target,
-                                      chain=chain, model=model,
+            start = functools.partial(self.dispatcher.preview, chain=chain,
                                       billed=self.preview_config.billed)
-            previewing = (self.preview_config, start, self.tally.preview)
+            previewing = (self.preview_config, start)
         stream = Stream(
             stream_id, self.config, target=target, chain=chain, detector=self.detector,
-            submit=self.dispatcher.submit, admission=self.admission,
-            on_result=self.tally.segment, on_memory=self.tally.memory,
+            submit=self.dispatcher.submit, admission=self.admission, counters=self.counters,
             on_end=self.roster.ended, backend_name=backend_name,
             source=source, model=model, policy=policy,
             uses_context=self.dispatcher.uses_context(chain), max_events=max_events,

@@ -25,9 +25,10 @@ from dataclasses import dataclass
 
 from models.spans import Glossary, Protected
 from service.exceptions import Conflict, NotFound, ThinktransError
-from service.schemas import Policy, SegmentResult, TextResult
+from service.schemas import Policy, TextResult
 from service.settings import Settings
 from service.stream.admission import Admission
+from service.stream.counters import StreamCounters
 from service.stream.cutting import FEED_BATCH_CHARS, Cutter, Pacer, Submit
 from service.stream.emission import Emitter, Event, EventLog
 from service.stream.intake import ChunkIntake
@@ -66,9 +67,9 @@ class Stream:
     """One thinking part (or one one-shot text): its intake, admission, cutting and
     emission, composed.
 
-    ``submit`` starts a segment down the chain; ``on_result`` is told of every segment
-    result that goes out, ``on_memory`` of every segment the stream's memory settled,
-    ``on_end`` once the stream's ``end`` is out.
+    ``submit`` starts a segment down the chain; ``counters`` counts what its parts do
+    (results out, segments the stream's memory settled, previews); ``on_end`` is told
+    once the stream's ``end`` is out.
     """
 
     def __init__(
@@ -81,8 +82,7 @@ class Stream:
         detector: Detector,
         submit: Submit,
         admission: Admission,
-        on_result: Callable[[SegmentResult], None],
-        on_memory: Callable[[str], None],
+        counters: StreamCounters,
         on_end: Callable[[Stream], None],
         backend_name: str | None = None,
         source: str | None = None,
@@ -94,7 +94,7 @@ class Stream:
         release: Callable[[], None] | None = None,
         glossary: Glossary | None = None,
         protect: Callable[[str], Protected | None] | None = None,
-        previews: tuple[PreviewConfig, StartPreview, Callable[[str], None]] | None = None,
+        previews: tuple[PreviewConfig, StartPreview] | None = None,
     ) -> None:
         self.stream_id = stream_id
         # Called once, when the stream ends or is dropped: its model may be evicted then.
@@ -117,13 +117,13 @@ class Stream:
         segmenter = Segmenter(config.max_segment_chars, max_fence_chars=config.max_fence_chars)
         self.log = EventLog(stream_id, max_events, keep_results=deferred)
         self.emitter = Emitter(self.log, target=self.target, deadline_s=deadline_s,
-                               on_result=on_result, on_end=self._ended, deferred=deferred)
+                               counters=counters, on_end=self._ended, deferred=deferred)
         self.cutter = Cutter(
             segmenter, detector, self.emitter, submit, chain=chain, target=self.target,
             source=source, model=model, policy=policy, deadline_s=deadline_s,
             memory_wait_s=config.stream_memory_wait_ms / 1000.0,
             context_max_chars=config.context_max_chars if uses_context else 0,
-            cut=admission.cut, on_memory=on_memory, busy=self._busy, deferred=deferred,
+            cut=admission.cut, counters=counters, busy=self._busy, deferred=deferred,
             protect=protect,
         )
         self.intake = ChunkIntake(stream_id, max_gap=config.max_gap,
@@ -131,13 +131,13 @@ class Stream:
                                   accepted=admission.accepted,
                                   pending=self.cutter.pending_chars)
         self._admission = admission.stream(chain, self.cutter.pending_chars, self._feed_unfed)
-        # Previews of the open sentence (``service/stream/preview.py``): (config, start, count).
+        # Previews of the open sentence (``service/stream/preview.py``): (config, start).
         self.previewer: Previewer | None = None
         if previews is not None and not deferred:
-            preview_config, start, count = previews
+            preview_config, start = previews
             self.previewer = Previewer(
                 preview_config, self.emitter, pending=self.cutter.pending,
-                decide=self.cutter.preview_decision, start=start, protect=protect, count=count)
+                work=self.cutter.preview_work, start=start, counters=counters)
             self.emitter.on_cut = self.previewer.cut
 
     # -- what the parts say --------------------------------------------------------------

@@ -10,7 +10,8 @@ has grown by ``preview_step_words`` (``preview_step_chars``), at most every
 translated (re-translation). One preview of a stream runs at a time.
 
 A preview is decided as the sentence would be if it were cut now (only a sentence to
-translate gets one) and goes to the first backend of the stream's chain that would be
+translate gets one), made a ``SegmentWork`` by the stream's cutter (``preview=True``), and
+goes to the first backend of the stream's chain that would be
 tried, billed ones passed over unless ``preview_billed`` (``Dispatcher.preview``), into
 that backend's low-priority lane (``Batcher.submit_preview``): never the cache, never down
 the chain, never counted by the breaker. The answer, less its last ``preview_mask_k``
@@ -36,12 +37,11 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from models.errors import Stopped
-from models.spans import Protected
-from service.chain.batcher import Translation
+from service.chain.work import SegmentWork, Translation
 from service.schemas import PreviewResult
 from service.settings import Settings
+from service.stream.counters import StreamCounters
 from service.stream.emission import Emitter
-from service.text.decide import Decision
 from service.text.typography import is_tight
 
 _WORD = re.compile(r"\S+")
@@ -112,31 +112,29 @@ def mask(text: str, k: int, *, tight: bool) -> str:
 
 
 class StartPreview(Protocol):
-    """Starts one preview (``Dispatcher.preview``, bound to the stream's chain and model)."""
+    """Starts one preview's work (``Dispatcher.preview``, bound to the stream's chain)."""
 
-    def __call__(self, text: str, source: str | None, *, protected: Protected | None,
-                 previous: str | None) -> asyncio.Future[Translation] | None: ...
+    def __call__(self, work: SegmentWork) -> asyncio.Future[Translation] | None: ...
 
 
 class Previewer:
     """One stream's previews of its open sentence (module docstring).
 
-    ``pending``: the text the segmenter holds; ``decide``: how that text would be decided
-    (``Cutter.preview_decision``); ``protect``: its protected spans; ``start``: starts a
-    preview; ``count``: tells the metrics each outcome.
+    ``pending``: the text the segmenter holds; ``work``: that text's preview work, made
+    as it would be decided (``Cutter.preview_work``; None: not translated); ``start``:
+    starts a preview; ``counters``: each outcome is counted there.
     """
 
     def __init__(self, config: PreviewConfig, emitter: Emitter, *,
-                 pending: Callable[[], str], decide: Callable[[str], Decision | None],
-                 start: StartPreview, protect: Callable[[str], Protected | None] | None,
-                 count: Callable[[str], None]) -> None:
+                 pending: Callable[[], str],
+                 work: Callable[[str, str | None], SegmentWork | None],
+                 start: StartPreview, counters: StreamCounters) -> None:
         self.config = config
         self._emitter = emitter
         self._pending = pending
-        self._decide = decide
+        self._work = work
         self._start = start
-        self._protect = protect
-        self._count = count
+        self._count = counters.preview
         self._tight = is_tight(emitter.target)
         self._index = -1  # the open sentence's index (its segment's, once cut)
         self._opened = 0.0  # when it was first seen
@@ -205,28 +203,24 @@ class Previewer:
 
     def _send(self, text: str, units: int, now: float) -> None:
         self._units, self._at = units, now  # looked at: the next one needs more text
-        decision = self._decide(text)
-        if decision is None:
+        work = self._work(text, self._shown)
+        if work is None:
             return  # not to be translated (yet): looked at again as it grows
-        core = text.strip()
-        protected = self._protect(core) if self._protect is not None else None
-        future = self._start(core, decision.send_source, protected=protected,
-                             previous=self._shown)
+        future = self._start(work)
         if future is None:
             self._count("no_backend")
             return
         self._decodes += 1
         self._count("sent")
         self._inflight = future
-        future.add_done_callback(functools.partial(
-            self._answered, self._index, len(text), protected))
+        future.add_done_callback(functools.partial(self._answered, work))
 
-    def _answered(self, index: int, source_chars: int, protected: Protected | None,
-                  future: asyncio.Future[Translation]) -> None:
+    def _answered(self, work: SegmentWork, future: asyncio.Future[Translation]) -> None:
         if self._inflight is future:
             self._inflight = None
         if future.cancelled():
             return  # superseded (counted by ``cut``) or dropped with the stream
+        index = work.index
         if isinstance(future.exception(), Stopped):
             self._count("stopped")  # segments came to wait for its backend
         elif future.exception() is not None:
@@ -234,12 +228,12 @@ class Previewer:
         elif index != self._index or self._emitter.count > index:
             self._count("superseded")
         else:
-            self._show(index, source_chars, protected, future.result().text)
+            self._show(work, future.result().text)
         if not self._emitter.dropped:
             self.poke()  # it may have grown meanwhile, or a new sentence be open
 
-    def _show(self, index: int, source_chars: int, protected: Protected | None,
-              translated: str) -> None:
+    def _show(self, work: SegmentWork, translated: str) -> None:
+        protected, index = work.protected, work.index
         if protected is not None and protected.missing(translated):
             self._count("failed")  # a preview never shows a span lost
             return
@@ -249,7 +243,8 @@ class Previewer:
             return
         self._revision += 1
         if self._emitter.publish_preview(PreviewResult(
-                index=index, text=text, source_chars=source_chars, revision=self._revision)):
+                index=index, text=text, source_chars=len(work.original),
+                revision=self._revision)):
             self._shown = text
             self._count("shown")
 

@@ -1,9 +1,9 @@
 """Counting streams: their metrics, and the summaries ``GET /v1/streams`` (and the viewer's
 list) reads.
 
-``StreamTally`` owns the metric children a stream's parts count into (segments out,
-previews, the stream memory's outcomes, evictions) and sets the gauges of open and ended
-streams; ``summaries`` says what each stream is, without its text.
+``StreamTally`` counts evictions and sets the gauges of open and ended streams (what a
+stream's own parts count is ``service/stream/counters.py``); ``summaries`` says what each
+stream is, without its text.
 """
 
 from __future__ import annotations
@@ -14,7 +14,6 @@ from collections.abc import Collection
 from typing import Any
 
 from service.ops.metrics import Metrics
-from service.schemas import SegmentResult
 from service.stream.pipeline import Stream
 
 
@@ -23,31 +22,6 @@ class StreamTally:
 
     def __init__(self, metrics: Metrics) -> None:
         self.metrics = metrics
-        self._segments: dict[tuple[str, str], tuple[Any, Any]] = {}
-        self._previews: dict[str, Any] = {}
-
-    def segment(self, result: SegmentResult) -> None:
-        """A segment that goes out."""
-        key = (result.status, result.backend or "")
-        children = self._segments.get(key)
-        if children is None:  # label lookups take a lock: once per status and backend
-            children = self._segments[key] = (self.metrics.segments.labels(*key),
-                                              self.metrics.segment_seconds.labels(key[0]))
-        children[0].inc()
-        children[1].observe(result.latency_ms / 1000.0)
-        if result.status == "deadline":
-            self.metrics.deadline_misses.inc()
-
-    def preview(self, outcome: str) -> None:
-        """A preview's outcome (``thinktrans_previews``: sent, shown, ...)."""
-        children = self._previews.get(outcome)
-        if children is None:
-            children = self._previews[outcome] = self.metrics.previews.labels(outcome)
-        children.inc()
-
-    def memory(self, outcome: str) -> None:
-        """A segment the stream's memory settled (``kept`` or ``own``)."""
-        self.metrics.stream_memory.labels(outcome).inc()
 
     def evicted(self) -> None:
         """An ended stream evicted to bound the memory of ended streams."""
