@@ -61,7 +61,8 @@ def create_app(
     token = settings.api_token.get_secret_value() if settings.api_token else None
     app.add_middleware(Guard, max_bytes=settings.max_request_bytes, token=token,
                        metrics=metrics, body_timeout_s=settings.body_timeout_s,
-                       drain_bytes=settings.refused_body_drain_bytes)
+                       drain_bytes=settings.refused_body_drain_bytes,
+                       direct=streams.chunk_post)  # the hot path, past the router
     app.include_router(streams.router)  # first: the chunk POST is the hot path
     app.include_router(translate.router)
     app.include_router(info.router)

@@ -18,7 +18,7 @@ import hmac
 import logging
 import time
 from collections.abc import Awaitable, Callable, MutableMapping
-from typing import Any
+from typing import Any, Protocol
 
 from service.exceptions import PayloadTooLarge, RequestTimeout, UnsupportedMediaType, kind_of
 from service.http.problems import problem
@@ -37,14 +37,27 @@ Send = Callable[[Message], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 
+class Direct(Protocol):
+    """A route the guard serves itself once it has read the body, past the app's router
+    (the chunk POST: ``service.http.routes.streams.ChunkPost``)."""
+
+    path: str
+
+    def match(self, scope: Scope) -> str | None: ...
+
+    async def __call__(self, scope: Scope, key: str, body: bytes, send: Send) -> None: ...
+
+
 class Guard:
     """Request metrics and the access log around every request; the bearer token on /v1;
     the body size limit. The app factory gives it its settings (``max_request_bytes``,
-    ``api_token``, ``body_timeout_s``, ``refused_body_drain_bytes``)."""
+    ``api_token``, ``body_timeout_s``, ``refused_body_drain_bytes``), and the route it
+    serves itself (``direct``)."""
 
     def __init__(self, app: ASGIApp, *, max_bytes: int, token: str | None, metrics: Metrics,
-                 body_timeout_s: float, drain_bytes: int) -> None:
+                 body_timeout_s: float, drain_bytes: int, direct: Direct | None = None) -> None:
         self.app = app
+        self.direct = direct
         self.max_bytes = max_bytes
         self.token = token.encode() if token else None
         self.metrics = metrics
@@ -152,6 +165,9 @@ class Guard:
             self._clock.stop(task)
         if check_type and message.get("body") and not _is_json(content_type):
             await _not_json(content_type, {})(scope, receive, send)
+            return
+        if self.direct is not None and (key := self.direct.match(scope)) is not None:
+            await self.direct(scope, key, message.get("body", b""), send)
             return
         await self.app(scope, _replay([message], receive), send)
 

@@ -48,16 +48,17 @@ def error_problem(exc: own.ThinktransError | backend.BackendError, *,
                    **exc.extra)
 
 
-async def _thinktrans_error(request: Request, exc: Exception) -> JSONResponse:
-    assert isinstance(exc, own.ThinktransError | backend.BackendError)
+def answer_error(exc: own.ThinktransError | backend.BackendError) -> JSONResponse:
+    """What a route answers for one of our errors: the client's own (4xx, 503, 429) with
+    their status, anything else (a backend's failure, a config error) as a 502."""
     if isinstance(exc, CLIENT_SIDE):
         return error_problem(exc)
     log.warning("request failed: %s", type(exc).__name__)
     return error_problem(exc, status=502)
 
 
-async def _invalid(request: Request, exc: Exception) -> JSONResponse:
-    assert isinstance(exc, RequestValidationError)
+def answer_invalid(exc: RequestValidationError) -> JSONResponse:
+    """The 422 for a request that failed validation, naming the first field at fault."""
     errors = [
         {"loc": [str(p) for p in e.get("loc", ())], "msg": e.get("msg", ""),
          "type": e.get("type", "")}
@@ -69,6 +70,16 @@ async def _invalid(request: Request, exc: Exception) -> JSONResponse:
     if first["loc"] == ["body"] and first.get("type") == "missing":
         detail = "the request has no body: send a JSON object with 'Content-Type: application/json'"
     return problem(422, "Invalid request", detail, "invalid-request", errors=errors)
+
+
+async def _thinktrans_error(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, own.ThinktransError | backend.BackendError)
+    return answer_error(exc)
+
+
+async def _invalid(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, RequestValidationError)
+    return answer_invalid(exc)
 
 
 async def _http(request: Request, exc: Exception) -> JSONResponse:

@@ -18,11 +18,12 @@ from fastapi.sse import KEEPALIVE_COMMENT, EventSourceResponse, format_sse_event
 from pydantic import ValidationError
 from pydantic_core import PydanticCustomError
 from starlette.routing import Match
-from starlette.types import Scope
+from starlette.types import Message, Scope, Send
 
-from service.exceptions import EventsGone, InputError
+from models.errors import BackendError
+from service.exceptions import EventsGone, InputError, Overloaded, ThinktransError
 from service.http.deps import StreamId, StreamsDep, get_streams
-from service.http.problems import problem_responses
+from service.http.problems import answer_error, answer_invalid, problem_responses
 from service.schemas import (
     STREAM_ID_PATTERN,
     ChunksRequest,
@@ -50,35 +51,37 @@ _STREAM_ID = re.compile(STREAM_ID_PATTERN)
 _LINE_ENDS_ESCAPED = {0x85: "\\u0085", 0x2028: "\\u2028", 0x2029: "\\u2029"}
 
 
+def _parse_chunks(stream_id: str, body: bytes) -> ChunksRequest:
+    """The stream id and the body checked as the route's signature says (a
+    ``RequestValidationError`` otherwise), the body validated by pydantic straight from its
+    bytes: FastAPI's dependency resolution decodes it to Python objects first, at several
+    times the cost."""
+    if not _STREAM_ID.fullmatch(stream_id):
+        raise RequestValidationError([{
+            "loc": ("path", "stream_id"), "type": "string_pattern_mismatch",
+            "msg": f"String should match pattern '{STREAM_ID_PATTERN}'"}])
+    try:
+        check_stream_id(stream_id)
+    except PydanticCustomError as exc:
+        raise RequestValidationError([{
+            "loc": ("path", "stream_id"), "type": exc.type, "msg": exc.message()}]) from None
+    try:
+        return ChunksRequest.model_validate_json(body)
+    except ValidationError as exc:
+        raise RequestValidationError(
+            [{**e, "loc": ("body", *e["loc"])} for e in exc.errors(include_input=False)]
+        ) from None
+
+
 class _ChunkRoute(APIRoute):
-    """The hot path's route: the body is validated by pydantic straight from its bytes and
-    the endpoint called directly, without FastAPI's dependency resolution (which decodes
-    the body to Python objects first, at several times the cost). Its OpenAPI entry is the
-    usual one, drawn from the endpoint's signature."""
+    """The chunk POST as a route of the app: what serves it when the guard does not
+    (``ChunkPost``), and its OpenAPI entry, drawn from the endpoint's signature."""
 
     def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
-        endpoint = self.endpoint
-
         async def handle(request: Request) -> Response:
             stream_id = request.path_params["stream_id"]
-            if not _STREAM_ID.fullmatch(stream_id):
-                raise RequestValidationError([{
-                    "loc": ("path", "stream_id"), "type": "string_pattern_mismatch",
-                    "msg": f"String should match pattern '{STREAM_ID_PATTERN}'"}])
-            try:
-                check_stream_id(stream_id)
-            except PydanticCustomError as exc:
-                raise RequestValidationError([{
-                    "loc": ("path", "stream_id"), "type": exc.type,
-                    "msg": exc.message()}]) from None
-            try:
-                body = ChunksRequest.model_validate_json(await request.body())
-            except ValidationError as exc:
-                raise RequestValidationError(
-                    [{**e, "loc": ("body", *e["loc"])} for e in exc.errors(include_input=False)]
-                ) from None
-            response: Response = await endpoint(stream_id, body, await get_streams(request))
-            return response
+            body = _parse_chunks(stream_id, await request.body())
+            return await post_chunks(stream_id, body, await get_streams(request))
 
         return handle
 
@@ -89,6 +92,49 @@ async def post_chunks(stream_id: StreamId, body: ChunksRequest, streams: Streams
     accepted = await streams.add_chunks(stream_id, chunks)
     # Built by hand: the shape is one integer.
     return Response(b'{"accepted_through":%d}' % accepted, media_type="application/json")
+
+
+_CHUNKS_PATH = re.compile(r"/v1/streams/([^/]+)/chunks")
+
+
+class ChunkPost:
+    """The chunk POST, served by the guard once it has read the body, past the app's router,
+    its dependency resolution and its middleware: the hot path, many times a second per
+    stream. The route's own checks and endpoint (``_parse_chunks``, ``post_chunks``), and
+    the answers the app's error handlers give (``service.http.problems``)."""
+
+    path = "/v1/streams/{stream_id}/chunks"  # the route's name in metrics and logs
+
+    def match(self, scope: Scope) -> str | None:
+        """The stream id when ``scope`` is a chunk POST, else None."""
+        if scope["method"] != "POST" or scope.get("root_path"):
+            return None
+        found = _CHUNKS_PATH.fullmatch(scope["path"])
+        return found[1] if found else None
+
+    async def __call__(self, scope: Scope, key: str, body: bytes, send: Send) -> None:
+        stream_id = key
+        scope["route"] = self
+        scope["path_params"] = {"stream_id": stream_id}
+        response: Response
+        try:
+            runtime = getattr(scope["app"].state, "runtime", None)
+            if runtime is None:
+                raise Overloaded("the service is starting; retry shortly", retry_after_s=1)
+            response = await post_chunks(stream_id, _parse_chunks(stream_id, body),
+                                         runtime.streams)
+        except RequestValidationError as exc:
+            response = answer_invalid(exc)
+        except (ThinktransError, BackendError) as exc:
+            response = answer_error(exc)
+        await response(scope, _no_body, send)
+
+
+async def _no_body() -> Message:
+    return {"type": "http.disconnect"}
+
+
+chunk_post = ChunkPost()
 
 
 router.add_api_route(
