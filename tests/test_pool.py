@@ -911,7 +911,7 @@ async def test_a_sidecar_logs_no_line_per_pool_call(capfd: pytest.CaptureFixture
     root = logging.getLogger()
     saved = root.handlers[:], root.level
     try:
-        configure("info", transformers=False)
+        configure("info", log_text=False, transformers=False)
         backend = await scripted(ScriptedPool())
         try:
             assert await backend.run(due_in(["Hi."], 5.0)) == ["de:Hi."]
