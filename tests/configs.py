@@ -1,5 +1,5 @@
-"""Backend configs for tests that build a backend or a batcher by hand: each goes through
-the settings, where every default is, so that a test names only what it changes."""
+"""Configs for tests that build a backend, a batcher or a segmenter by hand: each goes
+through the settings, where every default is, so that a test names only what it changes."""
 
 from __future__ import annotations
 
@@ -14,7 +14,8 @@ from models.llm import LLMConfig
 from models.local import LocalConfig
 from models.pooled import PoolConfig
 from service.chain.batcher import BatchLimits
-from service.settings import load_settings
+from service.settings import Settings, load_settings
+from service.text.segmenter import Piece, Segmenter
 
 
 def local_config(**settings: Any) -> LocalConfig:
@@ -46,3 +47,20 @@ def batch_limits(translator: Translator, **limits: Any) -> BatchLimits:
     """The settings' batch limits for ``translator``, with ``limits`` (by their names in
     ``BatchLimits``) put over them."""
     return dataclasses.replace(BatchLimits.from_settings(load_settings(), translator), **limits)
+
+
+def segmenter(max_chars: int | None = None, *, max_fence_chars: int | None = None) -> Segmenter:
+    """A segmenter of the settings' default ``max_segment_chars`` and ``max_fence_chars``,
+    or of those given."""
+    fields = Settings.model_fields
+    return Segmenter(fields["max_segment_chars"].default if max_chars is None else max_chars,
+                     max_fence_chars=(fields["max_fence_chars"].default
+                                      if max_fence_chars is None else max_fence_chars))
+
+
+def segment(text: str, max_chars: int | None = None, *,
+            max_fence_chars: int | None = None) -> list[Piece]:
+    """``text`` cut whole by ``segmenter(max_chars, max_fence_chars=...)``."""
+    seg = segmenter(max_chars, max_fence_chars=max_fence_chars)
+    return [*seg.feed(text), *seg.flush()]
+
