@@ -50,9 +50,11 @@ def tokens(text: str) -> float:
 def sentences() -> list[tuple[str, str]]:
     """(sentence, preceding text) of each English prose sentence of the sample corpus."""
     out: list[tuple[str, str]] = []
+    limits = load_settings()  # the segment bounds a stream would cut with
     for item in builtin_corpus():
         before = ""
-        for piece in segment(item.text):
+        for piece in segment(item.text, limits.max_segment_chars,
+                             max_fence_chars=limits.max_fence_chars):
             if piece.kind == "text" and is_translatable(piece.text) and piece.text.isascii():
                 out.append((piece.text, before[-2000:]))
             before += piece.text

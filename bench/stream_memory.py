@@ -41,7 +41,8 @@ def language(det: Detection, before: str | None, after: str | None, mode: str) -
     memory = before if mode != "alone" else None
     if mode == "next" and leans_on_memory(det, before):  # held, then settled by the next
         memory = settled_memory(before, after)
-    return decide(True, target="xx", detection=det, fallback_lang=memory).source_lang
+    return decide(True, target="xx", detection=det, fallback_lang=memory,
+                  policy="translate").source_lang
 
 
 def main() -> None:

@@ -14,6 +14,7 @@ from pydantic import ValidationError
 from models.pooled import PoolCall
 from service.exceptions import InputError, PayloadTooLarge, kind_of
 from service.http.problems import problem
+from service.settings import Settings
 
 
 @dataclass(frozen=True)
@@ -21,9 +22,15 @@ class CallLimits:
     """What one call may carry, each refused past it with a 413 that names its setting; the
     call characters bound an engine turn too. Sidecars read them from ``/v1/info``."""
 
-    max_text_chars: int = 2_000  # pool_max_text_chars
-    max_call_chars: int = 32_000  # pool_max_call_chars
-    max_call_bytes: int = 1 << 20  # pool_max_call_bytes
+    max_text_chars: int
+    max_call_chars: int
+    max_call_bytes: int
+
+    @classmethod
+    def from_settings(cls, s: Settings) -> CallLimits:
+        """``pool_max_text_chars``, ``pool_max_call_chars`` and ``pool_max_call_bytes``."""
+        return cls(max_text_chars=s.pool_max_text_chars, max_call_chars=s.pool_max_call_chars,
+                   max_call_bytes=s.pool_max_call_bytes)
 
 
 async def read_within(request: Request, max_bytes: int) -> bytes | None:

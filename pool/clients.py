@@ -13,7 +13,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from pool.fair import Unit
 from service.exceptions import Forbidden, OverCap
+from service.settings import PoolClient, Settings
 
 # A call's queue waits kept per client, for its p50/p99 in /v1/stats.
 RECENT_WAITS = 256
@@ -24,9 +26,35 @@ UNNAMED = "unnamed"  # the id of calls that name none (sidecars before client id
 class ClientPolicy:
     """What the pool's config says of one client."""
 
-    token_sha256: str | None = None
-    weight: float = 1.0
-    max_waiting: int | None = None
+    token_sha256: str | None
+    weight: float
+    max_waiting: int | None  # None: the pool's ``pool_client_max_waiting``
+
+    @classmethod
+    def of(cls, client: PoolClient) -> ClientPolicy:
+        """One entry of ``pool_clients``."""
+        return cls(token_sha256=client.digest(), weight=client.weight,
+                   max_waiting=client.max_waiting)
+
+
+@dataclass(frozen=True)
+class Sharing:
+    """How a replica shares its engine between clients: the config's clients (tokens,
+    weights, caps), the default cap, the clients it keeps counts for, and the turn rule."""
+
+    policies: dict[str, ClientPolicy]
+    max_waiting: int
+    max_clients: int
+    fair: bool
+    unit: Unit
+
+    @classmethod
+    def from_settings(cls, s: Settings) -> Sharing:
+        """``pool_clients``, ``pool_client_max_waiting``, ``pool_max_clients``, ``pool_fair``
+        and ``pool_fair_unit``."""
+        return cls(policies={name: ClientPolicy.of(c) for name, c in s.pool_clients.items()},
+                   max_waiting=s.pool_client_max_waiting, max_clients=s.pool_max_clients,
+                   fair=s.pool_fair, unit=s.pool_fair_unit)
 
 
 class Unauthorized(Exception):
@@ -93,10 +121,9 @@ class Clients:
     refused while every one tracked has work waiting.
     """
 
-    def __init__(self, policies: Mapping[str, ClientPolicy] | None = None, *,
-                 shared_sha256: str | None = None, max_waiting: int = 256,
-                 max_clients: int = 1024, metrics: bool = False) -> None:
-        self.policies = dict(policies or {})
+    def __init__(self, policies: Mapping[str, ClientPolicy], *, shared_sha256: str | None,
+                 max_waiting: int, max_clients: int, metrics: bool = False) -> None:
+        self.policies = dict(policies)
         self.shared_sha256 = shared_sha256
         self.max_waiting = max_waiting
         self.max_clients = max_clients

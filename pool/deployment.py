@@ -25,9 +25,9 @@ from models.base import first_line
 from models.errors import BackendConfigError
 from models.registry import build_backend
 from pool.calls import CallLimits
-from pool.clients import ClientPolicy
+from pool.clients import Sharing
 from pool.ray_logs import propagate
-from pool.replica import Pool, Sharing
+from pool.replica import Pool
 from service.exceptions import ConfigError
 from service.settings import Settings, load_settings
 
@@ -53,16 +53,12 @@ def application(settings: Settings) -> Any:
                           f"pool_max_call_chars ({settings.pool_max_call_chars}): a call of "
                           "one text that long would be refused")
     token = settings.pool_token.get_secret_value() if settings.pool_token else None
-    policies = {name: ClientPolicy(c.digest(), c.weight, c.max_waiting)
-                for name, c in settings.pool_clients.items()}
-    if token and _digest(token) in {p.token_sha256 for p in policies.values()}:
+    sharing = Sharing.from_settings(settings)
+    if token and _digest(token) in {p.token_sha256 for p in sharing.policies.values()}:
         raise ConfigError("pool_token is also a client's own token in pool_clients: a "
                           "shared token lets a sidecar call under any name; give each its own")
-    sharing = Sharing(policies, settings.pool_client_max_waiting, settings.pool_max_clients,
-                      settings.pool_fair, settings.pool_fair_unit)
     size = settings.pool_max_batch_size
-    limits = CallLimits(settings.pool_max_text_chars, settings.pool_max_call_chars,
-                        settings.pool_max_call_bytes)
+    limits = CallLimits.from_settings(settings)
     deployment = Pool.options(  # type: ignore[attr-defined]
         num_replicas=settings.pool_replicas,
         # Ray sets a replica's OMP_NUM_THREADS to its CPUs: reserve the engine's threads.

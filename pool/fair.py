@@ -138,7 +138,7 @@ class FairQueue(Generic[T]):
     handed to the cutoff's handlers.
     """
 
-    def __init__(self, *, fair: bool = True, unit: Unit = "characters",
+    def __init__(self, *, fair: bool, unit: Unit,
                  weight: Callable[[str], float] = lambda client: 1.0) -> None:
         self.fair = fair
         self.unit: Unit = unit

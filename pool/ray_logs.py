@@ -21,8 +21,9 @@ def propagate(name: str) -> None:
 def replica_logs(level: str) -> None:
     """A replica's own logs as the service's JSON lines, on the process's stderr, which Ray
     brings to the pool's terminal: Serve, keeping its own logs off stderr, puts a writer to
-    its log file in ``sys.stderr``."""
-    configure_logs(level)
+    its log file in ``sys.stderr``. A replica's records never hold text (``log_text`` is the
+    sidecars')."""
+    configure_logs(level, log_text=False)
     propagate("ray")
     for handler in logging.getLogger().handlers:
         if isinstance(handler, logging.StreamHandler) and sys.__stderr__ is not None:

@@ -29,12 +29,13 @@ from models.local import LocalConfig, LocalTranslator
 from models.pooled import PoolCall
 from models.spans import Protected
 from pool.calls import CallLimits, parse_call, read_within, too_large, unauthorized
-from pool.clients import UNNAMED, ClientPolicy, Clients, Unauthorized
-from pool.fair import FairQueue, Slice, Unit
+from pool.clients import UNNAMED, Clients, Sharing, Unauthorized
+from pool.fair import FairQueue, Slice
 from pool.ray_logs import replica_logs
 from service.chain.batching import Cutoff, Pair, check_outputs
 from service.exceptions import PayloadTooLarge, ThinktransError
 from service.http.problems import error_problem, install_handlers, problem
+from service.settings import POOL_BATCH_WAIT_MS_MAX, Settings
 
 log = logging.getLogger("thinktrans.pool")
 # What a call is answered with when it is not served.
@@ -45,21 +46,13 @@ NOT_READY = "pool-not-ready"  # the problem slug that tells sidecars the pool is
 # Serve batches that may wait for the engine at once; the calls a replica takes
 # (max_ongoing_requests) bound them first.
 OVERLAPPING_BATCHES = 4096
+# Serve's batch takes its limits when the class is made: the settings' defaults, until a
+# replica's user_config (``pool.deployment.application``: the settings') sets its own.
+FIRST_BATCH_SIZE: int = Settings.model_fields["pool_max_batch_size"].default
+FIRST_BATCH_WAIT_MS: float = Settings.model_fields["pool_batch_wait_ms"].default
 
 api = FastAPI(title="thinktrans pool", docs_url=None, redoc_url=None)
 install_handlers(api)
-
-
-@dataclass(frozen=True)
-class Sharing:
-    """How a replica shares its engine between clients: the config's clients (tokens,
-    weights, caps), the default cap, the clients it keeps counts for, and the turn rule."""
-
-    policies: dict[str, ClientPolicy] = field(default_factory=dict)
-    max_waiting: int = 256  # pool_client_max_waiting
-    max_clients: int = 1024  # pool_max_clients
-    fair: bool = True  # pool_fair
-    unit: Unit = "characters"  # pool_fair_unit
 
 
 @dataclass(slots=True)
@@ -198,17 +191,16 @@ def _protected(parts: Sequence[_Part]) -> list[Protected | None] | None:
 class Pool:
     """One replica: a local engine and the batch queue in front of it."""
 
-    async def __init__(self, local: LocalConfig, token_sha256: str | None = None,  # type: ignore[misc]
-                       timeout_s: float = 60.0, limits: CallLimits | None = None,
-                       log_level: str = "info", sharing: Sharing | None = None) -> None:
+    async def __init__(self, local: LocalConfig, token_sha256: str | None,  # type: ignore[misc]
+                       timeout_s: float, limits: CallLimits, log_level: str,
+                       sharing: Sharing) -> None:
         replica_logs(log_level)
         self.translator = LocalTranslator(local)
         self.timeout_s = timeout_s
-        self.limits = limits or CallLimits()
-        self.max_batch_size = 64
-        self.batch_wait_ms = 10.0
+        self.limits = limits
+        self.max_batch_size = FIRST_BATCH_SIZE
+        self.batch_wait_ms = FIRST_BATCH_WAIT_MS
         self.tally = _Stats()
-        sharing = sharing or Sharing()
         self.clients = Clients(sharing.policies, shared_sha256=token_sha256,
                                max_waiting=sharing.max_waiting, max_clients=sharing.max_clients,
                                metrics=True)
@@ -239,8 +231,9 @@ class Pool:
         self.waiting.fair = fair
         size = int(config.get("max_batch_size", self.max_batch_size))
         wait_ms = float(config.get("batch_wait_ms", self.batch_wait_ms))
-        if size < 1 or not 0 <= wait_ms <= 10_000:
-            raise ValueError("max_batch_size must be >= 1 and batch_wait_ms in 0..10000")
+        if size < 1 or not 0 <= wait_ms <= POOL_BATCH_WAIT_MS_MAX:
+            raise ValueError("max_batch_size must be >= 1 and batch_wait_ms in "
+                             f"0..{POOL_BATCH_WAIT_MS_MAX}")
         self.max_batch_size, self.batch_wait_ms = size, wait_ms
         self.run.set_max_batch_size(size)  # type: ignore[attr-defined]
         self.run.set_batch_wait_timeout_s(wait_ms / 1000.0)  # type: ignore[attr-defined]
@@ -365,8 +358,8 @@ class Pool:
 
     # -- the batch ---------------------------------------------------------------------------
 
-    @serve.batch(max_batch_size=64, batch_wait_timeout_s=0.01, batch_size_fn=_segments,
-                 max_concurrent_batches=OVERLAPPING_BATCHES)
+    @serve.batch(max_batch_size=FIRST_BATCH_SIZE, batch_wait_timeout_s=FIRST_BATCH_WAIT_MS / 1000,
+                 batch_size_fn=_segments, max_concurrent_batches=OVERLAPPING_BATCHES)
     async def run(self, queued: list[_Queued]) -> list[list[str] | Failure]:
         """Serve's batch of calls joins every call waiting for the engine; each engine turn
         takes its share of each client's waiting calls, whoever's batch brought them. While

@@ -103,7 +103,7 @@ def serve(
     from service.text.glossary import GlossaryBook
 
     # JSON from the first line on: the settings may warn (an unknown variable).
-    configure("info", transformers=False)
+    configure("info", log_text=False, transformers=False)
     settings = _settings(config)
     try:
         settings = settings.with_flags(backend=backend, host=host, port=port)
@@ -530,7 +530,7 @@ def pool(
     until SIGTERM. Needs 'thinktrans[pool]'."""
     from service.ops.logs import configure
 
-    configure("info", transformers=False)
+    configure("info", log_text=False, transformers=False)
     settings = _settings(config)
     configure(settings.log_level, log_text=False, transformers=True)
     if address is None:

@@ -621,6 +621,10 @@ class LLMSection(BaseModel):
         )
 
 
+# The longest a pool replica waits for calls to merge, in ms (its user_config is held to it).
+POOL_BATCH_WAIT_MS_MAX = 10_000
+
+
 class PoolClient(BaseModel):
     """One sidecar as a pool's config names it (``pool_clients``)."""
 
@@ -712,8 +716,8 @@ class PoolSection(BaseModel):
         "most this many. A Serve config sets it as `user_config.max_batch_size`."
     )
     pool_batch_wait_ms: float = Field(
-        10.0, ge=0, le=10_000, description="`thinktrans pool`: how long a replica waits "
-        "after a call for others to merge with it (`user_config.batch_wait_ms`)."
+        10.0, ge=0, le=POOL_BATCH_WAIT_MS_MAX, description="`thinktrans pool`: how long a "
+        "replica waits after a call for others to merge with it (`user_config.batch_wait_ms`)."
     )
     pool_max_text_chars: int = Field(
         2_000, ge=16, le=1_000_000, description="`thinktrans pool`: most characters in one "

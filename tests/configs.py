@@ -1,9 +1,11 @@
-"""Backend configs for tests that build a backend or a batcher by hand: each goes through
-the settings, where every default is, so that a test names only what it changes."""
+"""Configs for tests that build a backend, a batcher, a segmenter or a part of the pool by
+hand: each goes through the settings, where every default is, so that a test names only
+what it changes."""
 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from typing import Any
 
 import httpx
@@ -13,8 +15,12 @@ from models.deepl import DeepLConfig
 from models.llm import LLMConfig
 from models.local import LocalConfig
 from models.pooled import PoolConfig
+from pool.calls import CallLimits
+from pool.clients import Clients, Sharing
+from pool.fair import FairQueue
 from service.chain.batcher import BatchLimits
-from service.settings import load_settings
+from service.settings import Settings, load_settings
+from service.text.segmenter import Piece, Segmenter
 
 
 def local_config(**settings: Any) -> LocalConfig:
@@ -46,3 +52,47 @@ def batch_limits(translator: Translator, **limits: Any) -> BatchLimits:
     """The settings' batch limits for ``translator``, with ``limits`` (by their names in
     ``BatchLimits``) put over them."""
     return dataclasses.replace(BatchLimits.from_settings(load_settings(), translator), **limits)
+
+
+def segmenter(max_chars: int | None = None, *, max_fence_chars: int | None = None) -> Segmenter:
+    """A segmenter of the settings' default ``max_segment_chars`` and ``max_fence_chars``,
+    or of those given."""
+    fields = Settings.model_fields
+    return Segmenter(fields["max_segment_chars"].default if max_chars is None else max_chars,
+                     max_fence_chars=(fields["max_fence_chars"].default
+                                      if max_fence_chars is None else max_fence_chars))
+
+
+def segment(text: str, max_chars: int | None = None, *,
+            max_fence_chars: int | None = None) -> list[Piece]:
+    """``text`` cut whole by ``segmenter(max_chars, max_fence_chars=...)``."""
+    seg = segmenter(max_chars, max_fence_chars=max_fence_chars)
+    return [*seg.feed(text), *seg.flush()]
+
+
+def call_limits(**settings: Any) -> CallLimits:
+    """``pool_max_*`` settings as what one call to the pool may carry."""
+    return CallLimits.from_settings(load_settings(**settings))
+
+
+def sharing(**settings: Any) -> Sharing:
+    """``pool_clients``, ``pool_client_max_waiting``, ``pool_max_clients``, ``pool_fair`` and
+    ``pool_fair_unit`` as how a replica shares its engine."""
+    return Sharing.from_settings(load_settings(**settings))
+
+
+def clients(*, shared_sha256: str | None = None, **settings: Any) -> Clients:
+    """A replica's clients from the settings (``pool_clients={"alice": {"token": ...}}``);
+    ``shared_sha256``: the hash of ``pool_token``, as the deployment hands it over."""
+    share = sharing(**settings)
+    return Clients(share.policies, shared_sha256=shared_sha256, max_waiting=share.max_waiting,
+                   max_clients=share.max_clients)
+
+
+def fair_queue(weight: Callable[[str], float] | None = None, **settings: Any) -> FairQueue[Any]:
+    """A replica's fair queue from ``pool_fair`` and ``pool_fair_unit``, each client's share
+    by ``weight`` where one is given."""
+    share = sharing(**settings)
+    if weight is None:
+        return FairQueue(fair=share.fair, unit=share.unit)
+    return FairQueue(fair=share.fair, unit=share.unit, weight=weight)

@@ -299,7 +299,7 @@ def test_json_logs_take_in_warnings_and_hub_logs() -> None:
     code = (
         "import logging, warnings\n"
         "from service.ops.logs import configure\n"
-        "configure('info', transformers=False)\n"
+        "configure('info', log_text=False, transformers=False)\n"
         "warnings.warn('a library is unhappy')\n"
         "logging.getLogger('huggingface_hub.file_download').warning('hub says hi')\n"
     )

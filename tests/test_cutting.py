@@ -15,7 +15,7 @@ from service.stream.counters import StreamCounters
 from service.stream.cutting import Context, Cutter, Pacer
 from service.stream.emission import Emitter, EventLog
 from service.text.detect import Detection, Detector
-from service.text.segmenter import Segmenter
+from tests.configs import segmenter
 
 WAIT_S = 10.0  # generous: every wait below ends on an event, long before this
 GERMAN = "Der Benutzer möchte wissen, wie das Wetter morgen wird. "
@@ -84,7 +84,7 @@ class Run:
         self.emitter = Emitter(self.log, target="en", deadline_s=deadline_s,
                                counters=counters, on_end=lambda: None, deferred=deferred)
         self.cutter = Cutter(
-            Segmenter(400), self.detector, self.emitter, self.submit, chain=["fake"],
+            segmenter(400), self.detector, self.emitter, self.submit, chain=["fake"],
             target="en", source=source, model="m", policy="translate",
             deadline_s=deadline_s, memory_wait_s=memory_wait_s,
             context_max_chars=context_max_chars, cut=self.cuts.append,

@@ -20,11 +20,12 @@ import models.pooled
 from models.errors import BackendUnavailable, RateLimited, Throttled
 from models.passthrough import PassthroughTranslator
 from models.pooled import MAX_HOLD_S, PoolTranslator
-from pool.clients import ClientPolicy, Clients, Unauthorized
+from pool.clients import Unauthorized
 from pool.fair import FairQueue, Slice, Unit, shares
 from service.chain.batching import Cutoff, Pair
 from service.exceptions import Forbidden, OverCap
-from tests.configs import pool_config
+from tests.configs import clients as make_clients
+from tests.configs import fair_queue, pool_config
 from tests.conftest import Running, make_settings, start_app
 from tests.fakes import FakeTranslator
 
@@ -105,7 +106,7 @@ def test_a_client_alone_gets_whole_turns_and_a_call_too_big_for_one_is_split() -
     """A client alone takes all a turn has room for (its text bound, its character bound,
     across its calls); a call that does not fit runs in several turns, ``taken`` counting its
     texts so far and ``Slice.last`` set only on the slice that ends it."""
-    queue: FairQueue[Call] = FairQueue()
+    queue: FairQueue[Call] = fair_queue()
     send = Sender(queue)
     assert queue.take(8) == []  # nothing waits: an empty turn
     first = send.push("a", [10] * 5)
@@ -145,7 +146,7 @@ def test_a_client_alone_gets_whole_turns_and_a_call_too_big_for_one_is_split() -
 def test_a_call_taken_in_two_steps_of_one_turn_comes_as_one_slice() -> None:
     """A call whose texts a turn takes first within its client's share, then from the room
     left over, is one slice ``start:end``, not two."""
-    queue: FairQueue[Call] = FairQueue()
+    queue: FairQueue[Call] = fair_queue()
     send = Sender(queue)
     small = send.push("a", [100, 100, 100])
     big = send.push("b", [300])  # more than its share (200): not in this turn
@@ -163,7 +164,7 @@ def test_a_light_client_runs_in_the_first_turn_beside_a_flood(unit: Unit) -> Non
     """A client with one one-text call waiting behind a flood of another's calls gets its
     text into the very next turn, and the flood fills the rest: no room left empty while work
     waits."""
-    queue: FairQueue[Call] = FairQueue(unit=unit)
+    queue: FairQueue[Call] = fair_queue(pool_fair_unit=unit)
     send = Sender(queue)
     flood = send.flood("flood", 10, [10] * 4)
     light = send.push("light", [10])
@@ -176,7 +177,7 @@ def test_a_light_client_runs_in_the_first_turn_beside_a_flood(unit: Unit) -> Non
 def test_a_turns_slices_are_ordered_oldest_first_whatever_order_they_were_taken_in() -> None:
     """A turn serves the client wanting least first, but hands its slices back oldest call
     first (by ``enqueued``)."""
-    queue: FairQueue[Call] = FairQueue()
+    queue: FairQueue[Call] = fair_queue()
     send = Sender(queue)
     older = send.flood("flood", 3, [10, 10])
     newest = send.push("light", [10])  # served first: it wants least
@@ -189,7 +190,7 @@ def test_ties_take_turns() -> None:
     """Clients wanting as much as each other, each owed enough for a text, take turns at
     turns with room for one of them (two texts, but one text's characters): the first of
     them goes last in the next turn."""
-    queue: FairQueue[Call] = FairQueue(unit="segments")
+    queue: FairQueue[Call] = fair_queue(pool_fair_unit="segments")
     send = Sender(queue)
     for _ in range(10):  # both want a whole turn throughout
         send.push("a", [10])
@@ -202,7 +203,7 @@ def test_ties_take_turns() -> None:
 def test_two_floods_of_equal_weight_get_half_the_texts_each(unit: Unit) -> None:
     """Two clients each with a flood of like calls share the turns evenly: over 20 turns
     each gets half their texts, within one turn's worth, and every turn is full."""
-    queue: FairQueue[Call] = FairQueue(unit=unit)
+    queue: FairQueue[Call] = fair_queue(pool_fair_unit=unit)
     send = Sender(queue)
     for _ in range(100):
         send.push("a", [10] * 4)
@@ -216,7 +217,7 @@ def test_two_floods_of_equal_weight_get_half_the_texts_each(unit: Unit) -> None:
 def test_weights_three_to_one_get_three_to_one(unit: Unit) -> None:
     """With weights 3 and 1, two floods get three quarters and one quarter of the texts."""
     weights = {"heavy": 3.0, "light": 1.0}
-    queue: FairQueue[Call] = FairQueue(unit=unit, weight=weights.__getitem__)
+    queue: FairQueue[Call] = fair_queue(weights.__getitem__, pool_fair_unit=unit)
     send = Sender(queue)
     for _ in range(100):
         send.push("heavy", [10] * 4)
@@ -230,7 +231,7 @@ def test_characters_share_characters_not_texts() -> None:
     """In characters, a client with long texts (40) and one with short ones (20, still over
     a text's place in the turn, 240 / 16 = 15) get about equal characters when the turn's
     character bound binds: two short texts to a long one, every turn full."""
-    queue: FairQueue[Call] = FairQueue(unit="characters")
+    queue: FairQueue[Call] = fair_queue(pool_fair_unit="characters")
     send = Sender(queue)
     for _ in range(100):
         send.push("long", [40] * 4)
@@ -246,7 +247,7 @@ def test_texts_under_their_place_in_the_turn_cost_their_place() -> None:
     binds first: a text of 40 or of 10 characters takes one of the 32 places all the same
     (it costs 1000, the turn's characters over its texts), so two floods of short and of
     shorter texts get equal texts, and every turn is full."""
-    queue: FairQueue[Call] = FairQueue()
+    queue: FairQueue[Call] = fair_queue()
     send = Sender(queue)
     for _ in range(200):
         send.push("long", [40] * 8)
@@ -260,7 +261,7 @@ def test_a_client_with_long_texts_is_not_starved_by_one_with_many_short_ones() -
     """A client with one call of long texts waiting beside a client that keeps 200 short
     texts waiting (topped up after each turn, in calls of 32) gets some of its texts run
     within 20 turns of 32 texts and 32000 characters."""
-    queue: FairQueue[Call] = FairQueue()
+    queue: FairQueue[Call] = fair_queue()
     send = Sender(queue)
     long = send.push("long", [2000] * 10)
     shorts: list[Call] = []
@@ -280,7 +281,7 @@ def test_a_text_larger_than_a_share_runs_once_its_deficit_has_grown_to_it() -> N
     """A text larger than its client's share of one turn waits while its deficit grows
     (carried from turn to turn), then runs: no starvation. Once its client's queue is empty
     its deficit is cleared and it leaves ``clients()``."""
-    queue: FairQueue[Call] = FairQueue()
+    queue: FairQueue[Call] = fair_queue()
     send = Sender(queue)
     big = send.push("big", [300])  # its share of a 400-character turn is 200
     flood = send.flood("flood", 20, [100, 100])
@@ -299,7 +300,7 @@ def test_the_deficit_never_exceeds_one_turns_room() -> None:
     """A client kept from its share turn after turn (in segments: eight texts a turn, but
     only two of its 50-character texts fit the 100-character bound) banks at most one turn's
     room (8) of credit, and reaches that cap."""
-    queue: FairQueue[Call] = FairQueue(unit="segments")
+    queue: FairQueue[Call] = fair_queue(pool_fair_unit="segments")
     send = Sender(queue)
     for _ in range(100):
         send.push("long", [50, 50])
@@ -316,7 +317,7 @@ def test_the_deficit_never_exceeds_one_turns_room() -> None:
 def test_without_fairness_the_oldest_calls_go_first_whoever_sent_them() -> None:
     """``fair=False``: a turn takes calls oldest first by ``enqueued``, across clients, and
     splits the call that does not fit whole, its rest going first in the next turn."""
-    queue: FairQueue[Call] = FairQueue(fair=False)
+    queue: FairQueue[Call] = fair_queue(pool_fair=False)
     send = Sender(queue)
     a0 = send.push("a", [10, 10])
     b1 = send.push("b", [10])
@@ -338,7 +339,7 @@ def test_given_up_and_late_calls_are_dropped_answered_and_never_run() -> None:
     them out; without a cutoff only the given-up ones are dropped."""
     expired: list[Call] = []
     given_up: list[Call] = []
-    queue: FairQueue[Call] = FairQueue()
+    queue: FairQueue[Call] = fair_queue()
     send = Sender(queue)
     quit_ = send.push("a", [10], given_up=True)
     late = send.push("b", [10], due=5.0)  # due by now: late
@@ -369,7 +370,7 @@ def test_a_late_call_behind_another_of_its_client_is_dropped() -> None:
     """A call past due queued behind another call of the same client, met by the same turn,
     is dropped and handed to ``expired``, not taken."""
     expired: list[Call] = []
-    queue: FairQueue[Call] = FairQueue()
+    queue: FairQueue[Call] = fair_queue()
     send = Sender(queue)
     first = send.push("a", [10])
     late = send.push("a", [10], due=1.0)
@@ -383,7 +384,7 @@ def test_a_given_up_call_behind_another_of_its_client_is_handed_to_gone() -> Non
     handed to the cutoff's ``gone``."""
     given_up: list[Call] = []
     expired: list[Call] = []
-    queue: FairQueue[Call] = FairQueue()
+    queue: FairQueue[Call] = fair_queue()
     send = Sender(queue)
     first = send.push("a", [10])
     quit_ = send.push("a", [10], given_up=True)
@@ -395,7 +396,7 @@ def test_a_given_up_call_behind_another_of_its_client_is_handed_to_gone() -> Non
 def test_without_fairness_a_given_up_call_behind_another_is_not_taken() -> None:
     """``fair=False``: a call given up behind another call of the same client is dropped,
     not run."""
-    queue: FairQueue[Call] = FairQueue(fair=False)
+    queue: FairQueue[Call] = fair_queue(pool_fair=False)
     send = Sender(queue)
     first = send.push("a", [10])
     send.push("a", [10], given_up=True)
@@ -434,7 +435,7 @@ def sha(token: str) -> str:
 def test_without_tokens_any_caller_is_let_in_under_the_name_it_gives() -> None:
     """No shared token, no client tokens: ``owner`` is None whatever the header, and a call
     counts as the client it names ("unnamed" for none)."""
-    clients = Clients()
+    clients = make_clients()
     assert not clients.auth_required
     for header in ("", "Bearer whatever", "Basic x"):
         assert clients.owner(header) is None
@@ -446,8 +447,8 @@ def test_tokens_decide_who_a_call_counts_as() -> None:
     """A client's own token makes a call that client's whatever it names; the shared token
     lets a call use any name but one with a token of its own (403); any other token, or
     none, is refused."""
-    clients = Clients({"alice": ClientPolicy(token_sha256=sha("alice-token")),
-                       "carol": ClientPolicy(weight=2.0)}, shared_sha256=sha("shared"))
+    clients = make_clients(pool_clients={"alice": {"token": "alice-token"},
+                                         "carol": {"weight": 2.0}}, shared_sha256=sha("shared"))
     assert clients.auth_required
     assert clients.owner("Bearer alice-token") == "alice"
     assert clients.owner("bearer  alice-token ") == "alice"  # the scheme in any case
@@ -467,7 +468,7 @@ def test_tokens_decide_who_a_call_counts_as() -> None:
 
 def test_with_client_tokens_only_their_holders_may_call() -> None:
     """With client tokens and no shared token, a call without one of them is refused."""
-    clients = Clients({"alice": ClientPolicy(token_sha256=sha("alice-token"))})
+    clients = make_clients(pool_clients={"alice": {"token": "alice-token"}})
     assert clients.auth_required
     assert clients.owner("Bearer alice-token") == "alice"
     for header in ("Bearer shared", ""):
@@ -479,7 +480,7 @@ def test_admission_counts_waiting_segments_up_to_the_cap() -> None:
     """A client may have its cap of segments waiting; a call past it is refused with
     ``OverCap``, retry after ``max(1, ceil(waiting * pace))`` s, and counted refused; an
     answered call frees its room; a client's own ``max_waiting`` overrides the default."""
-    clients = Clients({"big": ClientPolicy(max_waiting=20)}, max_waiting=10)
+    clients = make_clients(pool_clients={"big": {"max_waiting": 20}}, pool_client_max_waiting=10)
     assert clients.cap("a") == 10 and clients.cap("big") == 20
     clients.admit("a", 6, 0.5)
     assert clients.counts["a"].waiting_segments == 6
@@ -516,7 +517,7 @@ def test_past_max_clients_the_least_recently_seen_idle_id_is_forgotten() -> None
     """Past ``max_clients`` a new id takes the place of the id seen least recently with
     nothing waiting (``forgotten`` counts them); ids the config names are never forgotten,
     and while every id has work waiting a new one is refused (``OverCap``)."""
-    clients = Clients({"named": ClientPolicy()}, max_clients=3)
+    clients = make_clients(pool_clients={"named": {}}, pool_max_clients=3)
     for client in ("named", "x", "y"):
         clients.admit(client, 1, 0.1)
         clients.release(client, 1)
@@ -539,7 +540,8 @@ def test_past_max_clients_the_least_recently_seen_idle_id_is_forgotten() -> None
 def test_outcomes_and_waits_show_in_the_view() -> None:
     """``view()`` shows each client's counts, its queue waits' p50 and p99 (None before
     any), weight and cap; outcomes of none, or of ids not tracked, count nothing."""
-    clients = Clients({"heavy": ClientPolicy(weight=3.0, max_waiting=50)}, max_waiting=10)
+    clients = make_clients(pool_clients={"heavy": {"weight": 3.0, "max_waiting": 50}},
+                           pool_client_max_waiting=10)
     clients.admit("heavy", 8, 0.1)
     clients.outcome("heavy", "translated", 5)
     clients.outcome("heavy", "expired", 1)

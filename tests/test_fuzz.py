@@ -46,7 +46,8 @@ from schemathesis.specs.openapi.checks import (
 )
 
 from service.http.app import create_app
-from service.text.segmenter import Piece, Segmenter, segment
+from service.text.segmenter import Piece
+from tests.configs import segment, segmenter
 from tests.conftest import Running, make_settings, start_app
 
 PROBLEM = "application/problem+json"
@@ -606,7 +607,7 @@ SEG_TEXTS = st.lists(st.one_of(st.sampled_from(_SENTENCES), st.text(max_size=30)
 
 
 def _fed(text: str, sizes: list[int], max_chars: int) -> list[Piece]:
-    seg = Segmenter(max_chars)
+    seg = segmenter(max_chars)
     pieces: list[Piece] = []
     pos = 0
     for size in sizes:

@@ -8,6 +8,7 @@ import threading
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from types import SimpleNamespace
+from typing import Any
 
 import pytest
 
@@ -17,6 +18,7 @@ from models.local.catalog import Catalog, OnDemand
 from models.local.checkpoint import NLLB_CODES, LoadError, Spec
 from models.local.engines import Loaded
 from models.local.slot import Slot
+from tests.configs import local_config
 
 
 class FakeTokenizer:
@@ -57,9 +59,13 @@ def settle(executor: ThreadPoolExecutor) -> None:
 
 
 def catalog(specs: list[Spec], slots: list[Slot], executor: ThreadPoolExecutor, *,
-            in_order: bool = True, max_extra_models: int = 1) -> Catalog:
-    built = Catalog(specs, ondemand=executor, max_extra_models=max_extra_models,
-                    max_input_tokens=256, in_order=in_order, model_roots=["/m"])
+            in_order: bool = True, **settings: Any) -> Catalog:
+    """A catalog of ``specs`` as the local backend builds it from the ``local_*`` settings
+    (``settings`` put over them; models on demand under ``/m``)."""
+    config = local_config(**{"local_model_roots": ["/m"], **settings})
+    built = Catalog(specs, ondemand=executor, max_extra_models=config.max_extra_models,
+                    max_input_tokens=config.max_input_tokens, in_order=in_order,
+                    model_roots=config.model_roots, hub_models=config.hub_models)
     if slots:
         built.install(slots, ENGINE)  # type: ignore[arg-type]
     return built
@@ -149,7 +155,7 @@ def test_model_problem(executor: ThreadPoolExecutor) -> None:
     assert listed.model_problem(None, None) is None and listed.model_problem("a", None) is None
     assert listed.model_problem("x", "loading model 'a'") == (
         "model 'x' loads on demand once the backend is ready (loading model 'a')")
-    off = catalog([Spec("a")], [marian("a")], executor, max_extra_models=0)
+    off = catalog([Spec("a")], [marian("a")], executor, local_max_extra_models=0)
     problem = off.model_problem("x", None)
     assert problem is not None and "THINKTRANS_LOCAL_MAX_EXTRA_MODELS=0" in problem
 

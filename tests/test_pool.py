@@ -39,7 +39,8 @@ from models.errors import (
 from models.pooled import PoolTranslator, _parts
 from models.spans import Glossary, Protected, SpanFinder
 from service.tools.testmodel import make_test_model
-from tests.configs import pool_config
+from tests.configs import call_limits, fair_queue, pool_config
+from tests.configs import clients as make_clients
 from tests.conftest import (
     Server,
     check_stream,
@@ -416,13 +417,10 @@ def test_thinktrans_pool_refuses_a_gpu_model_with_no_gpu_before_ray_starts(tmp_p
     assert "THINKTRANS_POOL_NUM_GPUS" in done.stderr and "Ray" in done.stderr
 
 
-def _replica(engine: Any, max_batch_size: int, limits: Any = None, *, fair: bool = True,
-             clients: Any = None) -> Any:
+def _replica(engine: Any, max_batch_size: int, **settings: Any) -> Any:
     """A replica of the pool's deployment without Serve: its class as written, not Serve's
-    ASGI wrapper, with ``engine`` for its translator."""
-    from pool.calls import CallLimits
-    from pool.clients import Clients
-    from pool.fair import FairQueue
+    ASGI wrapper, with ``engine`` for its translator, its limits and clients from the
+    ``pool_*`` settings (``settings`` put over them)."""
     from pool.replica import Pool as Deployment
     from pool.replica import _Stats
 
@@ -430,9 +428,9 @@ def _replica(engine: Any, max_batch_size: int, limits: Any = None, *, fair: bool
     replica = object.__new__(cls)
     replica.translator, replica.timeout_s, replica.max_batch_size = engine, 5.0, max_batch_size
     replica.tally, replica.engine, replica.pace_s = _Stats(), None, 0.0
-    replica.limits = limits or CallLimits()
-    replica.clients = clients or Clients()
-    replica.waiting = FairQueue(fair=fair, weight=replica.clients.weight)
+    replica.limits = call_limits(**settings)
+    replica.clients = make_clients(**settings)
+    replica.waiting = fair_queue(replica.clients.weight, **settings)
     return replica
 
 
@@ -464,7 +462,7 @@ async def test_engine_turns_take_every_call_that_waited_and_answer_each() -> Non
                 raise RuntimeError("an engine bug")
             return [t.upper() for t in texts], [None] * len(texts)
 
-    replica = _replica(Engine(), 3, fair=False)
+    replica = _replica(Engine(), 3, pool_fair=False)
 
     def run(_: Any, calls: list[_Queued]) -> Any:
         return _run(replica, calls)
@@ -578,12 +576,12 @@ async def test_a_turn_merges_calls_with_and_without_spans_and_answers_each_how()
 
 def test_the_pool_checks_each_calls_spans() -> None:
     _ray()
-    from pool.calls import CallLimits, parse_call
+    from pool.calls import parse_call
     from service.exceptions import InputError
 
     def parse(spans: Any, texts: tuple[str, ...] = ("abcdef",)) -> Any:
         body = {"texts": list(texts), "target": "de", "spans": spans}
-        return parse_call(json.dumps(body).encode(), 8, CallLimits())
+        return parse_call(json.dumps(body).encode(), 8, call_limits())
 
     good = parse([[[0, 2, "code", "ab"], [2, 4, "term", "XY"]]])
     [protected] = good.protected()
@@ -608,7 +606,7 @@ async def test_a_preview_call_gives_the_engine_its_previous_previews_and_checks_
     final call's texts (no previous for them); their count and size are checked."""
     _ray()
     from models.pooled import PoolCall
-    from pool.calls import CallLimits, parse_call
+    from pool.calls import parse_call
     from pool.replica import _Queued
     from service.exceptions import InputError, PayloadTooLarge
 
@@ -619,7 +617,7 @@ async def test_a_preview_call_gives_the_engine_its_previous_previews_and_checks_
             jobs.append(job)
             return [t.upper() for t in job.texts], [None] * len(job.texts)
 
-    replica = _replica(Engine(), 10, CallLimits(max_text_chars=20, max_call_chars=30))
+    replica = _replica(Engine(), 10, pool_max_text_chars=20, pool_max_call_chars=30)
 
     def parse(**body: Any) -> PoolCall:
         call: PoolCall = parse_call(json.dumps({"target": "de", **body}).encode(),
@@ -911,7 +909,7 @@ async def test_a_sidecar_logs_no_line_per_pool_call(capfd: pytest.CaptureFixture
     root = logging.getLogger()
     saved = root.handlers[:], root.level
     try:
-        configure("info", transformers=False)
+        configure("info", log_text=False, transformers=False)
         backend = await scripted(ScriptedPool())
         try:
             assert await backend.run(due_in(["Hi."], 5.0)) == ["de:Hi."]

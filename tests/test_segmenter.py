@@ -3,7 +3,8 @@ from __future__ import annotations
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from service.text.segmenter import Piece, Segmenter, is_translatable, segment
+from service.text.segmenter import Piece, is_translatable
+from tests.configs import segment, segmenter
 
 SAMPLES = [
     "Hmm, the user said hello. Let me think about it! Is 3.14 right? ",
@@ -49,7 +50,7 @@ def chunked(draw_sizes: list[int], text: str) -> list[str]:
 @given(text=texts, sizes=st.lists(st.integers(1, 12), max_size=200),
        max_chars=st.integers(16, 120))
 def test_any_chunking_joins_back_exactly(text: str, sizes: list[int], max_chars: int) -> None:
-    seg = Segmenter(max_chars)
+    seg = segmenter(max_chars)
     pieces: list[Piece] = []
     for chunk in chunked(sizes, text):
         pieces += seg.feed(chunk)
@@ -64,7 +65,7 @@ def test_any_chunking_joins_back_exactly(text: str, sizes: list[int], max_chars:
 def test_chunking_does_not_change_the_cut(text: str, sizes: list[int]) -> None:
     """A sentence that arrives in 30 deltas is the same segment as one sent whole."""
     whole = segment(text, 400)
-    seg = Segmenter(400)
+    seg = segmenter(400)
     pieces: list[Piece] = []
     for chunk in chunked(sizes, text):
         pieces += seg.feed(chunk)
@@ -81,7 +82,7 @@ def test_fence_bound_does_not_depend_on_the_chunking(
     """Whether a fence is closed within max_fence_chars, and so whether it is code or a stray
     fence, comes out the same whether the text arrives whole or in deltas."""
     whole = segment(text, max_chars, max_fence_chars=max_fence)
-    seg = Segmenter(max_chars, max_fence_chars=max_fence)
+    seg = segmenter(max_chars, max_fence_chars=max_fence)
     pieces: list[Piece] = []
     for chunk in chunked(sizes, text):
         pieces += seg.feed(chunk)
@@ -99,7 +100,7 @@ def test_idle_flushes_lose_and_repeat_nothing(
 ) -> None:
     """Idle flushes between deltas (final=False) cut where they come, but every character
     still comes out once, in order."""
-    seg = Segmenter(16, max_fence_chars=max_fence)
+    seg = segmenter(16, max_fence_chars=max_fence)
     pieces: list[Piece] = []
     for i, chunk in enumerate(chunked(sizes, text)):
         pieces += seg.feed(chunk)
@@ -124,7 +125,7 @@ def test_a_stray_fence_is_prose_past_the_fence_bound() -> None:
 
 
 def test_a_stray_fence_in_deltas_releases_the_prose_held_behind_it() -> None:
-    seg = Segmenter(400, max_fence_chars=64)
+    seg = segmenter(400, max_fence_chars=64)
     out: list[Piece] = []
     for ch in "```\n" + PROSE[:59]:
         out += seg.feed(ch)
@@ -154,7 +155,7 @@ def test_the_opening_line_of_a_stray_fence_without_a_newline() -> None:
 
 
 def test_an_idle_flush_before_the_newline_of_the_closing_line_keeps_the_close() -> None:
-    seg = Segmenter(400, max_fence_chars=200)
+    seg = segmenter(400, max_fence_chars=200)
     out = seg.feed("```py\nx = 1\n``")
     out += seg.flush(final=False)  # the agent pauses mid-way through the closing fence
     out += seg.feed("`\nNow prose. More")
@@ -165,14 +166,14 @@ def test_an_idle_flush_before_the_newline_of_the_closing_line_keeps_the_close() 
 
 
 def test_an_idle_flush_after_the_closing_line_ends_the_fence() -> None:
-    seg = Segmenter(400)
+    seg = segmenter(400)
     out = seg.feed("```py\nx = 1\n```\n") + seg.flush(final=False)
     out += seg.feed("Now prose. More") + seg.flush()
     assert [p.kind for p in out] == ["code", "text", "text"]
 
 
 def test_an_idle_flush_inside_a_stray_fence_still_ends_it_at_the_bound() -> None:
-    seg = Segmenter(400, max_fence_chars=64)
+    seg = segmenter(400, max_fence_chars=64)
     out = seg.feed("```\nSo. ") + seg.flush(final=False)
     assert [p.kind for p in out] == ["code"]
     out = seg.feed(PROSE)
@@ -183,7 +184,7 @@ def test_an_idle_flush_inside_a_stray_fence_still_ends_it_at_the_bound() -> None
 def test_a_fence_marker_at_the_end_of_a_delta_waits_for_its_length() -> None:
     """"```" then "`": a "````" fence, which "```" does not close."""
     text = "````\ncode\n```\nstill code\n````\nProse. "
-    seg = Segmenter(400)
+    seg = segmenter(400)
     pieces = [*seg.feed("```"), *seg.feed(text[3:]), *seg.flush()]
     assert [p.text for p in pieces] == [p.text for p in segment(text)]
     assert pieces[0] == Piece("````\ncode\n```\nstill code\n````\n", "code")
@@ -203,7 +204,7 @@ def test_fence_and_size_bounds_stay_linear() -> None:
     for text in texts:
         started = time.perf_counter()
         assert "".join(p.text for p in segment(text)) == text
-        seg = Segmenter(400)
+        seg = segmenter(400)
         fed = [p for i in range(0, len(text), 5) for p in seg.feed(text[i:i + 5])]
         assert "".join(p.text for p in [*fed, *seg.flush()]) == text
         assert time.perf_counter() - started < 3.0, text[:20]
@@ -213,17 +214,17 @@ def test_max_fence_chars_is_checked() -> None:
     import pytest
 
     with pytest.raises(ValueError, match="max_fence_chars must be >= 8, got 4"):
-        Segmenter(400, max_fence_chars=4)
+        segmenter(400, max_fence_chars=4)
 
 
 def test_cjk_terminators_across_deltas_stay_together() -> None:
-    seg = Segmenter(400)
+    seg = segmenter(400)
     pieces = [*seg.feed("好。"), *seg.feed("。"), *seg.feed("然后"), *seg.flush()]
     assert [p.text for p in pieces] == ["好。。", "然后"] == texts_of("好。。然后")
 
 
 def test_cjk_closer_at_the_end_of_a_delta_stays_with_its_sentence() -> None:
-    seg = Segmenter(400)
+    seg = segmenter(400)
     pieces = [*seg.feed("好。」"), *seg.feed("然后"), *seg.flush()]
     assert [p.text for p in pieces] == ["好。」", "然后"] == texts_of("好。」然后")
 
@@ -263,7 +264,7 @@ def test_code_fence_is_one_segment() -> None:
 
 def test_code_fence_across_deltas_is_one_segment() -> None:
     text = "Look:\n```\nfor i in range(3):\n    print(i)\n```\nThat prints. "
-    seg = Segmenter(400)
+    seg = segmenter(400)
     pieces: list[Piece] = []
     for ch in text:
         pieces += seg.feed(ch)
@@ -285,7 +286,7 @@ def test_size_bound_cuts_at_whitespace() -> None:
 
 
 def test_blank_is_its_own_kind() -> None:
-    seg = Segmenter(400)
+    seg = segmenter(400)
     assert seg.feed("Hello. ") == []
     assert [p.kind for p in seg.flush()] == ["text"]
     seg.feed("\n\n")
@@ -333,7 +334,7 @@ def _lines(text: str) -> list[tuple[int, str]]:
 def test_no_cut_inside_inline_code_or_math(text: str, sizes: list[int]) -> None:
     """A protected span never splits a sentence: whole or in deltas, no cut falls inside
     inline code or math."""
-    seg = Segmenter(400)
+    seg = segmenter(400)
     pieces: list[Piece] = []
     for chunk in chunked(sizes, text):
         pieces += seg.feed(chunk)
@@ -366,23 +367,23 @@ def test_what_is_not_a_span_still_ends_sentences() -> None:
 
 
 def test_a_sentence_end_after_an_unclosed_backtick_waits_for_its_line() -> None:
-    seg = Segmenter(400)
+    seg = segmenter(400)
     assert seg.feed("Run `a. B") == []  # the backtick may close later on the line
     assert seg.feed("` now. Then") == [Piece("Run `a. B` now. ", "text")]
-    seg = Segmenter(400)
+    seg = segmenter(400)
     assert seg.feed("A stray ` backtick. Then more") == []
     assert [p.text for p in seg.feed(".\nNext")] == ["A stray ` backtick. ", "Then more.\n"]
-    seg = Segmenter(400)
+    seg = segmenter(400)
     assert seg.feed("A stray ` here. Then more. ") == []
     assert [p.text for p in seg.flush()] == ["A stray ` here. ", "Then more. "]
-    seg = Segmenter(400)
+    seg = segmenter(400)
     assert seg.feed("Math $a. B$") == []  # "$x" after it would make it no closing dollar
     assert seg.feed(" ok. Next") == [Piece("Math $a. B$ ok. ", "text")]
 
 
 def test_a_sentence_end_waiting_for_its_line_is_cut_at_the_size_bound() -> None:
     text = "A ` stray. " + "word " * 20
-    seg = Segmenter(40)
+    seg = segmenter(40)
     out = seg.feed(text)
     assert out and all(len(p.text) <= 40 for p in out)
     assert "".join(p.text for p in [*out, *seg.flush()]) == text
@@ -400,11 +401,11 @@ def test_max_chars_is_checked() -> None:
     import pytest
 
     with pytest.raises(ValueError, match="max_chars must be >= 16, got 3"):
-        Segmenter(3)
+        segmenter(3)
 
 
 def test_leading_whitespace_split_across_deltas_stays_with_its_sentence() -> None:
     text = "\n\n   \tHmm, the user said hello. Let me think. "
-    seg = Segmenter(400)
+    seg = segmenter(400)
     pieces = [*seg.feed(text[:1]), *seg.feed(text[1:9]), *seg.feed(text[9:]), *seg.flush()]
     assert [p.text for p in pieces] == ["\n\n   \tHmm, the user said hello. ", "Let me think. "]

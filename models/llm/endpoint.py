@@ -196,7 +196,7 @@ class ChatEndpoint:
     def __init__(
         self, base_url: str | None, *, model: str | None, api_key: str | None,
         timeout_s: float, concurrency: int, json_mode: bool,
-        on_down: Callable[[str, bool], None], refusals: Refusals, stream: bool = False,
+        on_down: Callable[[str, bool], None], refusals: Refusals, stream: bool,
     ) -> None:
         self.base_url = base_url
         self.model = model  # the configured one: its failures are the backend's

@@ -256,8 +256,8 @@ class Catalog:
     models loaded on demand, and routing a pair to one of them."""
 
     def __init__(self, specs: Sequence[Spec], *, ondemand: Executor, max_extra_models: int,
-                 max_input_tokens: int, in_order: bool, model_roots: Sequence[str] = (),
-                 hub_models: bool = True) -> None:
+                 max_input_tokens: int, in_order: bool, model_roots: Sequence[str],
+                 hub_models: bool) -> None:
         self.specs = list(specs)
         self.slots: list[Slot] = []  # the configured models once all have loaded
         # Where names loaded on demand may resolve: under these directories, or the hub.

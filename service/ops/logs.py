@@ -46,10 +46,11 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(out, ensure_ascii=False, default=str)
 
 
-def configure(level: str, *, log_text: bool = False, transformers: bool = True) -> None:
+def configure(level: str, *, log_text: bool, transformers: bool = True) -> None:
     """Send every logger (uvicorn's, huggingface_hub's, Python warnings) through the JSON
     formatter on stderr.
 
+    ``log_text``: the ``log_text`` setting (False until the settings are read).
     ``transformers``: take over its logger now, importing it if installed (about 0.7 s, no
     torch); pass False where nothing will load it, as it installs its own handler on import.
     """

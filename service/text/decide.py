@@ -57,7 +57,7 @@ def decide(
     detection: Detection | None,
     fallback_lang: str | None,
     source: str | None = None,
-    policy: Policy = "translate",
+    policy: Policy,
 ) -> Decision:
     """Skip, keep, or translate one segment.
 

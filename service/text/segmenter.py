@@ -245,7 +245,7 @@ def _closing_dollar(buf: str, at: int, end: int, complete: bool) -> int:
 class Segmenter:
     """Incremental sentence segmenter; one per stream (or per one-shot text)."""
 
-    def __init__(self, max_chars: int = 400, *, max_fence_chars: int = 20_000) -> None:
+    def __init__(self, max_chars: int, *, max_fence_chars: int) -> None:
         if max_chars < 16:
             raise ValueError(f"max_chars must be >= 16, got {max_chars}")
         if max_fence_chars < 8:
@@ -480,8 +480,9 @@ class Segmenter:
         return bound
 
 
-def segment(text: str, max_chars: int = 400, *, max_fence_chars: int = 20_000) -> list[Piece]:
-    """Cut a whole text into segments."""
+def segment(text: str, max_chars: int, *, max_fence_chars: int) -> list[Piece]:
+    """Cut a whole text into segments (``max_segment_chars`` and ``max_fence_chars``, as the
+    settings name them)."""
     seg = Segmenter(max_chars, max_fence_chars=max_fence_chars)
     return [*seg.feed(text), *seg.flush()]
 
