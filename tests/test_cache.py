@@ -27,8 +27,12 @@ from service.chain.cache import (
 )
 from service.exceptions import ConfigError
 from service.ops.metrics import Metrics
+from service.settings import Settings
 from tests.conftest import Running, app_with, post_chunks, read_until, segments
 from tests.fakes_remote import FakeChat
+
+# The cache's entries live as long as its setting says by default.
+TTL_S = Settings.model_fields["cache_ttl_s"].default
 
 IDENTITY = "local:opus-mt:beam4"
 
@@ -45,7 +49,7 @@ def entry_size(k: CacheKey, text: str, model: str | None = "m") -> int:
 async def opened(
     path: Path, max_bytes: int = 1 << 20, **kw: Any
 ) -> AsyncIterator[TranslationCache]:
-    cache = TranslationCache(max_bytes, path=str(path), **kw)
+    cache = TranslationCache(max_bytes, path=str(path), **{"ttl_s": TTL_S, **kw})
     await cache.start()
     try:
         yield cache
@@ -91,7 +95,7 @@ def clock(monkeypatch: pytest.MonkeyPatch) -> Clock:
 
 def test_hits_and_misses_are_counted_in_the_cache_and_the_metrics() -> None:
     metrics = Metrics()
-    cache = TranslationCache(1 << 20, metrics=metrics)
+    cache = TranslationCache(1 << 20, metrics=metrics, ttl_s=TTL_S)
     assert cache.get(key("Hello.")) is None
     cache.put(key("Hello."), "Hallo.", "opus-mt-en-de")
     assert cache.get(key("Hello.")) == CachedTranslation("Hallo.", "opus-mt-en-de")
@@ -118,7 +122,7 @@ def test_hits_and_misses_are_counted_in_the_cache_and_the_metrics() -> None:
 def test_the_least_recently_used_entry_goes_first() -> None:
     texts = [f"sentence {i}" for i in range(4)]  # same lengths, so same sizes
     size = entry_size(key(texts[0]), "x", None)
-    cache = TranslationCache(3 * size)
+    cache = TranslationCache(3 * size, ttl_s=TTL_S)
     for text in texts[:3]:
         cache.put(key(text), "x", None)
     assert cache.get(key(texts[0])) is not None  # now the most recent: 1 is the oldest
@@ -128,7 +132,7 @@ def test_the_least_recently_used_entry_goes_first() -> None:
 
 
 def test_a_put_replaces_the_entry_and_its_size() -> None:
-    cache = TranslationCache(1 << 20)
+    cache = TranslationCache(1 << 20, ttl_s=TTL_S)
     cache.put(key("Hi."), "Hallo.", "a")
     cache.put(key("Hi."), "Hallo, du da drüben.", "b")
     assert cache.get(key("Hi.")) == CachedTranslation("Hallo, du da drüben.", "b")
@@ -139,7 +143,7 @@ def test_the_byte_bound_holds_under_random_puts_and_gets() -> None:
     rng = random.Random(7)
     alphabet = "abc xyz äöü 中文字 😀"  # 1, 2 and 4 byte characters: sizes vary by kind too
     max_bytes = 40_000
-    cache = TranslationCache(max_bytes)
+    cache = TranslationCache(max_bytes, ttl_s=TTL_S)
     for _ in range(5000):
         k = key(f"t{rng.randrange(400)}" + "".join(rng.choices(alphabet, k=rng.randrange(3))),
                 target=rng.choice(["de", "fr"]))
@@ -157,7 +161,7 @@ def test_the_byte_bound_holds_under_random_puts_and_gets() -> None:
 
 
 def test_an_entry_bigger_than_the_whole_cache_is_not_stored() -> None:
-    cache = TranslationCache(2000)
+    cache = TranslationCache(2000, ttl_s=TTL_S)
     cache.put(key("small"), "klein", None)
     before = cache.bytes
     cache.put(key("big"), "x" * 2000, None)
@@ -172,7 +176,7 @@ def test_an_entry_bigger_than_the_whole_cache_is_not_stored() -> None:
 async def test_a_disabled_cache_stores_nothing_and_counts_nothing(tmp_path: Path) -> None:
     metrics = Metrics()
     path = tmp_path / "cache.db"
-    cache = TranslationCache(0, path=str(path), metrics=metrics)
+    cache = TranslationCache(0, path=str(path), metrics=metrics, ttl_s=TTL_S)
     await cache.start()
     cache.put(key("Hello."), "Hallo.", None)
     assert cache.get(key("Hello.")) is None
@@ -186,7 +190,7 @@ async def test_a_disabled_cache_stores_nothing_and_counts_nothing(tmp_path: Path
 
 def test_bad_limits_are_refused() -> None:
     with pytest.raises(ValueError, match="max_bytes must be >= 0, got -1"):
-        TranslationCache(-1)
+        TranslationCache(-1, ttl_s=TTL_S)
     with pytest.raises(ValueError, match="ttl_s must be > 0"):
         TranslationCache(100, ttl_s=0)
 
@@ -308,7 +312,7 @@ async def test_an_unusable_path_is_a_config_error_naming_the_setting(
     else:
         path = tmp_path / "cache.db"
         path.write_bytes(b"this is not an SQLite file at all, " * 100)
-    cache = TranslationCache(1 << 20, path=str(path))
+    cache = TranslationCache(1 << 20, path=str(path), ttl_s=TTL_S)
     with pytest.raises(ConfigError) as caught:
         await cache.start()
     message = str(caught.value)
@@ -334,7 +338,7 @@ def assert_untouched(victim: Path, before: bytes) -> None:
 
 
 async def refused(path: Path) -> str:
-    cache = TranslationCache(1 << 20, path=str(path))
+    cache = TranslationCache(1 << 20, path=str(path), ttl_s=TTL_S)
     with pytest.raises(ConfigError) as caught:
         await cache.start()
     await cache.aclose()

@@ -33,13 +33,7 @@ CALLED: dict[str, tuple[str, ...]] = {
 
 # Restated defaults in modules being reworked on their own (service/stream, service/chain):
 # each to go as its module takes the value from its caller.
-PENDING = frozenset({
-    ("service/chain/cache.py", "ttl_s"),  # cache_ttl_s
-    ("service/chain/dispatch.py", "check_output_language"),
-    ("service/chain/dispatch.py", "billed"),  # preview_billed
-    ("service/stream/manager.py", "previews"),
-    ("service/stream/pipeline.py", "policy"),
-})
+PENDING: frozenset[tuple[str, str]] = frozenset()
 
 _NONE = object()  # not a constant
 

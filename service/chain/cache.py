@@ -396,7 +396,7 @@ class TranslationCache:
         max_bytes: int,
         *,
         path: str | None = None,
-        ttl_s: float = 7 * 24 * 3600,
+        ttl_s: float,
         metrics: Metrics | None = None,
     ) -> None:
         if max_bytes < 0:

@@ -105,7 +105,7 @@ class Dispatcher:
         detector: Detector,
         *,
         default_chain: Sequence[str],
-        check_output_language: bool = True,
+        check_output_language: bool,
         cache: TranslationCache | None = None,
         metrics: Metrics | None = None,
     ) -> None:
@@ -332,7 +332,7 @@ class Dispatcher:
     # -- previews ----------------------------------------------------------------------------
 
     def preview(self, work: SegmentWork, chain: Sequence[str], *,
-                billed: bool = False) -> asyncio.Future[Translation] | None:
+                billed: bool) -> asyncio.Future[Translation] | None:
         """Start a preview's work on the first backend of the chain that would be tried for
         it, passing over billed ones unless ``billed``; its batcher's low-priority lane,
         never the cache, never down the chain. None: no backend, or its lane is full."""

@@ -102,7 +102,7 @@ class StreamManager:
              policy: Policy, model: str | None, backend_name: str | None = None,
              source: str | None = None, max_events: int | None = None,
              deferred: bool = False, glossary: Glossary | None = None,
-             previews: bool = False) -> Stream:
+             previews: bool) -> Stream:
         """A stream on this manager's parts: its settings, detector, dispatcher and
         admission, counted by the tally and, once ended, kept by the roster; its segments'
         spans found with ``glossary``; with ``previews``, its open sentence previewed
@@ -133,7 +133,7 @@ class StreamManager:
         ``glossary`` as ``glossary_for`` resolved it."""
         return self._new("-", target, chain, source=source, model=model,
                          policy=policy or self.settings.policy, deferred=True,
-                         glossary=glossary)
+                         glossary=glossary, previews=False)
 
     def glossary_for(self, target: ResolvedTarget,
                      own: Mapping[str, Any] | None) -> Glossary | None:

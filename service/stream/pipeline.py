@@ -87,7 +87,7 @@ class Stream:
         backend_name: str | None = None,
         source: str | None = None,
         model: str | None = None,
-        policy: Policy = "translate",
+        policy: Policy,
         uses_context: bool = False,
         max_events: int | None = None,
         deferred: bool = False,
