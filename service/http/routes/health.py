@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter
 from fastapi.responses import JSONResponse, Response
 
-from service.ops.metrics import Metrics
-from service.runtime import Runtime
+from service.http.deps import MetricsDep, StartedDep
 
 router = APIRouter(tags=["health"])
 
@@ -18,7 +17,7 @@ async def healthz() -> dict[str, str]:
 
 
 @router.get("/readyz")
-async def readyz(request: Request) -> JSONResponse:
+async def readyz(runtime: StartedDep) -> JSONResponse:
     """Ready when the default chain can serve: at least one of its backends is ready.
 
     ``status`` is ``ready`` (all of them, each able to translate into the default target),
@@ -27,7 +26,6 @@ async def readyz(request: Request) -> JSONResponse:
     503), with each backend's reason and, unless ``ready``, a ``reason`` for the whole.
     A model that failed to load is retried with backoff; its reason says when.
     """
-    runtime: Runtime | None = getattr(request.app.state, "runtime", None)
     if runtime is None:
         return JSONResponse({"status": "starting", "backends": {}}, status_code=503)
     state = runtime.status.readiness()
@@ -35,10 +33,8 @@ async def readyz(request: Request) -> JSONResponse:
 
 
 @router.get("/metrics")
-async def metrics(request: Request) -> Response:
+async def metrics(runtime: StartedDep, registry: MetricsDep) -> Response:
     """Prometheus text format."""
-    runtime: Runtime | None = getattr(request.app.state, "runtime", None)
     if runtime is not None:
         runtime.status.readiness()  # thinktrans_backend_ready, current at each scrape
-    registry: Metrics = request.app.state.metrics
     return Response(registry.render(), media_type="text/plain; version=0.0.4; charset=utf-8")

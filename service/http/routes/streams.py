@@ -21,8 +21,8 @@ from starlette.routing import Match
 from starlette.types import Message, Scope, Send
 
 from models.errors import BackendError
-from service.exceptions import EventsGone, InputError, Overloaded, ThinktransError
-from service.http.deps import StreamId, StreamsDep, get_streams
+from service.exceptions import EventsGone, InputError, ThinktransError
+from service.http.deps import StreamId, StreamsDep, get_streams, runtime_of
 from service.http.problems import answer_error, answer_invalid, problem_responses
 from service.schemas import (
     STREAM_ID_PATTERN,
@@ -118,11 +118,8 @@ class ChunkPost:
         scope["path_params"] = {"stream_id": stream_id}
         response: Response
         try:
-            runtime = getattr(scope["app"].state, "runtime", None)
-            if runtime is None:
-                raise Overloaded("the service is starting; retry shortly", retry_after_s=1)
             response = await post_chunks(stream_id, _parse_chunks(stream_id, body),
-                                         runtime.streams)
+                                         runtime_of(scope["app"]).streams)
         except RequestValidationError as exc:
             response = answer_invalid(exc)
         except (ThinktransError, BackendError) as exc:
