@@ -281,6 +281,12 @@ class Stream:
             self.touch()
             return self.emitter.count
 
+    async def close_held(self) -> int:
+        """Close at shutdown: text held behind a gap that was never filled cannot be
+        flushed, so it is dropped first."""
+        self.intake.drop_held()
+        return await self.close()
+
     def _ended(self) -> None:
         self.intake.forget()  # a closed stream takes no chunks: only its events are kept
         self._release_model()

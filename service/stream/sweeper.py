@@ -59,8 +59,7 @@ class Sweeper:
         streams = self.roster.streams
         for stream in list(streams.values()):
             if not stream.closed:
-                stream.intake.drop_held()  # a gap that was never filled cannot be flushed
-                await stream.close()
+                await stream.close_held()
         until = time.monotonic() + grace_s
         while time.monotonic() < until and not all(s.ended for s in streams.values()):
             await asyncio.sleep(0.05)
