@@ -1,26 +1,9 @@
 """The DeepL backend: the official ``deepl`` client, run in worker threads the backend owns.
 
-The client is blocking (requests), so every call runs in this backend's own
-ThreadPoolExecutor, one client (one HTTP session) per worker thread (``_Workers``). Vendor
-errors are mapped to the service's errors in one place, ``_map_error``; auth and quota
-failures also mark the backend not ready, and a background probe (GET /v2/usage, not
-billed) brings it back once the key or the quota is good again (``models.remote``). The
-targets are this module's table, refined by the server's own list once fetched
-(``_Targets``).
-
-With ``context`` on, each text goes with the text before it in its stream as DeepL's
-``context`` parameter (not billed). DeepL takes one context per request, so a batch is sent
-in one request group per distinct context, the groups concurrently.
-
-DeepL's "models" are its model types (``MODEL_TYPES``): a request or stream may name one
-for its segments, sent as that call's ``model_type``; ``DeepLConfig.model_type`` otherwise.
-
-A text with protected spans (``Job.protected``) goes in requests of its own, as XML with
-each span in an element DeepL leaves alone; texts without go as plain text, as before.
-``models.deepl_marked`` sends those (glossary terms rendered by a DeepL glossary where one
-can be had, ``DeepLConfig.max_glossaries``, else put in elements; a text whose elements
-did not come back once each, piece by piece), through this backend's ``_translate_group``
-and ``_call``; ``models.deepl_spans`` holds the XML and the glossaries' bookkeeping.
+The client is blocking (requests), so every call runs in this backend's own threads, one
+client (one HTTP session) each; DeepL's errors become the backends' in one place
+(``_map_error``), and its language codes live here. Texts with protected spans go through
+``models.deepl_marked``; readiness follows DeepL's answers (``models.remote``).
 """
 
 from __future__ import annotations
@@ -373,8 +356,9 @@ class DeepLTranslator(RemoteTranslator):
     # -- translation -------------------------------------------------------------------------
 
     async def run(self, job: Job) -> list[str]:
-        """Translate in requests of at most 50 texts and 128 KiB, one context per request,
-        with the model type ``model`` (None: ``DeepLConfig.model_type``)."""
+        """Translate in requests of at most 50 texts and 128 KiB, one context per request
+        (DeepL takes one a request, so a batch goes as one group per distinct context, the
+        groups at once), with the model type ``model`` (None: ``DeepLConfig.model_type``)."""
         texts, source, target = job.texts, job.source, job.target
         contexts, model = job.contexts, job.model
         self._refuse_if_unusable()
@@ -504,7 +488,7 @@ class DeepLTranslator(RemoteTranslator):
         return server_label(self._server_url, self._api_key)
 
     async def _check(self) -> None:
-        """Check the key and quota (GET /v2/usage); fetch the target list once."""
+        """Check the key and quota (GET /v2/usage, not billed); fetch the target list once."""
         await self._refresh_usage()
         if self._targets.server is None:
             self._targets.learn(await self._call(self._fetch_targets))

@@ -1,19 +1,9 @@
 """How the DeepL backend sends texts with protected spans, and the glossaries it keeps for them.
 
-A text with protected spans (``Job.protected``) goes in requests of its own, as XML with
-each span in an element DeepL leaves alone (``models.deepl_spans``). Glossary terms are
-rendered by a DeepL glossary, one per (terms, source, target), created once, shared and
-deleted when evicted or at close (``Glossaries``); where none can be had (an unknown
-source, a pair DeepL has no glossaries for), or the glossary did not render a term as
-given, the target term goes in an element instead. A text whose elements did not come
-back once each is translated piece by piece: its prose runs alone, the spans put back
-between them.
-
-``MarkedRequests`` does this for one backend, through what the backend hands it: ``send``,
-which translates one group of texts sharing a context and a ``Markup`` (None: plain text)
-in as many requests as DeepL's limits need; ``run``, which runs blocking client work in
-the backend's threads and maps its failures; and ``client``, the calling worker thread's
-DeepL client. ``Call`` is what every request of one ``translate`` call shares.
+DeepL has no notion of a span to keep, so a text with spans goes in requests of its own, as
+XML whose elements DeepL leaves alone, and glossary terms go through DeepL glossaries where
+one can be had; whatever did not come back as sent is translated piece by piece, so a span
+is never lost. ``MarkedRequests`` does this through the calls its backend hands it.
 """
 
 from __future__ import annotations

@@ -1,18 +1,7 @@
 """How the DeepL backend keeps protected spans: ignored XML tags, and the glossaries it keeps.
 
-A text with protected spans (``models.spans``) goes to DeepL as XML (``tag_handling=xml``):
-its prose escaped, each span an element of ``TAG``, which DeepL is told to leave alone
-(``ignore_tags``) and not to split a sentence at (``non_splitting_tags``). Each element
-carries its span's number, so the answer is read back by number, whatever order DeepL put
-the elements in, and each becomes its span's ``out`` byte for byte. A glossary term (a
-``term`` span) is either left in the prose for DeepL's own glossary to render, or put in an
-element holding the target term.
-
-``Glossaries`` is the bookkeeping of the DeepL glossaries a backend created: one per
-(terms, source, target), created once and shared by the batches that need it, at most
-``capacity`` of them, the least recently used deleted first (once no batch uses it), and
-every one deleted at close. It does no I/O itself: the backend's ``MarkedRequests``
-(``models.deepl_marked``) hands it ``create`` and ``delete``.
+The XML side (``wrap``, ``unwrap``) and the bookkeeping of glossaries (``Glossaries``), with
+no I/O, so that both are tested without DeepL; ``models.deepl_marked`` does the requests.
 """
 
 from __future__ import annotations
@@ -98,8 +87,9 @@ def wrapped(protected: Protected, *, glossary_renders_terms: bool) -> set[int]:
 
 
 def unwrap(answer: str, protected: Protected, *, glossary_renders_terms: bool) -> str | None:
-    """DeepL's answer to ``wrap`` as text, each element replaced by its span's ``out``;
-    None when an element is missing, repeated or unknown, or a tag of ours is left over."""
+    """DeepL's answer to ``wrap`` as text, each element replaced by its span's ``out`` byte
+    for byte, read by its number whatever order DeepL put the elements in; None when an
+    element is missing, repeated or unknown, or a tag of ours is left over."""
     expected = wrapped(protected, glossary_renders_terms=glossary_renders_terms)
     order: list[int] = []  # span numbers, in the answer's order
     prose: list[str] = []  # the runs around them
@@ -147,7 +137,9 @@ class GlossaryLease:
 
 
 class Glossaries:
-    """The DeepL glossaries one backend created, least recently used first.
+    """The DeepL glossaries one backend created, least recently used first: one per
+    (terms, source, target), shared by the batches that need it, at most ``capacity``,
+    every one deleted at close. It does no I/O itself.
 
     ``create(key, entries)`` returns the new glossary's id, or None when DeepL will not
     have this one (an unsupported pair, entries it refuses): that answer is kept, so it is

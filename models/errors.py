@@ -14,10 +14,6 @@
         └── PartialOutput    some texts of a batch answered, the others bad
     BackendConfigError       a backend cannot be built: unknown name, invalid config
     MissingExtra             a backend needs a package its extra installs (ModuleNotFoundError)
-
-Each backend maps its vendor's errors to these in one place, ``raise
-BackendUnavailable(...) from exc``. The service maps each type to its HTTP status and
-problem slug in one table (``service.http.problems``), the CLI to its exit codes.
 """
 
 from __future__ import annotations

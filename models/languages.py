@@ -1,12 +1,9 @@
 """BCP 47 tags: the one canonicaliser, the language a tag names, and the key into a vendor table.
 
-``standardize`` is the canonical form everywhere (langcodes' standardisation: case, withdrawn
-codes such as ``iw`` and ``tl``, redundant scripts such as ``en-Latn``); the service adds its
-messages and allowed locales on top (``service.text.tags``), and a backend called directly
-uses ``canonical``. Each backend keeps its vendor's codes in a table keyed by language, or
-``language-Script`` where the script changes the code (``zh-Hans``, ``zh-Hant``); ``table_key``
-maps a tag to that key. The tables themselves live with their backends (``models.local``,
-``models.deepl``, ``models.llm``).
+One canonical form everywhere (``standardize``: langcodes' standardisation), so that a tag
+the client wrote, a setting and a backend's table compare equal. Each backend keeps its
+vendor's codes in a table keyed by language, or ``language-Script`` where the script changes
+the code (``zh-Hans``, ``zh-Hant``); ``table_key`` maps a tag to that key.
 """
 
 from __future__ import annotations

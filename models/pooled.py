@@ -1,45 +1,10 @@
 """The pool backend: batches sent to a shared pool of local-engine replicas (``thinktrans pool``).
 
-Many sidecars share one pool on Ray Serve (``pool/replica.py``). Each batch this sidecar's
-batcher forms goes out as one call, ``POST {url}/v1/batch``, with its pair, the model a
-stream named and the time left until its last segment is due (``deadline_ms``); the pool
-merges calls from every sidecar into its own batches and drops a call whose deadline passed
-before it ran (504 ``expired``: ``Expired``, which the circuit breaker does not count).
-Each call names this sidecar (``sidecar``: its client id, ``THINKTRANS_POOL_CLIENT_ID``,
-by default ``host:port``), whom the pool shares its engine's turns between and counts work
-for. A pool that holds as much of this sidecar's work as one client may have waiting
-answers 429 ``over-cap`` with a ``Retry-After``: that is ``Throttled``, overload and not an
-outage (the backend stays ready, the breaker does not count it, the chain serves the
-batch), and no call goes out until the ``Retry-After`` has passed (at most ``MAX_HOLD_S``).
-Here a batch already past its deadline is not sent (``Expired``), and one with no answer
-by its deadline (on this side's clock, so time in Serve's own queues counts) is given up
-as a timeout, which the breaker counts: a pool that keeps work past its deadlines is
-failing. Its connection closes, and the pool drops the call if it has not run it yet.
-
-Readiness follows the pool's ``GET /v1/info``: not ready until it answers ready, probed
-every ``outage_recheck_s`` while it is down (``models.remote``), read again every
-``refresh_s`` while it is up. The catalog, languages, cache identity, whether its output
-is checked (not for a test checkpoint's noise, as for ``local``) and its limits come from
-that answer: a batch over the texts or characters of one call goes as several calls, a text
-over the characters of one text is cut as ``local`` cuts it (sentence ends, then words) and
-its translated parts joined again. Only the pool's ``pool-not-ready`` problem, a refused
-token, or no pool at the address mark the backend down: a call's own trouble fails that call.
-
-Each text's protected spans go with it (``spans``: per text a list of ``[start, end, kind,
-out]``), and the pool's local engine keeps them as ``local`` does (placeholders, or the prose
-runs between them); a text cut for the pool is never cut inside a span, and each part takes
-its own spans. The spans count in a call's body, which is cut to the pool's
-``max_call_bytes``; the pool's answer says how each call's spans were kept, counted in
-``info()`` (``spans: {"masked", "fallback"}``).
-
-A preview batch (``Job.preview``) goes as a call with ``preview: true`` and ``previous``,
-per text its sentence's previous preview (or null), which the pool's CTranslate2 replicas
-decode towards as ``local`` does (``local_preview_bias``). ``previous`` is bounded by the
-call's limits: each is cut to the pool's ``max_text_chars`` (a prefix of a preview is still
-one), and a call carries at most ``max_call_chars`` of them in all, the texts' own
-characters aside (past that, a text's previous goes null: it decodes unbiased); they count
-in its body's bytes. A text cut into parts for the pool goes unbiased, as in ``local``. A
-call that is not a preview carries neither field.
+Many sidecars share one pool's model on Ray Serve; each batch this sidecar's batcher forms
+goes out as one call, ``POST {url}/v1/batch``, with what the pool needs to merge, share and
+drop it (its deadline, this sidecar's client id, its spans and previous previews). What the
+backend serves, and its limits, follow the pool's ``GET /v1/info``; docs/deploy.md has the
+wire format and the pool's side.
 """
 
 from __future__ import annotations
@@ -552,7 +517,8 @@ def _envelope(job: Job, sidecar: str) -> int:
 
 def _wire_previous(job: Job, max_text: int) -> list[str | None] | None:
     """A preview's previous previews as a call carries them, one per text, each cut to
-    ``max_text`` characters; None for a job that is not a preview, or has none."""
+    ``max_text`` characters (a prefix of a preview is still one); None for a job that is
+    not a preview, or has none."""
     if not job.preview or not job.previous or not any(job.previous):
         return None
     given = list(job.previous)[:len(job.texts)]
@@ -562,7 +528,7 @@ def _wire_previous(job: Job, max_text: int) -> list[str | None] | None:
 
 def _within(previous: list[str | None], max_chars: int) -> list[str | None] | None:
     """One call's previous previews, in order while they fit ``max_chars`` in all (the rest
-    null); None when none is left."""
+    null: those texts decode unbiased); None when none is left."""
     out: list[str | None] = []
     chars = 0
     for text in previous:

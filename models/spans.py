@@ -1,22 +1,10 @@
 """Protected spans: the parts of a prose segment that a translation keeps byte for byte.
 
 Thinking is full of things no translation may touch: inline code, identifiers, paths,
-URLs, e-mail addresses, versions, numbers with units, LaTeX and math, CLI flags, quoted
-error messages. ``SpanFinder.find`` finds them in a segment's text once, with one table of
-kinds (``KINDS``), an operator's extra patterns, and a glossary's ``keep`` terms (kept as
-they are) and ``terms`` (each rendered as the glossary's target term). The answer,
-``Protected``, is what every backend is given with the text and what the service checks
-every translation against: a segment is ``translated`` only when each span's ``out`` (its
-own text, or a term's target) appears in the translation as often as in the original.
-
-Backends keep the spans their own way: ``local`` and ``pool`` mask them with placeholders
-(``Placeholders``: ``mask``, ``unmask``) and, when the engine loses one, translate the prose
-runs between the spans on their own and rejoin them (``Protected.runs``, ``rejoin``), which
-keeps them by construction; DeepL wraps them in tags it ignores; the LLM is told which
-items to keep.
-
-Spans never overlap and never cross the text they were found in; finding them changes no
-text.
+URLs, versions, numbers with units, math, CLI flags, quoted error messages. They are found
+here once per segment (``SpanFinder``, one table of kinds, ``KINDS``), with a glossary's
+terms, and the answer (``Protected``) is what every backend keeps and every translation is
+checked against. Backends keep them their own way; the masking helpers they share live here.
 """
 
 from __future__ import annotations
@@ -304,7 +292,8 @@ class Glossary:
 
 @dataclass(frozen=True, slots=True)
 class Protected:
-    """A segment's protected spans, in order, and the glossary they came from (if any)."""
+    """A segment's protected spans, in order, and the glossary they came from (if any).
+    Spans never overlap and never cross ``text``; finding them changes no text."""
 
     text: str
     spans: tuple[Span, ...]

@@ -2,12 +2,9 @@
 
 ``ThinktransClient`` talks to a thinktrans sidecar over its HTTP API: one-shot
 ``translate``, and ``stream`` for thinking that arrives as deltas, with a fallback to the
-originals whenever the sidecar is down, slow or failing, and what the sidecar offers
-(``supported_targets``, ``models``); a stream that asks also gets ``Preview`` items of the
-sentence still streaming. ``ThoughtTranslator`` and ``translate_messages`` translate ACP
-``agent_thought_chunk`` updates in place (never with previews: ACP chunks are append-only);
-``advertise_locales`` tells an ACP client, in the ``initialize`` answer, which locales it
-may ask for.
+originals whenever the sidecar is down, slow or failing. ``ThoughtTranslator`` and
+``translate_messages`` translate ACP ``agent_thought_chunk`` updates in place, and
+``advertise_locales`` tells an ACP client which locales it may ask for.
 """
 
 from __future__ import annotations

@@ -1,66 +1,11 @@
 """Agent Client Protocol (ACP) helpers: the client's locale, and thoughts translated in place.
 
-``locale_from_initialize`` reads the locale an ACP client sends in ``initialize``
-``_meta.locale``: a well-formed BCP 47 tag in canonical case (``thinktrans_client.locale``),
-admitted by ``allowed``; it never raises. The sidecar stays the authority on targets.
-
-``ThoughtTranslator`` sits on an agent's outgoing ACP messages. The ``agent_thought_chunk``
-updates of one session (and one sub-agent) go, as deltas, through one thinktrans stream;
-what comes back goes out as ``agent_thought_chunk`` updates whose text is the translation,
-with ``_meta.thinktrans`` = ``{"original", "status", "source_lang", "target", "backend"}``
-(and ``error``, ``model``, ``"cached": true`` when the segment has them). Every other
-message passes through unchanged, in order, but for the ``initialize`` answer (below):
-
-- any other ``session/update`` of a session (a tool call, a message chunk, a plan, a
-  thought sent as a request, with an ``id``, which awaits one answer to itself and so goes
-  out once, as it came) first closes that session's open thought streams, and goes out
-  after all they emit;
-- an answer to a request of a session (the end of a prompt turn) counts as that
-  session's; any other message of no session (``initialize``, its answer, a line that is
-  not JSON...) does the same for every session;
-- sessions do not wait for one another, and sub-agent thoughts (an update whose ``_meta``
-  names a sub-agent or a parent tool call, see ``default_lane``) keep streams of their own.
-
-The client is told which locales it may ask for: when the translator has seen the
-client's ``initialize`` request, the agent's answer to it (same JSON-RPC ``id``, a
-``result``) goes out with ``_meta.thinktrans.locales`` (``advertise_locales``), the
-sidecar's ``supported_targets()`` within ``allowed`` (a fixed ``target``: that one alone).
-The answer is held in its place until the sidecar says, within the client's
-``timeout_s``; if it does not (down, failing, an older sidecar), or serves no target now,
-the answer goes out unchanged and one line is logged. None (any target) adds nothing.
-``ThoughtTranslator(..., advertise_locales=False)`` turns it off.
-
-The sidecar's choices travel in ``stream_options``, given to every stream:
-``ThoughtTranslator(client, send, stream_options={"model": "...", "policy": "hide"})``.
-Under ``policy: hide`` a foreign segment goes out as a chunk with empty ``text``, its
-original in ``_meta.thinktrans.original`` (status ``hidden``), so the originals still join
-back to the agent's thinking; a failing sidecar shows the thoughts (status ``error``).
-
-The target is, first that applies: ``target`` given to the translator; the session's own
-locale (``_meta.locale`` of the ``session/new``, ``session/fork``, ``session/load`` or
-``session/resume`` request that made or reopened it); the client's locale from
-``initialize``; none, in which case the service detects the language of the session's last
-``session/prompt`` and then uses its own default (API.md's order). A locale whose
-language the sidecar said it does not serve (its targets, fetched for the ``initialize``
-answer) is passed over with a log line, so a well-formed but unknown tag (``zz``) does not
-cost a session its translations. The translator learns what the client sends through
-``observe`` (a proxy, or an agent server, handing it the client's messages) or through
-``feed`` (a recording of both directions, in order).
-
-A thinking part is the run of ``agent_thought_chunk`` updates of one session (and lane)
-between its other updates; a new ``messageId`` starts a new part, and so do the end of the
-prompt turn (the agent's answer to ``session/prompt``) and ``session/cancel``.
-
-ACP chunks are append-only, so a late ``update`` of a segment that went out as
-``deadline`` cannot replace it; the translator leaves it out (a UI that can replace text
-can read ``ThinkingStream.results`` itself). For the same reason it never forwards
-previews: every stream opens with ``previews`` false, so that a sidecar whose
-THINKTRANS_PREVIEWS is on spends nothing on them, and ``stream_options`` cannot ask. With
-the sidecar down, slow or failing, the thoughts pass through with status ``error``:
-``thinktrans_client.client`` never blocks and never loses text.
-
-Stream ids are ``<sessionId>:<nonce>.<n>``: the nonce keeps a restarted agent, whose
-session ids may repeat, out of streams the sidecar still holds from before.
+``ThoughtTranslator`` sits on an agent's outgoing ACP messages and sends them on with their
+``agent_thought_chunk`` updates translated, everything else unchanged and in order, so an
+agent's thinking reaches the user in their language with no change to the agent or the
+editor. ACP chunks are append-only: what went out cannot be replaced, so previews and late
+updates are never forwarded. ``locale_from_initialize`` and ``advertise_locales`` read and
+answer the client's locale. docs/integration.md tells how to use them.
 """
 
 from __future__ import annotations
@@ -533,6 +478,8 @@ class ThoughtTranslator:
         self._stream_options = {**(stream_options or {}), "previews": False}
         self._sessions = _Sessions(allowed, advertise=advertise_locales)
         self._out = _Output(send, max_pending)
+        # Stream ids are ``<sessionId>:<nonce>.<n>``: the nonce keeps a restarted agent,
+        # whose session ids may repeat, out of streams the sidecar still holds from before.
         self._nonce = secrets.token_hex(3)
         self._count = 0
         self._open: dict[tuple[str, str], _Thoughts] = {}
@@ -555,7 +502,15 @@ class ThoughtTranslator:
     # -- input -------------------------------------------------------------------------------
 
     async def feed(self, message: Any) -> None:
-        """Take the next outgoing message (a parsed JSON-RPC object, or anything to pass on)."""
+        """Take the next outgoing message (a parsed JSON-RPC object, or anything to pass on).
+
+        A thinking part is the run of a session's (and lane's) thought chunks between its
+        other updates; a new ``messageId`` starts another. Any other message of a session
+        (a thought sent as a request, with an ``id``, too: it goes out once, as it came)
+        first closes that session's open parts and goes out after all they emit; the
+        answer to a request seen counts as its session's; a message of no session does the
+        same for every session. Sessions never wait for one another.
+        """
         if self._out.closing:
             raise RuntimeError("the translator is closed")
         await self._wait_for_room()
@@ -651,7 +606,10 @@ class ThoughtTranslator:
     # -- thinking parts ----------------------------------------------------------------------
 
     def _target_for(self, session: str) -> str | None:
-        """The fixed target; else the session's locale, else the client's, if served."""
+        """The fixed target; else the session's locale, else the client's, if served; else
+        None, and the sidecar detects the language of the session's last prompt. A locale
+        whose language the sidecar does not serve is passed over, so a well-formed but
+        unknown tag (``zz``) does not cost a session its translations."""
         if self.target is not None:
             return self.target
         for tag in (self._sessions.locales.get(session), self._sessions.client_locale):
@@ -690,6 +648,7 @@ class ThoughtTranslator:
 
     async def _read(self, thoughts: _Thoughts) -> None:
         try:
+            # No late updates: a chunk that went out as ``deadline`` cannot be replaced.
             async for item in thoughts.stream.results(updates=False):
                 if isinstance(item, TranslatedSegment):
                     self._out.add_ready(thoughts, _chunk(thoughts.template, item))

@@ -1,81 +1,10 @@
 """The client that agent servers use: one-shot translation and streamed thinking.
 
-Light to import: httpx and the standard library only (no torch, transformers, fastapi
-or server modules), so an agent server can import it on its hot path. It knows the
-sidecar only through the HTTP contract (API.md).
-
-::
-
-    async with ThinktransClient("http://127.0.0.1:8088", timeout_s=2.0) as tt:
-        [result] = await tt.translate(["Let me check the logs."], target="zh-CN")
-
-        stream = tt.stream("sess-1:0", target="zh-CN")
-        await stream.push("Let me")        # returns at once; posted in the background
-        await stream.push(" check.")
-        await stream.close()               # no more deltas; returns at once too
-        async for item in stream.results():
-            if isinstance(item, TranslatedSegment):
-                show(item.text)            # in order; item.original is what was pushed
-            else:                          # SegmentUpdate: a late translation of a
-                replace(item.index, item.text)  # segment that went out as `deadline`
-        await stream.aclose()
-
-Choosing. ``translate`` and ``stream`` take ``model`` (a model for the backends to use;
-``models()`` lists the sidecar's catalog, which is advice: a name not listed is tried) and
-``policy`` (``"hide"``: segments not in the target language come back ``hidden``, with
-empty text and the original kept). Each is sent only when set, so a sidecar that predates
-them keeps serving everyone else. ``supported_targets()`` says which targets the sidecar
-can translate into now (None: any), for a client to offer only those.
-
-Previews. ``stream(..., previews=True)`` asks the sidecar for provisional translations of
-the sentence still streaming: ``results`` then yields ``Preview`` items too, each replaced
-by the next of its index and all by the ``TranslatedSegment`` of that index, never after
-it. A stream that did not ask never yields one, whatever the sidecar sends;
-``previews=False`` asks the sidecar not to make them (against a THINKTRANS_PREVIEWS=true),
-and None leaves the field out. A sidecar older than previews refuses the field (422): the
-stream opens again without it, with no previews (``stream.previews`` False, one log line
-for the client).
-
-Sending (``posting.ChunkPoster``). ``push`` only appends to a buffer; a background task
-posts the buffer as one chunk every ``flush_interval_s`` (or sooner once ``flush_chars``
-are waiting). Each chunk gets the next seq when it is formed and never changes after, so
-a retry re-posts the same seq and text, which the server ignores: retries are safe. A
-connection dropped mid-request is retried once; 429 and 503 (a full queue) are retried
-after ``Retry-After``.
-
-Reading (``reading.EventReader``). ``results`` long-polls
-``GET /v1/streams/{id}/events?after=N``; ``after`` is the last event id seen, so a failed
-poll resumes where it stopped. Long-poll rather than SSE because every poll then has a bounded
-duration (``poll_wait_s`` + ``timeout_s``): a hung sidecar is noticed within that, where
-SSE would only show it after its 15 s keep-alive.
-
-Falling back (``fallback.Fallback``, ``StallClock``). The agent's output is never blocked
-and nothing is lost. The stream falls back to the originals when the sidecar
-
-- is unreachable (connection refused, reset);
-- takes longer than ``timeout_s`` (beyond the planned long-poll wait) to answer a request;
-- answers an error (any 4xx or 5xx; 429 and 503 are retried as ``Retry-After`` asks,
-  as long as that keeps the wait within ``timeout_s``);
-- returns no result for pushed text within ``stall_s`` of the later of the last push and
-  the last result (it must exceed the server's ``flush_idle_ms`` + ``deadline_ms``).
-
-From then on ``results`` yields the pushed text that no received segment covered, once, as
-one segment with status ``error`` (``error`` says why, ``backend`` is None), then every
-later push the same way. So, whatever happens, the ``original`` fields of everything
-``results`` yields, joined, equal the pushed deltas, joined. After a failure of the
-sidecar itself (not a 4xx), new streams and translations skip it for ``cooloff_s``.
-
-The fallback is the same under ``policy="hide"``: the originals, shown, as ``error``. Only
-the sidecar can tell which segments are foreign; hiding all the text instead would turn a
-failing sidecar into thinking that silently disappears, which no user could tell apart
-from an agent that did not think.
-
-What streams use of the client, all public: ``request`` (one call within the budget),
-``note_failure`` (starts the skip), ``release_stream`` (a background DELETE that
-``aclose`` waits for) and the budgets ``timeout_s``, ``stall_s`` and ``poll_wait_s``; the
-parts of a stream see only ``sidecar.Sidecar``, these calls less ``release_stream``.
-
-Logs hold stream ids, lengths and reasons, never thinking text.
+Light to import (httpx and the standard library only), so an agent server can import it on
+its hot path; it knows the sidecar only through the HTTP contract (docs/API.md). The
+agent's output is never blocked and nothing is lost: whenever the sidecar is down, slow or
+failing, a stream gives out the originals (status ``error``), so the ``original`` fields of
+everything it yields, joined, equal the pushed deltas. client/README.md shows its use.
 """
 
 from __future__ import annotations
@@ -119,6 +48,7 @@ __all__ = [
     "safe_stream_id",
 ]
 
+# Logs hold stream ids, lengths and reasons, never thinking text.
 log = logging.getLogger("thinktrans.client")
 
 STREAM_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
@@ -214,8 +144,10 @@ class ThinktransClient:
     """An async client of one thinktrans sidecar; one per agent server, shared by its streams.
 
     ``timeout_s``: longest one request may take beyond its planned wait. ``stall_s``: how
-    long pushed text may go without a result (see the module docstring). ``cooloff_s``:
-    how long the sidecar is skipped after it failed.
+    long pushed text may go without a result, counted from the later of the last push and
+    the last result; it must exceed the sidecar's ``flush_idle_ms`` + ``deadline_ms``, within
+    which a healthy sidecar answers. ``cooloff_s``: how long the sidecar is skipped after it
+    failed itself (not after a 4xx).
     """
 
     def __init__(
@@ -474,10 +406,13 @@ class ThinktransClient:
         """A stream for one thinking part; nothing goes over the network before its first push.
 
         ``model``, ``policy`` and ``glossary`` as in ``translate``, sent when the stream
-        opens, only when set; the fallback under ``policy="hide"`` shows the originals too
-        (status ``error``).
-        ``previews``: True asks for ``Preview`` items in ``results`` (see the module
-        docstring); False asks the sidecar to make none; None (the default) sends nothing.
+        opens, only when set, so a sidecar that predates them serves everyone else. The
+        fallback under ``policy="hide"`` shows the originals too (status ``error``): only
+        the sidecar can tell which segments are foreign, and hiding all of them would turn a
+        failing sidecar into thinking that silently disappears.
+        ``previews``: True asks for ``Preview`` items in ``results``; False asks the sidecar
+        to make none; None (the default) sends nothing. A sidecar older than previews
+        refuses the field (422): the stream opens again without it, with no previews.
         ``close_wait_s``: once the stream is closed, how long ``results`` waits for the rest;
         then what no result covered comes out as it was pushed, status ``deadline`` (None:
         as long as the sidecar's own deadline and the client's budgets allow). For readers
@@ -506,7 +441,8 @@ class ThinktransClient:
 
 
 class ThinkingStream:
-    """One thinking part on its way through a thinktrans stream; see the module docstring.
+    """One thinking part on its way through a thinktrans stream: deltas in, segments out,
+    the originals when the sidecar fails.
 
     It composes the parts that each own one state: what was pushed and not yet given out
     (``PendingText``), posting it (``ChunkPoster``), reading the events

@@ -2,17 +2,8 @@
 
 The sidecar is the authority on targets (it knows the registry and the allowed list);
 this module keeps a malformed or unsafe tag from ever being sent, and writes a good one
-the way the sidecar does, so that the two compare equal: case (``ZH-cn`` -> ``zh-CN``),
-withdrawn and synonymous language codes (``tl`` -> ``fil``, ``iw`` -> ``he``, ``sh`` ->
-``sr-Latn``, ``deu`` -> ``de``), Chinese extlangs and legacy tags (``zh-cmn-Hans`` ->
-``zh-Hans``, ``zh-yue`` -> ``yue``), withdrawn regions (``en-UK`` -> ``en-GB``) and a script
-a language is written in anyway (``en-Latn-US`` -> ``en-US``; ``sr-Latn`` keeps its).
-``zh_CN`` is not a tag, here as there. The tables are the sidecar's (langcodes', which the
-service's tests hold them to); what they leave out, the sidecar may still rewrite (numeric
-regions: ``en-840``; withdrawn three-letter codes of languages without a two-letter one) or
-refuse (unregistered subtags: 422).
-
-Standard library only. Error messages never contain a tag that failed the shape check.
+the way the sidecar does (``ZH-cn`` -> ``zh-CN``, ``tl`` -> ``fil``, ``en-UK`` -> ``en-GB``,
+``en-Latn-US`` -> ``en-US``), so that the two compare equal. Standard library only.
 """
 
 from __future__ import annotations
@@ -96,7 +87,8 @@ _SAME_LANGUAGE = {"no": "nb"}
 
 
 class InvalidLocale(ValueError):
-    """A value that is not a well-formed BCP 47 tag; the message says what to send."""
+    """A value that is not a well-formed BCP 47 tag; the message says what to send, and
+    never holds a tag that failed the shape check."""
 
 
 def _alpha(s: str) -> bool:
@@ -127,6 +119,12 @@ def canonicalize(tag: object) -> str:
     then optional script (4 letters), region (2 letters or 3 digits), distinct variants,
     extensions (a singleton and 2-8 character subtags) and private use (``x-...``).
     Raises InvalidLocale otherwise.
+
+    The tables are the sidecar's (langcodes', which the service's tests hold them to):
+    withdrawn and synonymous codes, Chinese extlangs and legacy tags, withdrawn regions, a
+    script a language is written in anyway. What they leave out the sidecar may still
+    rewrite (numeric regions: ``en-840``; withdrawn three-letter codes of languages without
+    a two-letter one) or refuse (unregistered subtags: 422). ``zh_CN`` is not a tag.
     """
     if not isinstance(tag, str) or not tag:
         raise InvalidLocale(f"locale must be a non-empty BCP 47 tag; {_EXAMPLES}")

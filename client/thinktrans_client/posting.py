@@ -1,12 +1,8 @@
 """Posting one stream's text: the sidecar stream opened, deltas batched into chunks, closed.
 
-``push`` only appends to a buffer; a background task posts the buffer as one chunk every
-``flush_interval_s`` (or sooner once ``flush_chars`` are waiting). Each chunk gets the next
-seq when it is formed and never changes after, so a retry re-posts the same seq and text,
-which the server ignores: retries are safe. 429 and 503 (a full queue) are retried after
-``Retry-After``, as long as that keeps the wait within the client's ``timeout_s``. An open
-that a sidecar refuses (422) for an optional field it does not know is sent once more
-without it.
+``push`` only appends to a buffer; a background task posts it as chunks, so the agent never
+waits on the network. Each chunk's seq is fixed when it is formed, so a retry re-posts the
+same seq and text, which the sidecar ignores: retries are safe.
 """
 
 from __future__ import annotations
@@ -202,7 +198,8 @@ class ChunkPoster:
         return False
 
     def _form_chunks(self) -> None:
-        """Turn unsent text into chunks with fixed seqs (a retry re-posts them unchanged)."""
+        """Turn unsent text into chunks with fixed seqs (a retry re-posts them unchanged, and
+    the sidecar ignores a seq it has)."""
         if not self._unsent:
             return
         text = "".join(self._unsent)

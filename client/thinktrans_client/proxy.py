@@ -2,53 +2,11 @@
 
     thinktrans-acp [--url URL] [--target LOCALE] [--model M] [--policy P]
                    [--glossary FILE.json] [--deadline-ms MS] -- AGENT [ARGS...]
-    thinktrans-acp --version
 
-The editor launches this command instead of the agent. It starts the agent as a child
-process and relays JSON-RPC over stdio both ways, line by line and in order:
-
-- client to agent: every line goes on at once, byte for byte. The proxy reads the
-  messages it needs on the way (``ThoughtTranslator.observe``): the client's locale in
-  ``initialize``, a session's own locale in ``session/new``/``session/load``
-  (``_meta.locale``), the user's prompt text, which session a request is of, and
-  ``session/cancel``;
-- agent to client: every line goes on byte for byte, in its place, except
-  ``session/update`` notifications carrying ``agent_thought_chunk``, which come out
-  translated (``ThoughtTranslator``: one sidecar stream per thinking part, the original in
-  ``_meta.thinktrans.original``), and the ``initialize`` answer, which gains the sidecar's
-  locales in ``_meta.thinktrans.locales``.
-
-Once a thinking part ends (the session's next message is waiting), that message waits at
-most ``--deadline-ms`` for the part's last translations; what is missing then goes out as
-the original (status ``deadline``): ACP cannot replace a chunk, so a later translation
-would never be shown. For the same reason the proxy never asks for previews (provisional
-translations of a sentence still streaming): its streams open with ``previews`` false,
-whatever the sidecar's THINKTRANS_PREVIEWS, and it has no option to turn them on.
-
-It is never in the way: with the sidecar down, slow or failing, thoughts pass through
-unchanged and in order (the client's fallback: a request gives up after ``--timeout``, a
-stream with no result after ``--stall``; a session's later messages wait no longer); a line
-that is not a JSON object passes through as it came; the agent's stderr is the proxy's
-stderr; SIGINT, SIGTERM and SIGHUP are passed to the agent (before it starts, or once it
-has exited, they end the proxy); the agent's exit code is the proxy's (128 + N when a
-signal N ended it; 127 when the command is not found, 126 when it cannot be run). At the
-end of the editor's input the agent's stdin is closed; an agent still running
-``CHILD_EXIT_GRACE_S`` later is sent SIGTERM, and as long after that SIGKILL. When the
-editor closes the proxy's stdout, the agent is sent SIGTERM. The proxy's own log goes to
-stderr and never holds thinking text.
-
-Limits: a line is parsed only up to ``MAX_PARSED_LINE_BYTES`` (a longer one passes through
-untouched, and the proxy learns nothing from it); a longer line passes through in pieces of
-at most that; at most ``MAX_PENDING_MESSAGES`` (``thinktrans_client.acp``) wait to go to the
-editor, after which the agent's output waits, as it would on a slow editor without the
-proxy. Memory stays bounded by their product.
-
-The relay needs the ACP SDK (``pip install 'thinktrans-client[acp]'``) for its child
-process transport. Its connection classes do not fit a relay, which must forward every
-method, id and field it does not know without answering or re-encoding it; nor does its
-stdout writer, which does not notice an editor that closed the pipe. ``translate_stdio`` is
-the agent-to-client half alone, for a recording of both directions on stdin
-(``examples/acp_bridge.py``).
+The editor launches this command instead of the agent; it starts the agent as its child and
+relays JSON-RPC over stdio both ways, byte for byte and in order, but the thoughts, which
+``ThoughtTranslator`` translates. It is never in the way: with the sidecar down, slow or
+failing, thoughts pass through unchanged. docs/integration.md tells what it does.
 """
 
 from __future__ import annotations
@@ -77,6 +35,8 @@ __all__ = ["MAX_PARSED_LINE_BYTES", "READ_BUFFER_BYTES", "ProxyError", "RawLine"
 
 log = logging.getLogger("thinktrans.acp.proxy")
 
+# A longer line passes through untouched, in pieces; memory stays bounded by this times
+# MAX_PENDING_MESSAGES (thinktrans_client.acp), past which the agent's output waits.
 MAX_PARSED_LINE_BYTES = 1 << 20  # thought chunks and session requests are far smaller
 READ_BUFFER_BYTES = MAX_PARSED_LINE_BYTES  # per direction; a longer line comes in pieces
 CHILD_EXIT_GRACE_S = 5.0  # after its stdin closes, before the agent is sent SIGTERM
@@ -346,7 +306,10 @@ async def run(command: Sequence[str], *, url: str = DEFAULT_URL, token: str | No
               stream_options: Mapping[str, Any] | None = None) -> int:
     """Relay this process's stdio to ``command``'s, thoughts translated; its exit code.
 
-    ProxyError when it cannot start: the ACP SDK is not installed.
+    ProxyError when it cannot start: the ACP SDK is not installed. Only its child process
+    transport is used: its connection classes do not fit a relay, which must forward every
+    method, id and field it does not know without answering or re-encoding it, nor does its
+    stdout writer, which does not notice an editor that closed the pipe (``_EditorOutput``).
     """
     try:
         from acp.transports import spawn_stdio_transport

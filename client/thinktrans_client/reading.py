@@ -2,11 +2,6 @@
 
 Previews are taken only by a reader that asked for them, and only while their segment is
 not out: the segment of an index supersedes its previews.
-
-``GET /v1/streams/{id}/events?after=N`` where ``after`` is the last event id seen, so a
-failed poll resumes where it stopped. Long-poll rather than SSE because every poll then has
-a bounded duration (``poll_wait_s`` + ``timeout_s``): a hung sidecar is noticed within that,
-where SSE would only show it after its 15 s keep-alive.
 """
 
 from __future__ import annotations
@@ -44,7 +39,13 @@ class EventReader:
         self.ended = False  # the sidecar sent ``end``
 
     async def poll(self) -> list[Any]:
-        """The next events, after a stall check; [] when the stream failed meanwhile."""
+        """The next events, after a stall check; [] when the stream failed meanwhile.
+
+        ``GET /v1/streams/{id}/events?after=N``, ``after`` the last event id seen, so a failed
+        poll resumes where it stopped. Long-poll rather than SSE because every poll then has
+        a bounded duration (``poll_wait_s`` + ``timeout_s``): a hung sidecar is noticed
+        within that, where SSE would show it only after its 15 s keep-alive.
+        """
         wait_s = self._stall.wait_s(waiting=bool(len(self._pending)))
         if not self._opened.is_set():
             opened = asyncio.ensure_future(self._opened.wait())

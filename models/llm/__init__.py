@@ -1,35 +1,10 @@
 """The LLM backend: any OpenAI-compatible chat endpoint (often the agent's own model).
 
-Several segments go in one request, as a numbered JSON list in the user message; the
-model answers a JSON object with the same ids. The system prompt is the service's own
-fixed text: the thinking text travels only in the user message, framed as data, and the
-target is named from this module's own table of language names, never by the client's raw tag.
-
-With ``LLMConfig.context`` on, a segment's item may carry a ``context`` field: the text
-before it in its stream (its last 2,000 characters), for consistent terms, never to be
-translated or returned. Items of one stream that follow each other in a request share
-it: only the first carries it, since the list already shows the rest (``context_fields``).
-A request may name a model; ``catalog`` lists the endpoint's ``GET /models``.
-
-A segment with protected spans (``Job.protected``, ``models.spans``) names them in its
-item: ``keep``, the strings it must copy exactly, and ``terms``, the glossary terms of its
-text with their renderings (``span_fields``); they are data in the user message like the
-text, and the system prompt of a request with them (``SPANS_PROMPT``) says only what the
-fields mean.
-
-An answer is checked before it is used: same count, same ids, non-empty texts, each
-protected span kept (always), and (unless ``LLMConfig.check_items`` is off) each text must
-keep its source's numbers, inline code and URLs (the spans decide the last two where a
-text has them) and have a length plausible for a translation of it: cheap checks that an
-answer which obeys or answers the text, or swaps items, rarely passes. A
-malformed answer is retried once as a whole; a well-formed answer with a few bad items
-has only those items retried once. Whatever is still bad after that fails the batch
-with BadOutput (the batch contract is all-or-nothing; the pipeline then returns the
-originals with status ``error``, or the next backend in the chain serves them).
-
-The package, bottom-up: ``prompt`` (the system prompt, language names, the user message),
-``answers`` (parsing and judging an answer), ``endpoint`` (the HTTP client, usage, the
-model list, error mapping), ``translator`` (``LLMTranslator``).
+For deployments that already run a chat model, or want one's terms and context: segments
+go as JSON data in the user message under the service's own fixed system prompt, so the
+thinking text can never instruct the model, and every answer is checked (ids, numbers,
+code, URLs, protected spans) before it is used, a bad one asked again once. Its modules
+are built bottom up (docs/ARCHITECTURE.md); docs/backends.md tells how to configure it.
 """
 
 from __future__ import annotations

@@ -1,18 +1,8 @@
 """Whether an LLM's answer is usable: its JSON, its ids, and each item's plausibility.
 
-An answer is checked before it is used: same count, same ids, non-empty texts, and (unless
-the checks are off) each text keeps its source's numbers, inline code and URLs at a length
-plausible for a translation of it: cheap checks that an answer which obeys or answers the
-text, or swaps items, rarely passes.
-
-A text with protected spans (``models.spans.Protected``) must keep every span's ``out``
-(its own text, or a glossary term's rendering) as often as the text has it, byte for
-byte, whether or not the other checks are on: the service checks every answer so
-(``Protected.missing``), and an item caught here is asked again before the batch fails.
-Those spans are then what decides inline code and URLs, in place of the looser checks
-used without them: every inline code span counts, backticks included (`Save` too, which
-the check without spans lets a translator translate), and a URL is what the span table
-calls one. Numbers are still checked in any form ("1,000" or "1000") besides.
+A chat model may obey the text instead of translating it, answer it, or swap items; these
+are cheap structural checks that such an answer rarely passes, and the one check that every
+protected span is kept, byte for byte, which holds whatever the settings say.
 """
 
 from __future__ import annotations
@@ -137,8 +127,12 @@ def item_problem(source: str, translated: object, *, checks: bool = True,
     Cheap structural checks, not a judgement of quality: an answer that obeys or answers
     the text, or another item's translation, rarely keeps the source's numbers, code and
     URLs and its length. The reasons name what failed, never the text. With ``checks``
-    off only emptiness and ``protected``'s spans are checked. With ``protected`` its
-    spans stand for the inline code and URL checks (see the module's notes).
+    off only emptiness and ``protected``'s spans are checked: the service checks every
+    answer for its spans all the same (``Protected.missing``), and catching it here asks
+    the item again before the batch fails. With ``protected`` its spans stand for the
+    inline code and URL checks, stricter than those: every inline code span counts,
+    backticks included (`Save` too, which ``code_spans`` lets a translator translate), and
+    a URL is what the span table calls one. Numbers are checked in any form either way.
     """
     if not isinstance(translated, str) or not translated.strip():
         return "empty"

@@ -2,22 +2,9 @@
 
 Hybrid reasoning models reason by default, and each family has its own switch; a
 translation request never needs the reasoning, which costs seconds, tokens and, when it
-eats the token budget, the answer itself. A dialect names the switch:
-
-- ``openai``: ``reasoning_effort`` (OpenAI's reasoning models; the lowest value the model
-  takes: ``none``, then ``minimal``, then ``low``);
-- ``vllm`` and ``sglang``: ``chat_template_kwargs: {"enable_thinking": false}`` (Qwen3,
-  GLM-4.5 and other templates with that variable; a template without it ignores it);
-- ``deepseek``: ``thinking: {"type": "disabled"}`` (DeepSeek's and GLM's hosted APIs);
-- ``none``: nothing;
-- ``auto`` (the default): ``openai`` for api.openai.com and Azure OpenAI, ``deepseek``
-  for api.deepseek.com and GLM's hosts, ``vllm`` for every other endpoint.
-
-``THINKTRANS_LLM_EXTRA_BODY`` is merged over what the dialect sends (objects key by key;
-a ``null`` removes a key). A field the service chose to send (the switch, ``temperature``)
-that the endpoint refuses with a 400 naming it is sent differently or not at all for that
-model from then on (``Refusals``); a field of the extra body is the operator's and never
-dropped.
+eats the token budget, the answer itself. A dialect names the switch (``auto``: read from
+the endpoint's host); a field the service chose that an endpoint refuses by name is sent
+differently or not at all for that model from then on (``Refusals``).
 """
 
 from __future__ import annotations
@@ -43,6 +30,9 @@ DIALECTS = ("auto", "openai", "vllm", "sglang", "deepseek", "none")
 # argument"), none at once.
 EFFORTS = ("none", "minimal", "low")
 
+# Who reads each switch: OpenAI's reasoning models; vLLM's and SGLang's chat templates with
+# that variable (Qwen3, GLM-4.5; a template without it ignores it); DeepSeek's and GLM's
+# hosted APIs.
 _SWITCHES: dict[str, dict[str, Any]] = {
     "openai": {"reasoning_effort": EFFORTS[0]},
     "vllm": {"chat_template_kwargs": {"enable_thinking": False}},

@@ -1,19 +1,10 @@
 """The plain prompt style: one segment a request, in a translation model's own prompt
 (``templates``), requests run concurrently instead of batched.
 
-The whole request is one user message (no system prompt: the families' cards have none):
-the family's instruction with the target's name from the service's tables and the text.
-An answer is the translation itself: think blocks are dropped (``replies``), then it must
-pass the JSON style's checks (numbers, inline code, URLs, length, protected spans; the
-context never returned), and a text cut off by the token limit is refused. A bad answer
-is asked again once; still bad, that segment alone goes down the chain.
-
-Glossary terms go in the terminology form of a family that has one (HY-MT1.5); for the
-others each term of the text is replaced by its rendering before the text is sent, which
-translation models copy as it is. A family with a context form (HY-MT1.5) gets the end of
-the text before the segment (``MAX_PLAIN_CONTEXT_CHARS``) unless the terminology form is
-sent (it has no context), the others none. A segment of a source not named that is
-plainly Chinese gets the Hunyuan families' Chinese (ZH<=>XX) form, as the cards ask.
+Translation-specialised models are trained on one text under a fixed instruction and do
+not follow a JSON batch; this style asks them as their cards do, and holds their answers
+to the same checks as the JSON style's. A bad answer is asked again once; still bad, that
+segment alone goes down the chain.
 """
 
 from __future__ import annotations
@@ -132,7 +123,7 @@ class PlainStyle:
                                 "stream": False}
         if family.completion:
             body["prompt"] = prompt
-        else:
+        else:  # no system prompt: the families' cards have none
             body["messages"] = [{"role": "user", "content": prompt}]
         reply = await self.endpoint.complete(
             body, chars=len(core), context_chars=len(context or ""),
@@ -148,7 +139,8 @@ class PlainStyle:
     def _with_terms(self, family: Family, core: str, protected: Protected | None,
                     ) -> tuple[str, dict[str, str] | None]:
         """The text to send and the terms for the family's terminology form: with no such
-        form, each glossary term of the text replaced by its rendering instead."""
+        form, each glossary term of the text replaced by its rendering instead, which
+        translation models copy as it is."""
         if protected is None or protected.text.strip() != core:
             return core, None
         spans = [span for span in protected.spans if span.kind == "term"]

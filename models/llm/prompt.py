@@ -1,12 +1,9 @@
 """What the LLM backend says to the model: the system prompt, the language names, the user
 message (a JSON object of numbered segments, each context a JSON string), never a raw tag.
 
-A segment with protected spans (``models.spans``) names them in its item: ``keep``, the
-strings its translation copies exactly (code, paths, URLs, numbers...: each span's text,
-once each, in order), and ``terms``, each glossary term of its text with the rendering
-given for it. They come from the thinking text, so they travel as JSON data in the user
-message like the text itself; the system prompt (``SPANS_PROMPT`` for a request that has
-them, ``SYSTEM_PROMPT`` otherwise) only says what the two fields mean."""
+The system prompt is the service's own fixed text; everything that comes from the thinking
+(its text, its context, its protected spans) travels as JSON data in the user message.
+"""
 
 from __future__ import annotations
 
@@ -155,7 +152,8 @@ class Request:
 def span_fields(protected: Protected | None) -> dict[str, Any]:
     """What an item names of its protected spans: ``keep``, each span's text once, in the
     order the text has them, and ``terms``, each glossary term as the text writes it with
-    its rendering. Empty for a text without spans."""
+    its rendering. Empty for a text without spans. They come from the thinking text, so
+    they are data like it; ``SPANS_PROMPT`` only says what the two fields mean."""
     if protected is None:
         return {}
     keep: dict[str, None] = {}  # ordered, once each

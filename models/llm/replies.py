@@ -1,17 +1,9 @@
 """A chat completion's answer as the endpoints send it: one JSON object, or server-sent
 events (``stream: true``), with the reasoning beside the answer or inside it.
 
-What counts is the message's ``content`` with any reasoning taken out:
-
-- ``reasoning_content`` (vLLM's and SGLang's reasoning parsers, DeepSeek) and
-  ``reasoning`` (newer vLLM) are never read as the answer;
-- a ``<think>...</think>`` block at the start of the content (a server without a reasoning
-  parser) is dropped, as is everything up to a ``</think>`` that no ``<think>`` opens (a
-  template that opened the block in the prompt, DeepSeek-R1's); a ``<think>`` never closed
-  means the whole content was reasoning.
-
-``finish_reason`` and ``usage`` are kept: an empty answer cut off by ``length`` is the
-endpoint running out of tokens while it reasoned, not a model that cannot answer.
+Servers disagree on where a reasoning model's thinking goes; what counts here is the
+message's ``content`` with any reasoning taken out, so that thinking is never read as the
+translation, and how the answer ended, so that running out of tokens is told apart.
 """
 
 from __future__ import annotations
@@ -28,12 +20,16 @@ MAX_ANSWER_CHARS = 1_000_000
 
 _OPEN = re.compile(r"\s*<think>")
 _CLOSE = "</think>"
+# Never read as the answer: vLLM's and SGLang's reasoning parsers and DeepSeek put the
+# reasoning in the first, newer vLLM in the second.
 _REASONING_FIELDS = ("reasoning_content", "reasoning")
 
 
 @dataclass
 class Reply:
-    """One answer: its content without reasoning (None: none), how it ended, what it used."""
+    """One answer: its content without reasoning (None: none), how it ended, what it used.
+    An empty answer cut off by ``length`` is the endpoint running out of tokens while it
+    reasoned, not a model that cannot answer."""
 
     content: str | None = None
     finish_reason: str | None = None
@@ -52,7 +48,10 @@ def short_int(digits: str) -> int | None:
 
 
 def strip_thinking(content: str) -> tuple[str, bool]:
-    """``content`` without its reasoning, and whether it had any (see the module)."""
+    """``content`` without its reasoning, and whether it had any: a ``<think>...</think>``
+    block at its start (a server without a reasoning parser), or everything up to a
+    ``</think>`` no ``<think>`` opens (a template that opened the block in the prompt,
+    DeepSeek-R1's); a ``<think>`` never closed means all of it was reasoning."""
     opened = _OPEN.match(content)
     close = content.find(_CLOSE)
     if opened is not None:

@@ -1,22 +1,9 @@
 """Translation models' own prompts (``THINKTRANS_LLM_PROMPT_STYLE=plain``): one source text
 under a fixed instruction that names the target language, as each model card gives it.
 
-| family | models | instruction |
-| --- | --- | --- |
-| ``hunyuan-mt`` | Hunyuan-MT-7B | Chinese when Chinese is the source or target, else English |
-| ``hy-mt1.5`` | HY-MT1.5-1.8B, -7B | the same, plus its terminology and context forms |
-| ``seed-x`` | Seed-X-Instruct-7B, -PPO-7B | English, a language tag after the text; completions |
-| ``tower`` | Tower-Plus-2B/9B/72B, TowerInstruct | ``English: <text>`` then ``<target>: `` |
-| ``generic`` | any other instruction-following model | English |
-
-Sources: github.com/Tencent-Hunyuan/Hunyuan-MT and /HY-MT (README), huggingface.co/
-ByteDance-Seed/Seed-X-PPO-7B, huggingface.co/Unbabel/Tower-Plus-2B (model cards). ``auto``
-picks the family from the model's name, ``generic`` when none matches; a template of one's
-own holds ``{text}`` and ``{target}`` (and may hold ``{source}``).
-
-Every name a prompt holds comes from these tables (or ``prompt.LANGUAGE_NAMES``), looked up
-by the canonical tag's table key: never the client's tag. The text is substituted once,
-after the placeholders, so braces in it are text.
+Each family (``FAMILIES``) keeps its card's wording, since these models follow their own
+instruction far better than a generic one; ``auto`` picks the family from the model's name,
+and a template of one's own holds ``{text}`` and ``{target}``. docs/backends.md has the table.
 """
 
 from __future__ import annotations
@@ -87,6 +74,8 @@ class Family:
         return hashlib.sha256(f"plain|{self.name}|{forms}".encode()).hexdigest()[:12]
 
 
+# Each form as its card gives it: github.com/Tencent-Hunyuan/Hunyuan-MT and /HY-MT (README),
+# huggingface.co/ByteDance-Seed/Seed-X-PPO-7B, huggingface.co/Unbabel/Tower-Plus-2B.
 _HUNYUAN_EN = ("Translate the following segment into {target}, without additional "
                "explanation.\n\n{text}")
 FAMILIES: dict[str, Family] = {
@@ -161,7 +150,8 @@ class Names:
 def names_for(family: Family, target: str | None, source: str | None, target_name: str,
               source_name: str | None) -> Names:
     """A family's names for the pair (canonical tags; the service's English names as the
-    fallback), or KeyError when the family does not translate into ``target``."""
+    fallback), or KeyError when the family does not translate into ``target``. Every name
+    comes from a table, by the tag's table key: a prompt never holds the client's tag."""
     target_key = table_key(target) if target else ""
     source_key = table_key(source) if source else None
     if family.languages is not None and target_key not in family.languages:
@@ -207,4 +197,5 @@ def render(family: Family, names: Names, text: str, *, context: str | None = Non
 
 
 def _fill(template: str, values: Mapping[str, str]) -> str:
+    # One pass over the template's placeholders: braces in the text are text.
     return _PLACEHOLDER.sub(lambda m: values.get(m.group(1), m.group()), template)

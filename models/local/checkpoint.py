@@ -1,22 +1,9 @@
 """What a checkpoint is, before any engine loads it: its family, its languages, how it is named.
 
-- The language table: this backend's languages, by table key (``models.languages``), with their
-  flores-200 code (NLLB-200) and their M2M-100 code. A loaded checkpoint serves those its
-  tokenizer has a token for.
-- The family, told from the config and the tokenizer, never from the name (``detect_family``):
-  NLLB-200 (``model_type`` m2m_100 with flores-200 tokens such as ``eng_Latn``: the source's
-  token set as the tokenizer's ``src_lang``, the target's forced first), M2M-100 (m2m_100
-  with ``__en__``-style tokens: ``src_lang`` and ``get_lang_id``), Marian (one pair, or one
-  source and ``>>fra<<`` target tokens). NLLB and M2M need a source: an unknown one, or one
-  the checkpoint lacks, is read as English (``FALLBACK_SOURCE``), as it is for Marian.
-- Model specs: ``THINKTRANS_LOCAL_MODEL`` and its kin as written (``en-de=ID`` names a Marian
-  pair first, ``parse_pair_spec``), turned into the list of checkpoints to load
-  (``model_specs``).
-- A Marian checkpoint's pair and the codes any checkpoint serves (``language_codes``).
-- Why a checkpoint could not be found, in one line that says what to set
-  (``not_found_reason``); whether the hub can be reached at all (``hub_unreachable``).
-- A directory's version (``directory_fingerprint``), so that a checkpoint replaced in place
-  never shares a cached translation or a conversion with the one before.
+The language table, the family told from the config and tokenizer, the model specs parsed
+from the settings, a Marian checkpoint's pair, one-line reasons for a checkpoint not found,
+the hub probe and a directory's fingerprint: everything the backend decides about a model
+without loading its weights, so that those decisions are made once and tested alone.
 """
 
 from __future__ import annotations
@@ -176,7 +163,8 @@ def model_specs(model: str, marian_models: Sequence[str] = (),
 
 
 def detect_family(config: Any, tokenizer: Any) -> str | None:
-    """``nllb``, ``m2m100`` or ``marian`` from a checkpoint's config and tokenizer, else None."""
+    """``nllb``, ``m2m100`` or ``marian`` from a checkpoint's config and tokenizer, else None;
+    never from its name, which a directory or a fine-tune may give freely."""
     model_type = getattr(config, "model_type", None)
     if model_type == "marian":
         return "marian"
@@ -368,7 +356,9 @@ def not_found_reason(model_id: str, exc: BaseException,
 
 
 def directory_fingerprint(path: Path) -> str:
-    """A checkpoint directory's version: its path and its files' names, sizes and times."""
+    """A checkpoint directory's version: its path and its files' names, sizes and times, so
+    that one replaced in place never shares a cached translation or a conversion with the
+    one before."""
     digest = hashlib.sha256(str(path.resolve()).encode())
     for entry in sorted(path.iterdir()):
         if entry.is_file():

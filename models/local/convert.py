@@ -1,26 +1,10 @@
 """HF checkpoints to CTranslate2 models: ``thinktrans convert``, and the cache the local backend
 converts into on first load.
 
-A converted directory holds what CTranslate2 writes (``model.bin``, its own ``config.json``,
-the vocabulary) and, beside it, what serving needs besides the weights: the checkpoint's
-tokenizer files, its ``generation_config.json`` and ``thinktrans-ct2.json`` (the family, the
-source, the quantization, the checkpoint's ``model_type`` and position limit). Serving such a
-directory needs only ``ctranslate2`` and the tokenizer (transformers without torch); converting
-needs torch and transformers, as CTranslate2's converter loads the checkpoint with them.
-
-The local backend converts in a child process (``main``, as ``python -m models.local.convert``
-runs it), so that the full-precision checkpoint it loads never inflates the service's own
-memory, and keeps the result under ``local_ct2_cache`` (default: ``$HF_HOME/thinktrans-ct2``),
-named by the model, the quantization and a fingerprint of the source: a restart finds it
-there, and a changed checkpoint directory or a new hub revision is converted again. A
-conversion is written to a temporary directory and renamed into place, so a crash never
-leaves a half-written model that a later start would trust.
-
-The cache is bounded in bytes (``local_ct2_cache_mb``): each time the backend takes a model
-from it, converted models are removed, the least recently used first, until it fits; never
-one in use (loaded by this process, or the one being taken). A conversion holds an exclusive
-lock on ``.lock`` in its ``.converting-*`` directory while it runs; one killed leaves that
-directory unlocked, and it is removed at the next start and before the next conversion.
+Serving a converted directory needs only ``ctranslate2`` and the tokenizer (transformers
+without torch); converting needs torch and transformers, as CTranslate2's converter loads
+the checkpoint with them. So a deployment converts once, ahead or on first load, and the
+cache keeps the result across restarts, bounded in bytes (``local_ct2_cache_mb``).
 """
 
 from __future__ import annotations
@@ -54,6 +38,9 @@ QUANTIZATIONS = (
     "int8", "int8_float32", "int8_float16", "int8_bfloat16", "int16",
     "float16", "bfloat16", "float32",
 )
+# Beside what CTranslate2 writes, what serving needs of the checkpoint without loading it:
+# the family, the source, the quantization, its ``model_type`` and position limit (with its
+# tokenizer files and ``generation_config.json``, copied).
 META_FILE = "thinktrans-ct2.json"
 # What the child process runs; its arguments follow on the command line.
 _CHILD = "import sys; from models.local.convert import main; sys.exit(main(sys.argv[1:]))"
@@ -132,7 +119,8 @@ def _source(model_id: str, offline: bool) -> _Source:
 
 
 def cache_path(cache_dir: Path, model_id: str, quantization: str, fingerprint: str) -> Path:
-    """``<cache>/<model id, path-safe>--<quantization>--<fingerprint>``."""
+    """``<cache>/<model id, path-safe>--<quantization>--<fingerprint>``: a changed checkpoint
+    directory or a new hub revision has another fingerprint, so it is converted again."""
     name = re.sub(r"[^A-Za-z0-9._-]+", "_", model_id.strip("/").replace("/", "--"))[-80:]
     return cache_dir / f"{name}--{quantization}--{fingerprint}"
 
@@ -159,7 +147,9 @@ def cached_conversion(
 def _convert_into(model_id: str, quantization: str, source: _Source, target: Path,
                   cache_dir: Path, offline: bool, timeout_s: float) -> None:
     """Convert in a child process into a locked ``.converting-*`` directory, then rename it
-    to ``target``."""
+    to ``target``. The child keeps the full-precision checkpoint out of the service's own
+    memory; the rename means a crash never leaves a half-written model a later start would
+    trust."""
     _check_can_convert()
     try:
         cache_dir.mkdir(parents=True, exist_ok=True)
@@ -309,8 +299,9 @@ def _check_can_convert() -> None:
 
 def convert(src: str, out: str | Path, *, quantization: str = "int8", model_id: str | None = None,
             force: bool = False) -> Path:
-    """Convert the checkpoint at ``src`` (a directory or hub id) into ``out``; see the module
-    docstring for what the directory holds. ConversionError says what went wrong."""
+    """Convert the checkpoint at ``src`` (a directory or hub id) into ``out``: what
+    CTranslate2 writes, the tokenizer files, ``generation_config.json`` and ``META_FILE``.
+    ConversionError says what went wrong."""
     if quantization not in QUANTIZATIONS:
         raise ConversionError(
             f"unknown quantization {quantization!r}; choose one of {', '.join(QUANTIZATIONS)}"

@@ -1,32 +1,10 @@
 """The two engines the local backend runs a checkpoint on: transformers + torch, or CTranslate2.
 
-The rest of the local backend owns everything around the model: the tokenizer, the family and
-its language codes (models/local/checkpoint.py), splitting long segments, sorting by length,
-the output bound per segment, decoding ids to text (models/local/slot.py). An engine only loads
-the weights and turns a batch of token ids into generated ids:
-
-- ``prepare()`` resolves the device and the compute type (and imports the engine);
-- ``load(model_id, tokenizer, offline, converted)`` loads one checkpoint;
-- ``generate(loaded, tokenizer, rows, forced, max_new)`` decodes greedily (or with beams) and
-  returns, per row, the generated ids after the decoder start token, the forced language token
-  first when there is one, at most ``max_new`` of them;
-- CTranslate2 alone (a ``Biasing`` engine) also has ``generate_biased(..., previous, bias)``:
-  a preview's rows decoded towards their sentence's previous preview (``previous``: per row,
-  target-side token ids or None). On transformers a preview decodes as any segment.
-
-A preview's decode may be stopped: while ``stopping(event)`` holds (the backend's worker
-thread, around a preview job), a decode ends early once ``event`` is set, and the engine
-raises ``Stopped`` (segments came to wait; the preview is not shown). transformers stops
-any decode (a stopping criterion); CTranslate2 stops greedy ones only (its step callback is
-called with one beam alone), so a biased preview, decoded with beams, runs to its end.
-
-Both honour the checkpoint's generation config (banned tokens, a minimum length), the beam
-width and the repetition guard (``no_repeat_ngram_size``), so that in float32 they produce the
-same greedy output. Both run in the backend's single worker thread.
-
-``auto`` picks CTranslate2 when it is installed (``thinktrans[ct2]``): on CPU its int8 model is
-several times faster than torch in float32 and takes less than half the memory (see
-docs/benchmarks.md).
+An engine only loads the weights and turns a batch of token ids into generated ids; the rest
+of the backend owns everything around the model (tokenizer, languages, splitting, bounds,
+decoding to text), so that both engines behave alike and either can be chosen per
+deployment. ``auto`` prefers CTranslate2: on CPU its int8 model is several times faster than
+torch in float32 and takes less than half the memory (docs/benchmarks.md).
 """
 
 from __future__ import annotations
@@ -98,18 +76,26 @@ class Loaded:
 
 
 class Engine(Protocol):
+    """What the backend asks of an engine. Both honour the checkpoint's generation config
+    (banned tokens, a minimum length), the beam width and ``no_repeat_ngram_size``, so that
+    in float32 they give the same greedy output; both run in the backend's worker thread."""
+
     name: str
     device: str | None
     compute_type: str | None
     threads: int | None  # CPU threads in all, once prepared
 
-    def prepare(self) -> None: ...
+    def prepare(self) -> None:
+        """Resolve the device and the compute type, and import the engine."""
 
     def load(self, model_id: str, tokenizer: Any, *, offline: bool, converted: bool,
-             d_model: int | None = None) -> Loaded: ...
+             d_model: int | None = None) -> Loaded:
+        """Load one checkpoint."""
 
     def generate(self, loaded: Loaded, tokenizer: Any, rows: list[list[int]],
-                 forced: int | None, max_new: int) -> list[list[int]]: ...
+                 forced: int | None, max_new: int) -> list[list[int]]:
+        """Per row, the generated ids after the decoder start token, the ``forced`` language
+        token first when there is one, at most ``max_new`` of them."""
 
 
 @runtime_checkable
@@ -128,8 +114,11 @@ _STOP = threading.local()
 
 @contextmanager
 def stopping(event: threading.Event | None) -> Iterator[None]:
-    """While it holds, this thread's decodes end early once ``event`` is set (module
-    docstring); None: they run to their end."""
+    """While it holds, this thread's decodes end early once ``event`` is set, raising
+    ``Stopped`` (a preview job: segments came to wait for the worker); None: they run to
+    their end. transformers stops any decode (a stopping criterion); CTranslate2 greedy ones
+    only, as its step callback is called with one beam alone, so a biased preview (beams)
+    runs to its end."""
     _STOP.event = event
     try:
         yield

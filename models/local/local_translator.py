@@ -1,35 +1,10 @@
 """``LocalTranslator``: the local backend as the service sees it, and its ``LocalConfig``.
 
-It owns two threads: the worker, where the configured models load and every batch runs (so
-the tokenizer's per-batch ``src_lang`` needs no lock and batches never contend for the CPU or
-GPU), and the on-demand thread, where models a request named load (models/local/catalog.py)
-while batches go on.
-
-``start()`` queues the load of every configured model and returns; until it is done (or when
-it failed) ``ready`` is False, ``reason`` says why, ``run`` raises ``BackendUnavailable`` and,
-since the models' languages are not known yet, ``supports`` answers True and ``languages``
-None. A load that failed is tried again, ``load_retry_initial_s`` (5 s) after the first
-failure, then doubling up to ``load_retry_max_s`` between tries, until it succeeds or the
-backend is closed: a model directory mounted later, or a hub that comes back, is picked up
-without a restart. Meanwhile ``reason`` keeps the failure (the same line in every
-segment's error) and ``retrying`` says when the next attempt comes (``/readyz`` and the log
-show it). ``wait_ready``
-waits only for the attempt in flight: it answers False as soon as one has failed. Under
-``engine="auto"``, a checkpoint CTranslate2 cannot take is served by transformers instead.
-
-A job's protected spans (``Job.protected``) are kept by placeholders, or by translating the
-prose runs between them where a placeholder is lost (models/local/masking.py); ``info()``
-counts which, ``spans: {"masked", "fallback"}``, per text.
-
-A preview job (``Job.preview``) is decoded like any other, except on CTranslate2 with
-``preview_bias`` > 0: each of its texts with a ``previous`` preview is decoded towards it,
-CTranslate2's ``prefix_bias_beta`` = ``preview_bias`` over a target prefix of the language
-token and the previous preview's target-side tokens, with at least 2 beams (biased decoding
-needs beam search), so that a sentence's previews flicker less (``CT2Engine.generate``). A
-text cut into parts, or one with protected spans, decodes unbiased, and so does every text of
-a job that is not a preview, whatever ``previous`` it carries; ``cache_identity`` is the
-same (previews are never cached). On transformers a preview decodes as any segment.
-``info()`` counts the biased rows (``preview_biased``).
+It keeps the model off the event loop, in threads of its own, and keeps the service up
+while a model cannot load: it starts at once, answers not ready with the reason, and tries
+the load again with backoff, so a directory mounted later or a hub that comes back is
+picked up without a restart. docs/local-backend.md describes start-up, readiness and
+previews as operators see them.
 """
 
 from __future__ import annotations
@@ -115,7 +90,9 @@ class LocalTranslator(Translator):
     """Seq2seq translation checkpoints run in a worker thread this backend owns."""
 
     name = "local"
-    # One worker thread: more batches in flight would only queue behind it.
+    # One worker thread: more batches in flight would only queue behind it. It is also why
+    # the tokenizer's per-batch ``src_lang`` needs no lock, and why batches never contend for
+    # the CPU or GPU.
     max_concurrency = 1
 
     def __init__(self, config: LocalConfig) -> None:

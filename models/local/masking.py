@@ -1,40 +1,10 @@
 """Protected spans through a seq2seq engine: placeholders, and the prose runs when one is lost.
 
-A text with protected spans (``models.spans``) goes to the engine masked: each span replaced
-by its family's placeholder (``FORMS``), restored after (``Placeholders.unmask``, which
-tolerates the spaces an engine puts inside one and any script's digits). When a placeholder
-comes back lost, repeated or unknown, that text falls back: the prose runs between its spans
-are translated on their own (runs without a letter are kept as they are) and rejoined with
-each span's ``out``, which keeps every span by construction. A text whose own prose already
-reads like a placeholder skips the masking, as does every text under the ``runs`` strategy.
-
-A batch takes at most two engine calls (``SpanBatch``): the first with every text (plain,
-masked, or as runs), the second with the runs of the texts whose placeholders were lost.
-Masking comes before splitting: the placeholders' stretches are handed to the splitter, which
-never cuts inside one, so no span is split either.
-
-The forms, per family (the patterns read any script's digits, and full-width brackets, so a
-placeholder an engine writes with a target's own digits or punctuation still reads):
-
-- ``nllb``: ``[1]``, ``[2]``... NLLB copies numbers inside a sentence (a bare "102" turns into
-  a sentence, the same number in context comes back: fairseq #4854) and square brackets are
-  punctuation of every script, while tags (``<1>``, ``<g1>``) and digit strings (``1_1_1``,
-  ``11111111``) are dropped or mangled (CTranslate2 #1798, eole #189); its tokenizer reads ``<s>``,
-  ``</s>``, ``<unk>``, ``<mask>`` in the text as special tokens, dropped on decoding; rare
-  brackets (``⟦1⟧``) are ``<unk>`` to its sentencepiece model (no byte fallback) and
-  full-width ones are folded to ASCII by its NFKC normaliser. From 1, as citation marks are.
-- ``m2m100``: the same, for the same reasons: a sentencepiece model of the same design
-  (NFKC, no byte fallback) and mined web bitext; ``__0__`` reads like its own language tokens
-  (``__en__``), and underscored names are mangled even by large systems.
-- ``marian``: ``{0}``, ``{1}``... OPUS-MT learns from OPUS, whose software-localisation corpora
-  (GNOME, KDE, Ubuntu, Mozilla) carry numbered brace placeholders copied from source to
-  target; braces are ASCII and left alone by the Moses punctuation normaliser of the Marian
-  tokenizer, while rare brackets are normalised (OPUS-CAT #83: 【】 becomes []); tags come
-  back corrupted (``>/strong>``, EasyNMT #35), ``</s>`` is its end of sentence and ``>>fra<<``
-  its target token; a named ``{number}`` gets its name translated, a number has nothing to
-  translate.
-
-Random weights (the test checkpoints) lose every placeholder, which the fallback then covers.
+A text with protected spans goes to the engine masked, each span replaced by its family's
+placeholder (``FORMS``) and restored after. When a placeholder comes back lost, repeated or
+unknown, the text's prose runs between its spans are translated on their own and rejoined
+with the spans, which keeps every span by construction. Engines cannot be trusted to copy
+a placeholder (random weights lose them all), so the fallback is what the guarantee rests on.
 """
 
 from __future__ import annotations
@@ -54,7 +24,14 @@ FALLBACK = "fallback"
 # ``mask``: placeholders, the runs when one is lost; ``runs``: the runs for every text.
 STRATEGIES = ("mask", "runs")
 
-# A number in square brackets, any script's digits, spaces inside, full-width brackets too.
+# The form that survives each family best, from what is reported of it (docs/local-backend.md
+# has the table): NLLB copies numbers in context (fairseq #4854) and square brackets are
+# every script's punctuation, while tags and digit strings are dropped or mangled
+# (CTranslate2 #1798, eole #189), ``<mask>``-like tokens are special and rare brackets
+# ``<unk>`` (no byte fallback); M2M-100 shares that tokenizer design, and ``__0__`` would
+# read like its language tokens. OPUS-MT learned brace placeholders from OPUS's software
+# localisation corpora, and the Moses normaliser leaves braces alone (OPUS-CAT #83).
+# The patterns read any script's digits and full-width brackets, as a target may write them.
 _BRACKETS = r"[\[［【]\s*(\d+)\s*[\]］】]"
 _BRACES = r"[{｛]\s*(\d+)\s*[}｝]"
 FORMS: dict[str, Placeholders] = {

@@ -1,21 +1,10 @@
 """One checkpoint loaded on an engine (a ``Slot``), and running texts through it.
 
-``load_slot`` reads the checkpoint's config and tokenizer (a converted directory's
-``thinktrans-ct2.json`` stands in for its config), tells the family and the languages
-(models/local/checkpoint.py) and has the engine load the weights. ``translate_batch`` runs a
-batch of texts on a ``Route`` (a slot and the codes of one pair): cut into parts
-(models/local/pieces.py), longest first in slices of at most ``MAX_BATCH_TOKENS`` padded
-tokens, each part's output cut to its own bound, decoded without special and language
-tokens, put back in order and rejoined. Texts with protected spans are masked with the
-family's placeholders before the cut and restored after, their prose runs translated on
-their own where a placeholder was lost (models/local/masking.py): a second engine call at
-most. Everything here runs on the backend's threads, never on the event loop.
-
-A preview's texts may come with ``previous``, per text the sentence's previous preview as
-shown: with ``bias`` > 0, a text that goes to the model whole (one part, not masked) is
-decoded towards it (``Biasing.generate_biased``: CTranslate2's prefix bias). A text cut into
-parts, or one with protected spans (masked, or sent as its runs), decodes unbiased: a part's
-share of the previous preview, or a placeholder's place in it, is not known.
+``load_slot`` turns a checkpoint into a slot the engine has loaded; ``translate_batch`` runs
+a batch of texts on one pair of a slot: cut to fit the model, sorted by length into padded
+slices, each output bounded, put back in order and rejoined, protected spans kept. It is
+the one place the engines' errors become the backend's. Everything here runs on the
+backend's threads, never on the event loop.
 """
 
 from __future__ import annotations
@@ -253,7 +242,8 @@ def _translate_batch(engine: Engine, route: Route, texts: list[str], max_input_t
     else:
         batch = SpanBatch(texts, protected,
                           form_for(route.slot.family) if strategy == "mask" else None)
-        # Only the texts without spans go biased: they go first, as they are.
+        # Only the texts without spans go biased: they go first, as they are. A placeholder's
+        # place in the previous preview is not known, nor is a run's share of it.
         first_bias = None if bias is None else Bias(batch.plain_in_first(bias.previous),
                                                     bias.beta)
         first = _translate(engine, route, batch.first, max_input_tokens, stats, sizes,
@@ -280,7 +270,8 @@ def _translate(engine: Engine, route: Route, texts: list[str], max_input_tokens:
                bias: Bias | None = None) -> list[str]:
     """One engine call: the texts cut into parts (never inside a stretch of ``keep``),
     longest first in slices, each slice's size added to ``sizes``; the texts rejoined. A text
-    left whole goes biased towards its previous preview (``bias``); a text cut, unbiased."""
+    left whole goes biased towards its previous preview (``bias``); a text cut, unbiased, as a
+    part's share of the previous preview is not known."""
     slot = route.slot
     tokenizer = slot.tokenizer
     if route.src_code is not None:
