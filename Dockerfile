@@ -49,13 +49,14 @@ ARG EXTRAS=local,ct2,deepl
 WORKDIR /src
 COPY pyproject.toml README.md ./
 RUN --mount=type=secret,id=pip_cert \
-    mkdir service models && touch service/__init__.py models/__init__.py \
+    mkdir service models pool && touch service/__init__.py models/__init__.py pool/__init__.py \
     && pip install ".[${EXTRAS}]" \
     && pip uninstall -y thinktrans \
-    && rm -rf service models build ./*.egg-info
+    && rm -rf service models pool build ./*.egg-info
 
 COPY service ./service
 COPY models ./models
+COPY pool ./pool
 RUN --mount=type=secret,id=pip_cert \
     pip install --no-deps . \
     && cd / && python -c "import torch, service.http.app; print('torch', torch.__version__)"
