@@ -19,11 +19,7 @@
     ├── TooManyStreams           max_streams are open (429 + Retry-After)
     └── OverCap                  a pool client has its cap waiting (429 + Retry-After)
 
-The backends' own errors (``BackendError`` and its kind) live with the backends, in
-``models.errors``. No error carries an HTTP status: ``PROBLEMS`` below is the one table from
-every error type, these and the backends', to its status, problem slug and title (an error
-takes its nearest listed ancestor's entry); ``service.http.problems`` answers by it, and
-``service.cli`` maps the errors to exit codes.
+No error carries an HTTP status: ``PROBLEMS`` below is the one table of them all.
 """
 
 from __future__ import annotations
@@ -113,6 +109,8 @@ class Kind:
     title: str
 
 
+# Every error type, these and the backends' (``models.errors``), to its status, problem slug
+# and title; an error takes its nearest listed ancestor's entry (``kind_of``).
 PROBLEMS: dict[type[Exception], Kind] = {
     ThinktransError: Kind(500, "internal", "Internal error"),
     ConfigError: Kind(500, "invalid-config", "Invalid configuration"),

@@ -1,15 +1,8 @@
 """The runtime: everything the service runs on, opened and closed as one async context.
 
-``Runtime`` builds, in order, the backends, one batcher per backend, the detector, the
-dispatcher that runs segments down backend chains, admission (the room of their queues)
-and the stream manager; on exit it stops them in reverse. The app's lifespan, the CLI's
-``translate`` and ``compare`` all open a runtime; none of them needs an HTTP app to
-translate. What the instance reports of itself (languages, models, limits, backends,
-readiness) is its ``status``, a ``StatusReport`` (``service/ops/status.py``) given those
-parts.
-
-A one-shot request is a stream fed once and closed: the same code cuts, detects,
-decides, batches, waits on the deadline and emits, whatever brought the text.
+The app's lifespan, the CLI's ``translate`` and ``compare`` open the same runtime, so none
+of them needs an HTTP app to translate, and a one-shot request is a stream fed once and
+closed: the same code cuts, detects, decides, batches and emits whatever brought the text.
 """
 
 from __future__ import annotations

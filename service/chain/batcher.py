@@ -1,27 +1,9 @@
 """The batcher: one per backend, fed by every request and stream.
 
-A batch goes when it is full (``max_batch_size`` items or ``max_batch_chars``
-characters) or ``max_wait_ms`` after its first item. Items are grouped by
-(source, target, model), since a tokenizer or a vendor call takes one pair and one model
-at a time. The loop takes a concurrency slot *before* it forms a batch, so while the
-backend is busy items pile up and the next batch goes full. Every future is resolved whatever
-happens: a result, a BackendError, or cancelled by its caller (then dropped unrun). The queue,
-the cut-off of given-up items, the circuit breaker and the check of an answer are the parts
-in ``service/chain/batching.py``, which the pool's engine turns use too.
-
-An item is the batcher's own record of a segment's ``SegmentWork`` (``service/chain/work.py``):
-the work itself, held by reference, with the future the batcher answers. A batch becomes the
-backend's ``Job`` by reading its works; ``_Runner`` runs it, counts the outcome and settles
-every future.
-
-Previews (provisional translations of sentences still streaming) wait in a low-priority
-lane of their own, bounded by ``BatchLimits.max_previews``: a preview batch is formed only
-while no segment waits, so segments always overtake them; one superseded before it ran is
-dropped unrun (its caller cancels it); they take no place in the queue the admission
-counts, and their failures neither open the breaker nor count as the backend's errors (nor
-does their success close it). A segment that comes while preview batches hold every slot
-sets their ``Job.stop``: a backend that can (the local one, decoding greedily) stops such a
-decode then, so that the segment waits for no preview.
+A model or a vendor call serves a batch for about the price of one text, so segments from
+every stream wait a few milliseconds to share one. A batch goes when it is full
+(``max_batch_size`` items or ``max_batch_chars`` characters) or ``max_wait_ms`` after its
+first item, one pair and one model at a time, as a tokenizer or a vendor call takes them.
 """
 
 from __future__ import annotations
@@ -136,7 +118,15 @@ class BatchLimits:
 
 class Batcher:
     """Collects one backend's segment works into batches (its queue, its preview lane,
-    its concurrency slots) and has its ``_Runner`` run each batch."""
+    its concurrency slots) and has its ``_Runner`` run each batch.
+
+    Every future is resolved whatever happens: a result, a ``BackendError``, or cancelled by
+    its caller (then dropped unrun). Previews wait in a low-priority lane, bounded by
+    ``max_previews`` and not counted in the queue admission reads: a preview batch is formed
+    only while no segment waits, and a segment that comes while preview batches hold every
+    slot sets their ``Job.stop``. Preview failures neither open the breaker nor count as the
+    backend's errors, nor does their success close it.
+    """
 
     def __init__(self, translator: Translator, limits: BatchLimits, metrics: Metrics) -> None:
         self.translator = translator
@@ -280,6 +270,8 @@ class Batcher:
 
     async def _loop(self) -> None:
         while True:
+            # A slot is taken *before* a batch is formed: while the backend is busy, items
+            # pile up and the next batch goes full.
             await self._slots.acquire()
             try:
                 batch = await self._next_batch()

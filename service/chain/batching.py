@@ -1,18 +1,8 @@
 """The parts a batcher is made of, each testable alone.
 
-The sidecar's ``Batcher`` (``service/chain/batcher.py``), one per backend, uses them all; the
-pool replica's engine turns (``pool/replica.py``, queued in ``pool/fair.py``) use the
-``Cutoff`` and ``check_outputs``.
-
-- ``GroupedQueue``: items grouped by (source, target, model), first in first out within a
-  group; a batch is taken from one group, or across groups by the age of their first items,
-  up to a budget of places (``weight``: 1 a segment) and characters. Items given up while
-  they wait are counted out at once and removed lazily: the queue is compacted once dead
-  items outnumber live ones, so a push and a discard are O(1) amortised.
-- ``Cutoff``: what must not run, given up by its caller or past due, and who answers it.
-- ``Breaker``: a backend's circuit breaker, counting failed batches in a row.
-- ``check_outputs``: the one check of the contract's answer shape, as many strings as texts
-  (Ray Serve's ``_validate_results``); no backend and no other batcher checks it again.
+The queue, the cut-off of given-up work, the circuit breaker and the check of a backend's
+answer each own one state or one rule; the sidecar's ``Batcher`` uses them all, and the
+pool's engine turns use the ``Cutoff`` and ``check_outputs`` too.
 """
 
 from __future__ import annotations
@@ -151,7 +141,12 @@ class Breaker:
 
 class GroupedQueue(Generic[T]):
     """Items waiting for a batch, grouped by pair (``Queueable``). ``len()`` counts the live
-    ones: neither taken nor given up."""
+    ones: neither taken nor given up.
+
+    A batch is taken from one group, or across groups by the age of their first items,
+    within a budget of places and characters. An item given up is counted out at once and
+    removed lazily: the queue is compacted once dead items outnumber live ones, so a push
+    and a discard are O(1) amortised."""
 
     def __init__(self) -> None:
         self._groups: OrderedDict[Pair, deque[T]] = OrderedDict()
@@ -284,7 +279,8 @@ def _full(group: deque[T], max_weight: int, max_chars: int) -> bool:
 def check_outputs(name: str, texts: Sequence[str], outputs: object, *,
                   partial: bool = False) -> None:
     """The one check of a backend's answer: a list of as many strings as ``texts`` (or,
-    for a ``partial`` answer, ``models.errors.PartialOutput``, None for each bad one)."""
+    for a ``partial`` answer, ``models.errors.PartialOutput``, None for each bad one). No
+    backend and no other batcher checks it again (Ray Serve's ``_validate_results``)."""
     if not isinstance(outputs, list) or len(outputs) != len(texts):
         got = len(outputs) if isinstance(outputs, list) else type(outputs).__name__
         raise BadOutput(f"backend {name!r} returned {got} outputs for {len(texts)} inputs")

@@ -1,34 +1,10 @@
 """The translation cache: an LRU in memory, bounded in bytes, with an opt-in SQLite file.
 
-A key is ``(identity, source, target, text)``; the identity names the backend, the model
-and everything else that changes the output, so two configurations never share entries.
-For a backend that reads a segment's context (the stream's text before it), that is
-part of what changes the output: the dispatcher adds its digest (``context_mark``), so an
-answer made with one stream's context is never served for another context, or for none.
-
-**Memory.** An ``OrderedDict`` kept in recency order: a hit moves its entry to the end, a
-put evicts from the front until the new entry fits. Each entry is charged an estimate of
-what it holds: ``sys.getsizeof`` of its strings plus a measured constant for the
-containers (``_ENTRY_OVERHEAD``), so ``bytes`` never exceeds ``max_bytes``. The
-identity, source and target strings are usually shared between entries and are counted
-for each anyway: the estimate leans high. ``ttl_s`` applies to the file only: an entry
-in memory stays until it is evicted or the process ends.
-
-**File** (when ``path`` is set). A table keyed by the SHA-256 of the key: the original
-text never reaches the disk, only its digest; the translation does, in clear, and it is
-the agent's thinking translated, hence a private file (0600) and an opt-in setting. A
-memory miss looks the digest up (an indexed read on the loop thread,
-microseconds) and serves a row younger than ``ttl_s``, keeping it in memory. Writes never
-run on the loop: ``put`` only queues a row; a writer task hands the queue to a worker
-thread every 0.5 s, which, in one transaction, deletes rows past ``ttl_s``, then the
-oldest rows until the queue fits with the rest in ``max_bytes`` (each row's ``size``:
-its text and digest plus a measured overhead), and inserts the queue. The file is thus
-bounded too, and trimmed by age, while memory is trimmed by use. ``aclose`` flushes what
-is queued, so a restart serves every translation that was put.
-
-The cache is used from the event loop's thread only (``get`` and ``put`` are plain
-calls, cheap enough to make inline); nothing here is meant to be shared across threads
-but the SQLite writer, which the worker threads use one flush at a time.
+A hit is out at once and costs no backend, even one that is down. A key names everything
+that changes the output (the backend's identity, source, target, text, and for a backend
+that reads a segment's context that context's digest, ``context_mark``), so no answer is
+served for an input it was not made from. The file stores the text's digest, never the
+text.
 """
 
 from __future__ import annotations
@@ -389,7 +365,16 @@ def check_file(path: str) -> None:
 
 
 class TranslationCache:
-    """Translations by key, in memory within ``max_bytes``, and in ``path`` if given."""
+    """Translations by key, in memory within ``max_bytes``, and in ``path`` if given.
+
+    Used from the event loop's thread only: ``get`` and ``put`` are plain calls, cheap
+    enough inline. Memory is trimmed by use (an entry is charged ``_entry_bytes``, which
+    counts shared strings for each entry and so leans high; ``ttl_s`` does not apply to
+    it); the file by age and size. A file lookup is an indexed read on the loop thread
+    (microseconds); writes never run on the loop: ``put`` queues a row, and a writer task
+    hands the queue to a worker thread every ``_FLUSH_INTERVAL_S``. ``aclose`` flushes what
+    is queued, so a restart serves every translation that was put.
+    """
 
     def __init__(
         self,

@@ -1,22 +1,9 @@
 """Send a segment down a backend chain: the first usable backend's batcher, then the next.
 
-A backend is passed over when it cannot serve the model the request named, is not
-ready, has its circuit breaker open, or cannot serve the pair; a failed batch, or an
-answer reliably detected in another language than the target, or one that lost a
-protected span (``models.spans``: code, paths, URLs, glossary terms...), sends the segment
-on to the next backend of the chain. Every backend of the service has one batcher, shared by
-every stream and one-shot request.
-
-The translation cache sits in front of each backend: a segment whose translation by
-that backend (its ``cache_identity``: model, engine, decoding options) is cached gets it
-at once, without a batcher; a segment identical to one in flight joins it. Only answers
-that passed every check (the batcher's shape check, the output language) are cached;
-for a backend that reads a segment's context (its instance's ``capabilities.context``),
-the key names that context too (``context_mark``): an instruction one stream plants in
-its context steers only answers for that same context, never another client's;
-backends whose identity is None (passthrough) never are. The cache is consulted before
-the backend's readiness and breaker: a backend that is down still serves what it
-translated before.
+A backend fails, goes down, or answers badly (the wrong language, a protected span lost);
+the chain lets the next one serve the segment rather than leave it untranslated. Only
+answers that passed every check are cached, and an instruction one stream plants in its
+context steers only answers for that same context, never another client's.
 """
 
 from __future__ import annotations
@@ -96,7 +83,13 @@ def _consume(future: asyncio.Future[Translation]) -> None:
 
 
 class Dispatcher:
-    """Every configured backend with its batcher; runs segments down chains of them."""
+    """Every configured backend with its batcher; runs segments down chains of them.
+
+    A backend is passed over when it cannot serve the named model, is not ready, has its
+    breaker open or cannot serve the pair. The cache is consulted before readiness and the
+    breaker, so a backend that is down still serves what it translated before; a segment
+    identical to one in flight joins it.
+    """
 
     def __init__(
         self,

@@ -1,15 +1,8 @@
 """One segment's work: made once where the segment is cut, carried by reference to its emission.
 
-The cutter (``service/stream/cutting.py``) makes a ``SegmentWork`` for each segment it cuts;
-the emitter keeps it in the stream's order; one to translate goes by reference down the
-chain (``service/chain/dispatch.py``) into a backend's batcher (``service/chain/batcher.py``),
-whose batch becomes the backend's ``Job``, and its ``Translation`` comes back to the emitter
-on the work's ``answer``. Nothing repacks it on the way: the dispatcher's attempt and the
-batcher's item are their own small records that hold the work, not copies of it.
-
-Each part writes only its own fields: the cutter (or, for a preview of an open sentence,
-the cutter at the previewer's asking) makes the work and settles a held one; the emitter
-sets ``answer`` and ``late``; no other part writes it.
+A segment's facts (its text, decision, target, context, spans, due) are decided once, by
+the cutter, and read by every part after it; nothing repacks them on the way, so no part
+can see a stale or partial copy.
 """
 
 from __future__ import annotations
@@ -36,7 +29,13 @@ class Translation:
 
 @dataclass(eq=False, slots=True)
 class SegmentWork:
-    """One segment from its cut to its emission (module docstring)."""
+    """One segment from its cut to its emission.
+
+    Each part writes only its own fields: the cutter makes the work (a preview's too, at
+    the previewer's asking) and settles a held one; the emitter sets ``answer`` and
+    ``late``. The dispatcher's attempt and the batcher's item are their own records that
+    hold the work, never copies of it.
+    """
 
     # -- the cutter's --------------------------------------------------------------------
     index: int  # its place in the stream (an open sentence's, for a preview)

@@ -2,13 +2,8 @@
 and time limit, the access log and request metrics.
 
 Pure ASGI, so that the checks happen before the body is parsed: a client without the
-token gets 401 whatever it sent, a body that is not JSON 415, an oversized body 413, not a
-parse error, and a body not complete within ``body_timeout_s`` of its headers 408. A
-refusal closes the connection. Before it goes out, a body of at most
-``refused_body_drain_bytes`` is read and dropped (within ``body_timeout_s``): a socket
-closed with unread data resets the connection, and a client that sends its whole body
-before it reads (Python's urllib) then sees the reset, not the problem. A larger body, or
-one sent only after ``Expect: 100-continue``, is not read.
+token gets 401 whatever it sent, an oversized body 413, not a parse error, and a slow body
+cannot hold a worker past ``body_timeout_s``.
 """
 
 from __future__ import annotations
@@ -176,7 +171,8 @@ class Guard:
         """Send ``refusal``, having first read and dropped the rest of the request's body if
         it is within ``drain_bytes`` (``read`` bytes of it already were): closing a socket
         with unread data resets the connection, and a client still sending loses the
-        answer. Past the bound, or past the body's time limit, the refusal goes out as is."""
+        answer. Past the bound, or past the body's time limit, or when the client waits on
+        ``Expect: 100-continue`` (it sends nothing more), the refusal goes out as is."""
         headers = dict(scope.get("headers", []))
         limit = self.drain_bytes
         declared = headers.get(b"content-length", b"")

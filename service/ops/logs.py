@@ -4,10 +4,8 @@ Records carry their fields in ``extra={...}``; the formatter writes them beside 
 message. Text appears only as its length and a short hash (``text_fields``), unless
 ``THINKTRANS_LOG_TEXT`` asks for the text too, for debugging.
 
-Other writers to stderr are brought into line: Python ``warnings``, and the loggers of
-huggingface_hub and transformers, which install their own plain-text handlers; their
-progress bars are switched off, as a bar is not a log line. httpx and httpcore, which log
-every request a backend sends at info, speak from warning up (everything at debug).
+Other writers to stderr (Python ``warnings``, the plain-text handlers huggingface_hub and
+transformers install) are brought into line, so that stderr stays one JSON object a line.
 """
 
 from __future__ import annotations

@@ -1,17 +1,9 @@
 """Admission: whether the backend queues have room for more text, before it is taken.
 
-One ``Admission`` per runtime owns the count of text that streams have accepted and not
-cut yet: each such character may still become a segment to queue, so it takes a place
-until it is cut. The room a chain has is its queues' free places (the dispatcher's
-``room``) less that count.
-
-A stream asks through its own ``StreamAdmission``: while the room last looked up covers
-what it takes, a chunk costs no lookup (one per request); near the bound the stream's
-waiting text is cut first and the room counted exactly, and a chunk is taken while any is
-left, so the queues overshoot by at most one chunk's segments, whatever the number of
-streams. No room: ``Overloaded`` (503). Segments of accepted text are never refused.
-
-A one-shot request is checked once, with ``check_room``, before anything is queued.
+Text is refused at the door (503, or 413 for a one-shot request too big for any queue),
+never once it is accepted: a segment cut from accepted text always enters its queue, so
+no segment waits on a retry timer. Each accepted character not cut yet may still become a
+segment, so it takes a place in the chain's room until it is cut.
 """
 
 from __future__ import annotations
@@ -93,6 +85,11 @@ class Admission:
 class StreamAdmission:
     """One stream's way in: the places its current request may still fill before the room
     is looked up again (its slack).
+
+    While the slack covers a chunk it costs no lookup (one per request). Near the bound the
+    stream's waiting text is cut first and the room counted exactly, and a chunk is taken
+    while any room is left: the queues overshoot by at most one chunk's segments, whatever
+    the number of streams.
 
     ``pending``: the characters its segmenter holds uncut (not in ``uncut``: counted by
     the stream); ``cut_first``: cuts the stream's accepted text now, near the bound, so

@@ -1,24 +1,8 @@
 """Cutting and deciding: a stream's text into segments, each detected, decided and started.
 
-``Cutter.feed`` runs text through the stream's segmenter; each segment is detected
-(prose only, unless the request named its source), decided (``service/text/decide.py``) and,
-if it needs a translation, submitted down the stream's chain the moment it is cut. The
-work runs under a ``Pacer`` that gives the event loop back every ``YIELD_EVERY_S``.
-
-The stream's language memory: its recent reliable language is the fallback for short
-segments ("OK.", "Hmm,") of unclear language. Such a segment, in the recent language's
-script, is held (``stream_memory_wait_ms``, at most half the deadline) for the next one,
-which settles it: between two of the recent language it is that language; before one
-reliably in another (a switch) its own detection; the wait running out, or a flush, gives
-the recent language. For backends that use it, each segment carries the preceding
-segments' text (``context_max_chars``).
-
-Each segment is one ``SegmentWork`` (``service/chain/work.py``), made here as it is cut and
-handed as it is to the emitter, then, to translate, down the chain; the cutter writes only
-its own fields of it (its decision, context, spans, due) and the emitter its answer.
-
-A one-shot text (``deferred``) is cut whole first; its segments are submitted together by
-``start_deferred`` once admission has found room for all of them.
+A segment is submitted the moment it is cut, so its translation starts while the thinking
+goes on. Short segments of unclear language ("OK.", "Hmm,") are read by the stream's
+language memory, its recent reliable language, which a detector alone cannot know.
 """
 
 from __future__ import annotations
@@ -108,6 +92,9 @@ class Context:
 class Cutter:
     """A stream's text into decided segments, handed to its ``Emitter`` and started.
 
+    Of each segment's ``SegmentWork`` the cutter writes only its own fields: the decision
+    (a held one's settled later), context, spans and ``due``.
+
     ``cut``: told how many accepted characters each step cut (admission's uncut count);
     ``counters``: counts how each held segment was settled (``kept``: the recent language;
     ``own``: its own detection); ``busy``: whether a request is cutting the stream now
@@ -131,6 +118,7 @@ class Cutter:
         self.model = model
         self.policy: Policy = policy
         self._deadline_s = deadline_s
+        # A held segment waits at most half its deadline, leaving the rest to translate it.
         self._memory_wait_s = min(memory_wait_s, deadline_s / 2)
         self._context = Context(context_max_chars)
         self._cut = cut

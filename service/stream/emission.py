@@ -1,18 +1,9 @@
 """Emission: a stream's segments out in index order, by their deadlines, as events.
 
-The ``Emitter`` keeps the segments cut and not out yet, in order. A segment goes out when
-its translation is back or when its deadline (ready + ``deadline_ms``) passes, whichever
-comes first; one emitted at its deadline owes an ``update``, sent when its translation
-ends. Emission is driven by callbacks (a translation done, the deadline timer), so a
-stream costs no task of its own; it has one deadline timer, its head's (emission is in
-order: nothing behind the head goes out first). ``end`` follows once the stream is
-closed, every segment is out and every owed update is sent.
-
-Events go to an ``EventLog`` (ids rising from 0), kept as ``(id, type, JSON)``: serialised
-once, when published, and sent as they are to every reader (SSE, long-poll, any number
-of them at once, each with its own cursor). An event may supersede an earlier one (a
-provisional translation of a segment, superseded by the final one): readers catching up
-skip superseded events, and they take no place in the retained events.
+A reader must never wait past a segment's deadline, nor see segments out of order: a
+segment goes out when its translation is back or its deadline passes, whichever comes
+first, and one sent untranslated owes a later ``update``. The events are kept once, in the
+stream's ``EventLog``, for any number of readers (SSE, long-poll) and late ones.
 """
 
 from __future__ import annotations
@@ -255,6 +246,9 @@ class EventLog:
 class Emitter:
     """A stream's segments from cut to out: in index order, each by its deadline, then
     the updates owed and ``end``; into its ``EventLog``.
+
+    Driven by callbacks (a translation done, the head's deadline timer), so a stream costs
+    no task of its own.
 
     Each segment is the cutter's ``SegmentWork``, taken as it is; the emitter writes only
     its own fields of it (``answer``, ``late``). ``counters``: each segment result that

@@ -1,13 +1,9 @@
 """Chunk intake: a stream's chunks by seq, into text in order.
 
-The next seq is accepted; a later one is held (up to ``max_gap`` of them) until the gap
-before it is filled; a seq sent again with the same text is a retry and ignored, with
-other text a conflict (409). What the stream buffers (held chunks, text accepted and not
-cut yet, its segmenter's pending text) is bounded by ``max_stream_buffer_chars`` (413).
-
-Accepted text waits here, unfed, until the stream cuts it: a request (or a few KiB) at
-a time, so that the segmenter cuts the same whatever the chunking and is not called once
-per delta. One request at a time takes chunks and cuts (``lock``).
+Clients post chunks concurrently and retry them, so seqs come out of order and twice; the
+intake turns them into one text in order, holding what comes past a gap and bounding what
+the stream buffers (``max_stream_buffer_chars``: held chunks, text not cut yet, and the
+segmenter's pending text).
 """
 
 from __future__ import annotations
@@ -39,7 +35,9 @@ class ChunkIntake:
         self.digests: list[int] = []  # hash of each accepted chunk, by seq
         self.held: dict[int, str] = {}
         self.held_chars = 0
-        self.unfed: list[str] = []  # accepted, not yet cut
+        # Accepted, not yet cut: the stream cuts a request (or FEED_BATCH_CHARS) at a time,
+        # so that the segmenter is not called once per delta.
+        self.unfed: list[str] = []
         self.unfed_chars = 0
         self.lock = asyncio.Lock()  # one request at a time takes chunks and cuts
 

@@ -1,16 +1,8 @@
 """The stream manager: every stream of one runtime, behind one facade for the routes and
 the runtime.
 
-``StreamManager`` builds streams (``service/stream/pipeline.py``) on the runtime's parts
-(its settings, detector, dispatcher, admission), resolves their targets and glossaries,
-and is composed of one part per job, each given what it needs:
-
-- ``service/stream/roster.py``: the named streams by id, open/get/delete, ``max_streams``;
-- ``service/stream/retention.py``: ended streams kept for late readers within bounds, the
-  evicted ids remembered for 410;
-- ``service/stream/tally.py``: the stream metrics, and the summaries ``GET /v1/streams``
-  reads;
-- ``service/stream/sweeper.py``: idle expiry, and the drain at shutdown.
+The routes and the runtime ask one object for streams; keeping, retaining, counting and
+expiring them are each a part of their own that the manager is composed of.
 """
 
 from __future__ import annotations

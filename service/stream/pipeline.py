@@ -1,19 +1,8 @@
 """One stream: the one data path, for streamed thinking and one-shot texts alike.
 
-A ``Stream`` is one thinking part (or one one-shot text, fed once and closed), composed
-of the parts that each do one job:
-
-- ``service/stream/intake.py``: chunks by seq into text in order (gaps, retries, the buffer
-  bound, one request at a time);
-- ``service/stream/admission.py``: whether the chain's queues have room for the text, before a
-  chunk is taken;
-- ``service/stream/cutting.py``: the text into segments, each detected, decided and started
-  down the chain (pacing, the stream's language memory, context);
-- ``service/stream/emission.py``: the segments out in order by their deadlines, late updates
-  and ``end``, into the stream's ``EventLog``, which SSE and long-poll read.
-
-Every stream of a runtime is opened and kept by its ``StreamManager``
-(``service/stream/manager.py``).
+A one-shot text is a stream fed once and closed, so that the same text sent either way is
+cut, decided and emitted the same. A ``Stream`` composes one part per job and holds none
+of their state itself.
 """
 
 from __future__ import annotations

@@ -1,28 +1,9 @@
 """Previews: provisional translations of a stream's sentence while it is still open.
 
-A stream opened with ``previews`` has a ``Previewer``. After each request's chunks (and on
-its own timer) it looks at the text the segmenter holds, the sentence still open: once it
-is long enough (``preview_min_words`` words, or ``preview_min_chars`` characters for a
-sentence mostly in Chinese, Japanese or Korean script) or old enough
-(``preview_after_ms``, with at least ``preview_step_words``), and then again each time it
-has grown by ``preview_step_words`` (``preview_step_chars``), at most every
-``preview_interval_ms`` and ``preview_max_decodes`` times a sentence, its prefix so far is
-translated (re-translation). One preview of a stream runs at a time.
-
-A preview is decided as the sentence would be if it were cut now (only a sentence to
-translate gets one), made a ``SegmentWork`` by the stream's cutter (``preview=True``), and
-goes to the first backend of the stream's chain that would be
-tried, billed ones passed over unless ``preview_billed`` (``Dispatcher.preview``), into
-that backend's low-priority lane (``Batcher.submit_preview``): never the cache, never down
-the chain, never counted by the breaker. The answer, less its last ``preview_mask_k``
-words (characters, for a target written without spaces: mask-k, where a prefix's
-translation changes most), goes out as a ``preview`` event unless it is what was shown
-already or it lost a protected span; the sentence's next preview is decoded towards it
-(``Job.previous``, CTranslate2's prefix bias). Held text that already ends as a sentence
-ends (the segmenter waits for what follows to cut it) gets no preview: its segment is due
-with the next text, and a preview decode then would only hold it up. When the sentence is
-cut, the segment it becomes supersedes its previews, and a preview still queued is
-cancelled (dropped unrun); one whose answer comes after is not shown.
+A long sentence can take seconds of thinking to end; a reader sees its translation so far
+instead of nothing. A preview is a prefix re-translated, a cheap best effort: it never
+holds up a segment, never reaches the cache or the rest of the chain, and what it shows
+is superseded by the segment the sentence becomes.
 """
 
 from __future__ import annotations
@@ -100,7 +81,8 @@ def measure(text: str) -> tuple[int, bool]:
 
 def mask(text: str, k: int, *, tight: bool) -> str:
     """``text`` without its last ``k`` words (characters, for a ``tight`` target); "" when
-    nothing is left. Trailing punctuation goes with the last word."""
+    nothing is left. Trailing punctuation goes with the last word. Mask-k: a prefix's
+    translation changes most at its end."""
     text = text.strip()
     if k <= 0 or not text:
         return text
@@ -118,7 +100,9 @@ class StartPreview(Protocol):
 
 
 class Previewer:
-    """One stream's previews of its open sentence (module docstring).
+    """One stream's previews of its open sentence: one at a time, once it is long or old
+    enough and again as it grows (``PreviewConfig``); each decoded towards the last one
+    shown (``previous``), and cancelled unrun when the sentence is cut.
 
     ``pending``: the text the segmenter holds; ``work``: that text's preview work, made
     as it would be decided (``Cutter.preview_work``; None: not translated); ``start``:

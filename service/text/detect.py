@@ -1,16 +1,9 @@
 """Language detection for short, mixed reasoning text.
 
-The ``default`` detector decides by script first: Hangul, Kana, Thai and the other
-scripts that name their language need no statistics. A line that mixes scripts, such as
-``首先，确定整个 hiking旅程所用的总时间``, goes to the script whose words carry its
-grammar (Latin terms in Chinese do not). Han alone is Chinese or Japanese by how often
-each writes its characters. Text in a shared script (Latin, Cyrillic, Arabic, Devanagari)
-is scored word by word: by how often each of that script's languages uses the word
-(wordfreq's lists), or, for a word no list has, by every one of its n-grams in
-langdetect's profiles (not langdetect's random sample: the same text always gives the
-same answer).
-
-Detectors are registered by name (``THINKTRANS_DETECTOR``); each returns a Detection.
+Reasoning is short sentences full of code, terms and other scripts, where a general
+detector guesses and, like langdetect's random sample, may answer the same text two ways.
+The ``default`` detector decides by script first and uses statistics only within a shared
+script, deterministically. Detectors are registered by name (``THINKTRANS_DETECTOR``).
 """
 
 from __future__ import annotations
@@ -522,7 +515,15 @@ def _script_of(ch: str) -> str | None:
 
 
 class ScriptDetector(Detector):
-    """Script first, then word frequencies and n-grams within a shared script."""
+    """Script first, then word frequencies and n-grams within a shared script.
+
+    Hangul, Kana, Thai and the other scripts that name their language need no statistics.
+    A line that mixes scripts (``首先，确定整个 hiking旅程所用的总时间``) goes to the script
+    whose words carry its grammar. Han alone is Chinese or Japanese by how often each
+    writes its characters. A shared script (Latin, Cyrillic, ...) is scored word by word:
+    wordfreq's lists, or, for a word no list has, every one of its n-grams in langdetect's
+    profiles (not langdetect's random sample: the same text always gives the same answer).
+    """
 
     name = "default"
 

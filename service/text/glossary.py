@@ -1,19 +1,8 @@
 """Glossaries: a request's or stream's own, checked against the limits, and the file's.
 
-A glossary is ``{"terms": {"<source term>": "<target term>"}, "keep": ["<term>", ...]}``:
-``terms`` are rendered as given, ``keep`` terms are protected spans (``models.spans``).
-``THINKTRANS_GLOSSARY_FILE`` holds the glossaries every stream shares, per target::
-
-    "*":                 # every target
-      keep: [thinktrans, PyTorch]
-    zh:                  # every Chinese target (zh-CN, zh-TW, ...)
-      terms: {pull request: 拉取请求, merge: 合并}
-    zh-TW:               # this tag only; wins over zh, which wins over *
-      terms: {pull request: 拉取請求}
-
-For a stream the file's entries for its target come first, and the request's win a
-source term both name. Every glossary, the file's per target and a request's merged with
-it, stays within ``max_glossary_terms`` entries of at most ``max_glossary_term_chars``.
+A glossary's terms become protected spans, checked in every answer, so a bad entry is
+refused up front with words that name it. The file (``THINKTRANS_GLOSSARY_FILE``, its
+shape in docs/API.md) is read once, at start.
 """
 
 from __future__ import annotations
@@ -77,7 +66,10 @@ def _check_term(term: object, where: str, max_chars: int) -> None:
 
 class GlossaryBook:
     """The glossary file's glossaries by target key (``*``, a language, a tag), and the
-    glossary a stream runs with: the file's for its target, then its own."""
+    glossary a stream runs with: the file's for its target, then its own.
+
+    A tag's entries win over its language's, which win over ``*``'s, and a request's win a
+    source term both name; the merged glossary too stays within ``max_glossary_terms``."""
 
     def __init__(self, settings: Settings) -> None:
         self.max_terms = settings.max_glossary_terms

@@ -1,24 +1,9 @@
 """Cut text into segments: sentences, lines, code fences and blanks.
 
-The segmenter is incremental so that a stream's deltas can be fed as they arrive:
-``feed`` returns the segments that are complete, ``flush`` the rest. Every character
-fed comes out in exactly one segment, in order: the segments joined equal the input.
-Whitespace after a boundary stays with the segment before it.
-
-Boundaries: a sentence end (``.!?…`` followed by whitespace, ``。！？`` with or without),
-a newline before more text, a code fence (one segment from its opening line through
-its closing line), and the size bound (cut at the last whitespace before it).
-
-A code fence is held until its closing line comes. One without its closing line within
-``max_fence_chars`` characters of its opening fence was a stray fence: its opening line
-becomes a segment of its own (kind ``code``) and the text after it is cut into sentences
-again, so that one stray fence cannot make the rest of a stream code.
-Not boundaries: decimals, versions and file names (no whitespace after the dot),
-abbreviations (``e.g.``, ``Mr.``, ``p. ex.``), a dot before a lowercase word, ``1.`` list
-markers, and a sentence end inside inline code or math (```x = 1. Then```, ``$a. B$``,
-``$$...$$``): a protected span never splits a sentence. Whether a backtick or a dollar
-opens a span depends on whether it closes later on its line, so a sentence end after an
-unclosed one waits for the line's end (or the size bound, or a flush) before it is taken.
+A sentence is the unit of detection, translation and output, and a stream's deltas come
+a few characters at a time: the segmenter is incremental (``feed`` gives the segments
+complete, ``flush`` the rest) and cuts the same whatever the chunking. Every character fed
+comes out in exactly one segment, in order: the segments joined equal the input.
 """
 
 from __future__ import annotations
@@ -243,7 +228,16 @@ def _closing_dollar(buf: str, at: int, end: int, complete: bool) -> int:
 
 
 class Segmenter:
-    """Incremental sentence segmenter; one per stream (or per one-shot text)."""
+    """Incremental sentence segmenter; one per stream (or per one-shot text).
+
+    Boundaries: a sentence end (``.!?…`` and whitespace, ``。！？`` with or without), a
+    newline before more text, a code fence (opening line through closing line), the size
+    bound; whitespace after a boundary stays with the segment before it. Not boundaries:
+    decimals, versions, file names, abbreviations, a dot before a lowercase word, ``1.``
+    list markers, a sentence end inside inline code or math (a protected span never splits
+    a sentence). A fence not closed within ``max_fence_chars`` was stray: its line is a
+    ``code`` segment and prose resumes, so one stray fence cannot make a stream code.
+    """
 
     def __init__(self, max_chars: int, *, max_fence_chars: int) -> None:
         if max_chars < 16:

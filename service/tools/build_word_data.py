@@ -3,15 +3,6 @@ detector reads, from the ``wordfreq`` package (its data: CC BY-SA 4.0, see
 ``service/data/NOTICE.md``). Maintainers only; the service does not need wordfreq.
 
     pip install wordfreq==3.1.1 && python -m service.tools.build_word_data
-
-Lines of the output (tab-separated):
-
-- ``words <lang> <word>:<zipf×10> ...``: the ``TOP_WORDS`` most frequent words of each
-  language wordfreq has among those the detector tells apart within a shared script;
-- ``chars <lang> <char>:<zipf×10> ...``: how often each Han or Kana character is used in
-  Chinese (as Simplified) and Japanese, summed over ``TOP_CJK_WORDS`` words;
-- ``simplified <traditional><simplified>...``: wordfreq's Traditional-to-Simplified map, so
-  that Traditional text is read against the Chinese table.
 """
 
 from __future__ import annotations
@@ -23,6 +14,13 @@ import re
 from collections import defaultdict
 from pathlib import Path
 
+# Its lines, tab-separated:
+# - ``words <lang> <word>:<zipf×10> ...``: the TOP_WORDS most frequent words of each language
+#   wordfreq has among those the detector tells apart within a shared script;
+# - ``chars <lang> <char>:<zipf×10> ...``: how often each Han or Kana character is used in
+#   Chinese (as Simplified) and Japanese, summed over TOP_CJK_WORDS words;
+# - ``simplified <traditional><simplified>...``: wordfreq's Traditional-to-Simplified map, so
+#   that Traditional text is read against the Chinese table.
 OUT = Path(__file__).resolve().parent.parent / "data" / "word_freq.tsv.gz"
 TOP_WORDS = 12_000
 TOP_CJK_WORDS = 60_000

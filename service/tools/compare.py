@@ -1,16 +1,9 @@
 """`thinktrans compare`: one corpus through several backends, along the service's own path.
 
-This module measures; ``service.tools.report`` presents. Each backend (or chain,
-``deepl,local``) gets its own ``Runtime`` with that backend as the chain, so texts go
-through the same segmenter, detector, batcher and fallback logic as ``POST /v1/translate``.
-All runtimes start first and must be ready (a local model loaded, a remote endpoint
-answering) before any timing starts; then the backends run one after another, never at
-once, so one does not slow another down.
-
-Latency is measured per text request (one ``Runtime.translate`` call for one corpus text,
-with up to ``concurrency`` in flight); a segment's own ``latency_ms`` is not used, since a
-one-shot request finishes all its segments together. Throughput counts the segments that a
-backend translated, over the wall time of that backend's run.
+Backends are compared as the service runs them: each backend (or chain, ``deepl,local``)
+gets its own ``Runtime``, so texts go through the same segmenter, detector, batcher and
+fallback as ``POST /v1/translate``. This module measures; ``service.tools.report``
+presents. What is measured: docs/benchmarks.md.
 """
 
 from __future__ import annotations
@@ -357,6 +350,8 @@ async def _run_one(runtime: Runtime, run: BackendRun, config: CompareConfig,
             latencies[i] = (time.perf_counter() - t0) * 1000.0
         progress.advance(run.label)
 
+    # Latency per text request, not a segment's ``latency_ms``: a one-shot request finishes
+    # all its segments together. Throughput: segments translated over this wall time.
     started = time.perf_counter()
     await asyncio.gather(*(one(i, item.text) for i, item in enumerate(config.items)))
     run.wall_s = time.perf_counter() - started
@@ -371,7 +366,8 @@ async def _run_one(runtime: Runtime, run: BackendRun, config: CompareConfig,
 async def run_compare(
     base: Settings, config: CompareConfig, progress: ProgressSink | None = None
 ) -> list[BackendRun]:
-    """Open every backend's runtime, wait until all are ready, then run them one by one."""
+    """Open every backend's runtime, wait until all are ready (no timing before), then run
+    them one by one, never at once, so that one does not slow another down."""
     if config.concurrency < 1:
         raise InputError(f"--concurrency must be >= 1, got {config.concurrency}")
     if not config.deadline_ms > 0:

@@ -1,11 +1,5 @@
 """Generate ``docs/configuration.md`` from the Settings model, so the page cannot drift.
 
-Every field of :class:`service.settings.Settings` becomes a row: its variable
-(``THINKTRANS_<NAME>``, or the first upper-case name of its ``validation_alias``), its YAML
-key, its type and bounds, its default and its description. Rows are grouped by the
-settings' sections (``service.settings.SECTIONS``, each with its ``title``); a field's other
-variable names (an alias such as ``DEEPL_AUTH_KEY``) are listed after them.
-
 Command line::
 
     python -m service.tools.configdoc            # print the page
@@ -159,7 +153,12 @@ def _cell(text: str) -> str:
 
 
 def render(settings_cls: type[Settings] = Settings) -> str:
-    """The whole configuration page as Markdown."""
+    """The whole configuration page as Markdown.
+
+    Every field becomes a row: its variable (``THINKTRANS_<NAME>``, or the first upper-case
+    name of its ``validation_alias``), YAML key, type and bounds, default and description,
+    grouped by the settings' ``SECTIONS``; a field's other variable names (an alias such as
+    ``DEEPL_AUTH_KEY``) are listed after them."""
     prefix = str(settings_cls.model_config.get("env_prefix", ""))
     out = [_INTRO]
     other_names: list[tuple[str, str]] = []

@@ -1,13 +1,9 @@
 """Where a running server listens, and the liveness check that follows it.
 
-``thinktrans serve`` writes the address it really bound (after ``--port``, ``--host``, a
-``--config`` file or ``THINKTRANS_PORT`` had their say) to a small JSON file once it
-listens, and removes it when it stops. The image's ``HEALTHCHECK`` runs
-``python3 -m service.tools.healthcheck``: it reads that file and asks ``/healthz`` there, so a
-server started with ``serve --port P`` is a healthy container. Without the file (no server
-started yet, or one started by something else) it asks ``THINKTRANS_PORT`` (8088).
-
-Standard library only: a health check runs every few seconds and must start fast.
+A server may listen elsewhere than ``THINKTRANS_PORT`` (``serve --port P``, a config file),
+so ``thinktrans serve`` records the address it really bound, and the image's
+``HEALTHCHECK`` asks ``/healthz`` there (docs/deploy.md). Standard library only: a health
+check runs every few seconds and must start fast.
 """
 
 from __future__ import annotations

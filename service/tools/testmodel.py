@@ -1,39 +1,11 @@
 """Translation checkpoints for tests: the real model and tokenizer classes, random weights.
 
-``make_test_model("nllb", dir)`` writes a checkpoint that ``AutoTokenizer.from_pretrained`` and
-``AutoModelForSeq2SeqLM.from_pretrained`` load exactly as they load a real NLLB-200, M2M-100 or
-Marian (opus-mt) checkpoint: same config ``model_type``, same tokenizer class and files, the
-family's language tokens. Only the sizes differ (d_model 32, 2+2 layers, a few hundred pieces)
-and the weights are random, so translations are garbage, but never empty: the checkpoint's own
-``generation_config.json`` bans special tokens and holds EOS back for a few tokens, which a real
-checkpoint would not need. Building one takes about a second.
-
-``make_test_model(None, dir, shape="nllb-600m")`` writes a checkpoint of a real model's *shape*
-instead, for timing and memory runs: the dimensions of the real config.json (``marian``:
-opus-mt-en-de, 74M parameters; ``m2m-418m``: m2m100_418M; ``nllb-600m``:
-nllb-200-distilled-600M), random weights at the real ``init_std`` (0.02), and a tokenizer of the
-full vocabulary: the small trained sentencepiece model padded with unreachable ``▁tt<n>`` pieces,
-so the ids line up as in the real checkpoint (NLLB: 256204 tokens for 256206 embedding rows;
-M2M-100: 128104 tokens, the language tokens, then 8 "madeup" rows, 128112 in all; Marian: 58101).
-A shape implies its family. Its generation config bans the special tokens but lets EOS come at
-any step. Text still splits into the small model's short pieces, 2-3 times as many tokens as the
-real vocabulary gives, so compare timings per token. Building takes about 5 s and 290 MB on
-disk (marian), 20 s and 1.9 GB (m2m-418m), 35 s and 2.4 GB (nllb-600m), on two cores.
-
-Every checkpoint also converts with CTranslate2's ``TransformersConverter``: the M2M-100
-tokenizer lists its ``__xx__`` language tokens as extra special tokens, as the real one does,
-so they are added tokens that ``get_vocab()`` includes. (With transformers 5,
-``special_tokens_map`` holds only the named tokens, so the converter finds the language tokens
-through ``get_vocab()`` alone.)
-
-``source``/``target`` (BCP 47) are the checkpoint's pair: a Marian checkpoint serves only that
-pair; NLLB and M2M-100 save them as the tokenizer's default ``src_lang``/``tgt_lang`` (in the
-family's codes: ``eng_Latn``, ``__en__``), and serve every language of the table anyway.
-Files are written readable by all (0644, directories 0755), as a container's user is not
-the one who wrote them. Every config.json says ``"thinktrans_test_checkpoint": true``.
-
-Command line: ``python -m service.tools.testmodel --family nllb --source en --target de OUTDIR``
-or ``python -m service.tools.testmodel --shape nllb-600m OUTDIR``.
+The local backend is tested, and a deployment smoke-tested, without downloading weights:
+``make_test_model("nllb", dir)`` writes a checkpoint that ``from_pretrained`` and
+CTranslate2's converter load exactly as a real NLLB-200, M2M-100 or Marian one (same
+``model_type``, tokenizer class and files, the family's language tokens), tiny and in about
+a second; with ``shape=`` one of a real model's size, for timing and memory runs. Every
+config.json says ``"thinktrans_test_checkpoint": true``. Command line: ``--help``.
 """
 
 from __future__ import annotations
@@ -327,7 +299,8 @@ def _make_m2m100(outdir: Path, source_lang: str, target_lang: str, shape: str | 
         vocab_path.write_text(json.dumps(vocab, ensure_ascii=False), encoding="utf-8")
         # As the real tokenizer_config.json: the language tokens are special tokens, so they
         # are added tokens at their ids (after vocab.json's), and get_vocab() includes them:
-        # CTranslate2's converter takes the vocabulary from there.
+        # CTranslate2's converter takes the vocabulary from there (with transformers 5,
+        # special_tokens_map holds only the named tokens: get_vocab() is the only way).
         languages = [f"__{code}__" for code in FAIRSEQ_LANGUAGE_CODES["m2m100"]]
         tokenizer = M2M100Tokenizer(vocab_file=str(vocab_path), spm_file=str(spm_path),
                                     src_lang=source_lang, tgt_lang=target_lang,
@@ -419,8 +392,18 @@ def make_test_model(
     tiny one, or with ``shape`` (marian|m2m-418m|nllb-600m) one of that real model's size.
 
     A shape implies its family: ``family`` may be None then, or must be that family.
-    ``source_lang``/``target_lang`` (BCP 47) name its pair (see the module docstring);
-    ValueError for an unknown family or shape, a family the shape is not, or an unknown language.
+    ``source_lang``/``target_lang`` (BCP 47) name its pair: a Marian checkpoint serves only
+    that pair; NLLB and M2M-100 save them as the tokenizer's default ``src_lang``/``tgt_lang``
+    (``eng_Latn``, ``__en__``) and serve every language of the table anyway. ValueError for
+    an unknown family or shape, a family the shape is not, or an unknown language.
+
+    A tiny checkpoint's translations are garbage but never empty (its generation config
+    bans special tokens and holds EOS back a few tokens). A shape has the real dimensions,
+    weights at the real ``init_std`` and a tokenizer of the full vocabulary (the small
+    trained one padded with unreachable pieces, so ids line up as in the real checkpoint);
+    text still splits into 2-3 times the real tokens, so compare timings per token. A shape
+    takes about 5 s and 290 MB on disk (marian), 20 s and 1.9 GB (m2m-418m), 35 s and
+    2.4 GB (nllb-600m), on two cores.
     """
     if family is not None and family not in FAMILIES:
         raise ValueError(f"family must be one of {', '.join(FAMILIES)}, got {family!r}")
@@ -452,7 +435,7 @@ def make_test_model(
         _make_m2m100(out, source, target, shape)
     else:
         _make_marian(out, source, target, shape)
-    make_readable(out, created)
+    make_readable(out, created)  # 0644/0755: a container's user is not the one who wrote it
     return out
 
 
