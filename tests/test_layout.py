@@ -12,6 +12,9 @@
   every import wherever it stands (in a function, under ``TYPE_CHECKING``): an import hidden
   inside a function to break a circle is still a circle;
 - no class runs past 300 lines and no function past 80;
+- a module docstring says what the module is for and why in a few lines (the error trees of
+  ``service/exceptions.py`` and ``models/errors.py`` excepted): the architecture is written
+  once, in docs/ARCHITECTURE.md;
 - the app factory is wiring only: its routes come from ``service/http/routes``.
 """
 
@@ -203,6 +206,20 @@ def test_no_function_runs_past_80_lines() -> None:
 
 def test_no_class_runs_past_300_lines() -> None:
     long = [where for where, lines in _defs(ast.ClassDef) if lines > MAX_CLASS_LINES]
+    assert not long, long
+
+
+MAX_MODULE_DOC_LINES = 10
+ERROR_TREES = {"service/exceptions.py", "models/errors.py"}
+
+
+def test_module_docstrings_are_a_few_lines() -> None:
+    long = []
+    for path in _all_modules():
+        rel = str(path.relative_to(ROOT))
+        doc = ast.get_docstring(ast.parse(path.read_text(encoding="utf-8")), clean=False)
+        if doc and rel not in ERROR_TREES and doc.count("\n") + 1 > MAX_MODULE_DOC_LINES:
+            long.append(f"{rel} ({doc.count(chr(10)) + 1} lines)")
     assert not long, long
 
 

@@ -1,20 +1,8 @@
 """Which loaded checkpoint serves a pair: the configured models, and the models requests name.
 
-The configured models (``Spec`` list, models/local/checkpoint.py) are loaded together by the
-backend and installed here once they all have. A pair goes to the first of them that serves
-it: with ``THINKTRANS_LOCAL_MODELS`` in the order written, with ``THINKTRANS_LOCAL_MODEL``
-and ``THINKTRANS_LOCAL_MARIAN_MODELS`` a Marian checkpoint first (it was configured for its
-pair on purpose). A named configured model serves alone.
-
-Any other name a request gives is loaded on demand (``OnDemand``) on a thread of its own, so
-that batches go on meanwhile; at most ``max_extra_models`` such models stay loaded, the least
-recently used dropped once a new one is in; a failed load is remembered for
-``EXTRA_RETRY_S``; loads queued at once and failures remembered are bounded, as names are the
-requests' choice. A name is made canonical first (``Catalog.key``: any spelling of a configured
-model is it), may resolve only where the operator allows (``model_roots``, ``hub_models``), and
-its client hears one neutral reason for every failure (``cannot_load``). A model an open stream
-names is pinned (``OnDemand.pin``): never dropped for another, and a load that would need one
-dropped is refused with a reason instead.
+A pair goes to the first configured model that serves it (``Catalog``); any other name a
+request gives is loaded on demand (``OnDemand``), within bounds, because names are the
+requests' choice.
 """
 
 from __future__ import annotations
@@ -89,8 +77,12 @@ def cannot_load(shown: str) -> str:
 
 
 class OnDemand:
-    """The models requests named, loaded on ``executor`` by ``load``; the ``max_models`` most
-    recently used are kept.
+    """The models requests named, loaded on ``executor`` by ``load`` (a thread of its own, so
+    that batches go on meanwhile); the ``max_models`` most recently used are kept. A failed
+    load is remembered for ``EXTRA_RETRY_S``, and loads queued at once and failures
+    remembered are bounded, as names are the requests' choice. A model an open stream names
+    is pinned (``pin``): never dropped for another, and a load that would need one dropped is
+    refused with a reason instead.
 
     ``load`` runs on the executor's thread and raises LoadError (its message is the reason)
     or anything else. The dict of loaded models is replaced, never changed in place, so
@@ -253,7 +245,16 @@ class OnDemand:
 
 class Catalog:
     """The configured models (``specs``, in order of preference; ``slots`` once loaded), the
-    models loaded on demand, and routing a pair to one of them."""
+    models loaded on demand, and routing a pair to one of them.
+
+    The configured models are loaded together and installed once they all have. A pair goes
+    to the first of them that serves it: with ``THINKTRANS_LOCAL_MODELS`` in the order
+    written, with ``THINKTRANS_LOCAL_MODEL`` and ``THINKTRANS_LOCAL_MARIAN_MODELS`` a Marian
+    checkpoint first (configured for its pair on purpose); a named configured model serves
+    alone. Any other name is made canonical first (``key``: any spelling of a configured
+    model is it), may resolve only where the operator allows (``model_roots``,
+    ``hub_models``), and its client hears one neutral reason for every failure
+    (``cannot_load``)."""
 
     def __init__(self, specs: Sequence[Spec], *, ondemand: Executor, max_extra_models: int,
                  max_input_tokens: int, in_order: bool, model_roots: Sequence[str],
