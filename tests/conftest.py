@@ -47,11 +47,33 @@ def pytest_configure(config: pytest.Config) -> None:
                             "child process, as the backend runs them (tests/checkpoints.py)")
 
 
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """Under pytest-xdist (tests/run.sh), a module goes whole to one worker, so a module's
+    server starts once; the modules that start a Ray instance go to the same worker, one
+    after the other, as two at once would only fight for the cores."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ByModule(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            module = nodeid.split("::", 1)[0]
+            return "ray" if module in RAY_MODULES else module
+
+    return ByModule(config, log)
+
+
+RAY_MODULES = {"tests/test_pool.py", "tests/test_pool_fair.py"}
+
+
 @pytest.fixture(scope="session")
 def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    """The session's tiny checkpoints (tests/checkpoints.py), built once; read only."""
+    """The session's tiny checkpoints (tests/checkpoints.py), built once; read only. Under
+    pytest-xdist the workers share one build (``checkpoints.build_shared``)."""
     for module in ("torch", "transformers", "sentencepiece"):
         pytest.importorskip(module, reason="needs the local extra: pip install 'thinktrans[local]'")
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        # Each worker's base temp lies in the run's own: the workers meet there.
+        return checkpoints.build_shared(tmp_path_factory.getbasetemp().parent / "models")
     return checkpoints.build(tmp_path_factory.mktemp("models"))
 
 
