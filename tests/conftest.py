@@ -51,7 +51,8 @@ def pytest_configure(config: pytest.Config) -> None:
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     """Under pytest-xdist (tests/run.sh), a module goes whole to one worker, so a module's
     server starts once; the modules that start a Ray instance go to the same worker, one
-    after the other, as two at once would only fight for the cores."""
+    after the other, as two at once would only fight for the cores. Modules go out in the
+    order collected (``pytest_collection_modifyitems``: the longest first)."""
     from xdist.scheduler import LoadScopeScheduling
 
     class ByModule(LoadScopeScheduling):
@@ -59,10 +60,22 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
             module = nodeid.split("::", 1)[0]
             return "ray" if module in RAY_MODULES else module
 
+    config.option.loadscopereorder = False
     return ByModule(config, log)
 
 
 RAY_MODULES = {"tests/test_pool.py", "tests/test_pool_fair.py"}
+# The modules that take longest, longest first: started first, they do not finish last.
+LONGEST = ("test_pool.py", "test_pool_fair.py", "test_ct2.py", "test_cli.py",
+           "test_config_errors.py", "test_detect.py", "test_faults.py", "test_client.py",
+           "test_local_models.py", "test_local.py", "test_viewer_browser.py",
+           "test_acp_proxy.py", "test_ops.py", "test_fuzz.py")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The longest modules first (``LONGEST``), each module's tests in their order."""
+    rank = {name: i for i, name in enumerate(LONGEST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(LONGEST)))
 
 
 @pytest.fixture(scope="session")
