@@ -57,6 +57,9 @@ SENTENCES = [f"The test number {i} checks the parser and then runs the loop agai
 BATCH_WAIT_MS = 300
 TOKEN = "pool-test-token"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
+# A pool's start (Ray, Serve, the one-time conversion) takes minutes on a loaded
+# machine: this only stops a hang.
+POOL_READY_S = 600.0
 
 
 def _ray() -> Any:
@@ -88,7 +91,7 @@ def pool() -> Iterator[Pool]:
         model = make_test_model("marian", Path(tmp) / "marian-en-de")
         chinese = make_test_model("marian", Path(tmp) / "marian-en-zh", target_lang="zh")
         ct2 = Path(tmp) / "ct2"
-        with served("pool", ready_s=240, THINKTRANS_LOCAL_MODEL=str(model),
+        with served("pool", ready_s=POOL_READY_S, THINKTRANS_LOCAL_MODEL=str(model),
                     THINKTRANS_LOCAL_MARIAN_MODELS=f"en-zh={chinese}",
                     THINKTRANS_LOCAL_CT2_CACHE=str(ct2),
                     THINKTRANS_POOL_BATCH_WAIT_MS=str(BATCH_WAIT_MS),
