@@ -3,7 +3,8 @@ process.
 
 ``build`` writes the random-weight checkpoints (``service.tools.testmodel``) that the local
 backend's tests share; tests/conftest.py offers them as the session fixture ``models``. They
-are read only: a test that changes a checkpoint works on its own copy.
+are read only: a test that changes a checkpoint works on its own copy. Under pytest-xdist,
+``build_shared`` builds them once for all the workers.
 
 ``InProcessConversions`` stands in for ``subprocess`` in ``models.local.convert``: the child
 command the backend runs to convert a checkpoint (``models.local.convert.main``) is run in this
@@ -30,17 +31,34 @@ from models.local import convert
 _CONVERTING = threading.Lock()
 
 
+# Each shared checkpoint: its name, its family, the directory under the root, its target.
+_CHECKPOINTS = (("nllb", "nllb", "nllb", "de"), ("m2m100", "m2m100", "m2m100", "de"),
+                ("marian", "marian", "marian-en-de", "de"),
+                ("marian-en-ja", "marian", "marian-en-ja", "ja"))
+
+
 def build(root: Path) -> dict[str, Path]:
     """The shared checkpoints under ``root``: one per family (Marian: en-de), and a Marian
     en-ja."""
     from service.tools.testmodel import make_test_model
 
-    return {
-        "nllb": make_test_model("nllb", root / "nllb"),
-        "m2m100": make_test_model("m2m100", root / "m2m100"),
-        "marian": make_test_model("marian", root / "marian-en-de"),
-        "marian-en-ja": make_test_model("marian", root / "marian-en-ja", target_lang="ja"),
-    }
+    return {name: make_test_model(family, root / folder, target_lang=target)
+            for name, family, folder, target in _CHECKPOINTS}
+
+
+def build_shared(root: Path) -> dict[str, Path]:
+    """``build`` under ``root``, once for every process that asks (pytest-xdist's workers):
+    the first builds them under a lock and marks them done; the others wait, then read."""
+    import fcntl
+
+    root.mkdir(parents=True, exist_ok=True)
+    done = root / "built"
+    with (root / ".lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file is closed
+        if not done.exists():
+            build(root)
+            done.touch()
+    return {name: root / folder for name, _, folder, _ in _CHECKPOINTS}
 
 
 class InProcessConversions:

@@ -47,11 +47,46 @@ def pytest_configure(config: pytest.Config) -> None:
                             "child process, as the backend runs them (tests/checkpoints.py)")
 
 
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """Under pytest-xdist (tests/run.sh), a module goes whole to one worker, so a module's
+    server starts once; the modules that start a Ray instance go to the same worker, one
+    after the other, as two at once would only fight for the cores. Modules go out in the
+    order collected (``pytest_collection_modifyitems``: the longest first)."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ByModule(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            module = nodeid.split("::", 1)[0]
+            return "ray" if module in RAY_MODULES else module
+
+    config.option.loadscopereorder = False
+    return ByModule(config, log)
+
+
+RAY_MODULES = {"tests/test_pool.py", "tests/test_pool_fair.py"}
+# The modules that take longest, longest first: started first, they do not finish last.
+LONGEST = ("test_pool.py", "test_pool_fair.py", "test_ct2.py", "test_cli.py",
+           "test_config_errors.py", "test_detect.py", "test_faults.py", "test_client.py",
+           "test_local_models.py", "test_local.py", "test_viewer_browser.py",
+           "test_acp_proxy.py", "test_ops.py", "test_fuzz.py")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The longest modules first (``LONGEST``), each module's tests in their order."""
+    rank = {name: i for i, name in enumerate(LONGEST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(LONGEST)))
+
+
 @pytest.fixture(scope="session")
 def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    """The session's tiny checkpoints (tests/checkpoints.py), built once; read only."""
+    """The session's tiny checkpoints (tests/checkpoints.py), built once; read only. Under
+    pytest-xdist the workers share one build (``checkpoints.build_shared``)."""
     for module in ("torch", "transformers", "sentencepiece"):
         pytest.importorskip(module, reason="needs the local extra: pip install 'thinktrans[local]'")
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        # Each worker's base temp lies in the run's own: the workers meet there.
+        return checkpoints.build_shared(tmp_path_factory.getbasetemp().parent / "models")
     return checkpoints.build(tmp_path_factory.mktemp("models"))
 
 
@@ -164,7 +199,7 @@ async def poll(client: httpx.AsyncClient, sid: str, after: int = -1, wait_ms: in
 
 
 async def read_until(client: httpx.AsyncClient, sid: str, stop: str = "end", *,
-                     after: int = -1, count: int = 1, timeout_s: float = 10.0
+                     after: int = -1, count: int = 1, timeout_s: float = 60.0
                      ) -> list[dict[str, Any]]:
     """Long-poll from ``after`` until ``count`` events of type ``stop`` are in."""
     events: list[dict[str, Any]] = []
@@ -302,11 +337,10 @@ class Server:
     def log(self) -> str:
         return self.log_path.read_text(encoding="utf-8", errors="replace")
 
-    def terminate(self, timeout_s: float) -> float:
-        """SIGTERM; the seconds until the process is gone."""
+    def terminate(self, timeout_s: float) -> None:
+        """SIGTERM; AssertionError when the process is not gone within ``timeout_s``."""
         import signal
 
-        started = time.monotonic()
         self.proc.send_signal(signal.SIGTERM)
         try:
             self.proc.wait(timeout_s)
@@ -314,17 +348,19 @@ class Server:
             self.proc.kill()
             self.proc.wait(5)
             raise AssertionError(f"no exit within {timeout_s} s of SIGTERM") from None
-        return time.monotonic() - started
 
 
 @contextmanager
-def served(command: str = "serve", ready_s: float = 60.0, **env: str) -> Iterator[Server]:
+def served(command: str = "serve", ready_s: float = 180.0, **env: str) -> Iterator[Server]:
     """Start `python -m service.cli serve` (or ``command``: `pool`) on a free port of
     127.0.0.1 (passthrough unless ``env`` says otherwise), wait up to ``ready_s`` for
-    /readyz, and stop it afterwards."""
+    /readyz (a bound that only stops a hang: a loaded machine starts slowly), and stop it
+    afterwards. The address file `thinktrans health` reads goes to the process's own
+    directory unless ``env`` names XDG_RUNTIME_DIR: no two servers share one."""
     port = free_port()
-    full_env = {**os.environ, "THINKTRANS_BACKEND": "passthrough", **env}
     with tempfile.TemporaryDirectory() as tmp:
+        full_env = {**os.environ, "THINKTRANS_BACKEND": "passthrough",
+                    "XDG_RUNTIME_DIR": tmp, **env}
         log_path = Path(tmp) / f"{command}.log"
         with log_path.open("wb") as log:
             proc = subprocess.Popen(
@@ -382,7 +418,7 @@ class InThread:
 
     def __enter__(self) -> str:
         self._thread.start()
-        give_up = time.monotonic() + 10
+        give_up = time.monotonic() + 60
         while not self._server.started:
             assert time.monotonic() < give_up and self._thread.is_alive(), "did not start"
             time.sleep(0.01)
@@ -390,5 +426,5 @@ class InThread:
 
     def __exit__(self, *exc: object) -> None:
         self._server.should_exit = True
-        self._thread.join(timeout=10)
+        self._thread.join(timeout=60)
         self._sock.close()

@@ -19,7 +19,17 @@ if ! command -v chromium >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1; 
              && $as_root apt-get install -y -q chromium >/dev/null 2>&1; }; } \
         || echo "no Chromium could be installed: the viewer's browser tests will skip" >&2
 fi
-.venv/bin/pytest -q -p no:cacheprovider --durations=25 "$@"
-.venv/bin/ruff check service models client tests bench examples
-.venv/bin/mypy service models client/thinktrans_client
+# Tests run in parallel (pytest-xdist), a module to a worker: modules that share one
+# expensive server (Ray, Chromium, a served sidecar) start it once. Most tests wait on
+# sockets and servers, so there are more workers than cores (TEST_WORKERS to change it; 0
+# runs them in this process). Ruff and mypy run whatever pytest said.
+workers=${TEST_WORKERS:-$(( $(nproc) + 1 ))}
+failed=()
+.venv/bin/pytest -q -p no:cacheprovider --durations=25 -n "$workers" "$@" || failed+=(pytest)
+.venv/bin/ruff check service models pool client tests bench examples || failed+=(ruff)
+.venv/bin/mypy service models pool client/thinktrans_client || failed+=(mypy)
+if [ ${#failed[@]} -gt 0 ]; then
+    echo "failed: ${failed[*]}" >&2
+    exit 1
+fi
 echo "tests, ruff and mypy passed"

@@ -119,8 +119,11 @@ async def paced(messages: Sequence[Any], pause_s: float = 0.0) -> AsyncIterator[
 
 
 async def translate_all(url: str, messages: Sequence[Any], *, pause_s: float = 0.0,
-                        timeout_s: float = 2.0, **options: Any) -> list[Any]:
-    async with ThinktransClient(url, timeout_s=timeout_s) as client:
+                        timeout_s: float = 30.0, stall_s: float = 10.0, **options: Any
+                        ) -> list[Any]:
+    """Every message through the client; its timeout only stops a hang unless a test sets
+    it (a loaded machine's sidecar may be slow to answer)."""
+    async with ThinktransClient(url, timeout_s=timeout_s, stall_s=stall_s) as client:
         return [m async for m in translate_messages(client, paced(messages, pause_s), **options)]
 
 
@@ -295,7 +298,7 @@ async def test_sessions_do_not_wait_for_each_other(sidecar: Server) -> None:
     async def until(condition: Any) -> None:
         while not condition():
             changed.clear()
-            await asyncio.wait_for(changed.wait(), 10)
+            await asyncio.wait_for(changed.wait(), 60)
 
     async with ThinktransClient(sidecar.url) as client:
         async with ThoughtTranslator(client, send, target="de") as tr:
@@ -400,14 +403,13 @@ async def test_any_target_adds_nothing(sidecar: Server) -> None:
 async def test_initialize_answer_untouched_when_the_sidecar_does_not_say(
         fault: str, caplog: pytest.LogCaptureFixture) -> None:
     messages = session_messages()
-    started = asyncio.get_running_loop().time()
-    if fault == "down":
-        out = await translate_all(closed_port_url(), messages, timeout_s=0.3)
-    else:
-        async with RawServer(never_answer if fault == "hung" else answer_500) as url:
-            out = await translate_all(url, messages, timeout_s=0.3)
-    # Bounded by timeout_s (0.3 s a call), not by the 10 s stall budget.
-    assert asyncio.get_running_loop().time() - started < 8.0
+    # Bounded by timeout_s (0.3 s a call), not by the stall budget (ten minutes here).
+    async with asyncio.timeout(120):
+        if fault == "down":
+            out = await translate_all(closed_port_url(), messages, timeout_s=0.3, stall_s=600)
+        else:
+            async with RawServer(never_answer if fault == "hung" else answer_500) as url:
+                out = await translate_all(url, messages, timeout_s=0.3, stall_s=600)
     assert others(out) == others(messages)
     assert thought_parts(out, output=True) == thought_parts(messages, output=False)
     [line] = [r.getMessage() for r in caplog.records if "without locales" in r.getMessage()]
@@ -449,7 +451,7 @@ async def run_bridge(*args: str) -> asyncio.subprocess.Process:
 
 async def test_bridge_on_the_shipped_trace(llm_sidecar: Server, fake_chat: FakeChat) -> None:
     proc = await run_bridge("--url", llm_sidecar.url)
-    stdout, stderr = await asyncio.wait_for(proc.communicate(TRACE.read_bytes()), 30)
+    stdout, stderr = await asyncio.wait_for(proc.communicate(TRACE.read_bytes()), 60)
     assert proc.returncode == 0, stderr.decode()
     out = [json.loads(line) for line in stdout.decode().splitlines()]
     trace = load_trace()
@@ -471,7 +473,7 @@ async def test_bridge_survives_the_sidecar_dying_mid_stream() -> None:
         got: list[dict[str, Any]] = []
         while not any(update_of(m) and update_of(m)["sessionUpdate"] == "tool_call"  # type: ignore[index]
                       for m in got):
-            got.append(json.loads(await asyncio.wait_for(proc.stdout.readline(), 10)))
+            got.append(json.loads(await asyncio.wait_for(proc.stdout.readline(), 60)))
         server.proc.kill()
         for line in lines[first_tool + 1:]:
             proc.stdin.write(line.encode() + b"\n")
@@ -479,7 +481,7 @@ async def test_bridge_survives_the_sidecar_dying_mid_stream() -> None:
             await asyncio.sleep(0.001)
         proc.stdin.write(b"this line is not JSON\n")
         proc.stdin.close()
-        rest, stderr = await asyncio.wait_for(proc.communicate(), 20)
+        rest, stderr = await asyncio.wait_for(proc.communicate(), 60)
     assert proc.returncode == 0, stderr.decode()
     tail = rest.decode().splitlines()
     assert tail[-1] == "this line is not JSON"
@@ -494,7 +496,7 @@ async def test_bridge_survives_the_sidecar_dying_mid_stream() -> None:
 
 async def test_bridge_refuses_a_bad_target() -> None:
     proc = await run_bridge("--url", closed_port_url(), "--target", "zh_CN")
-    _, stderr = await asyncio.wait_for(proc.communicate(b""), 10)
+    _, stderr = await asyncio.wait_for(proc.communicate(b""), 60)
     assert proc.returncode == 2
     assert stderr.decode().count("\n") == 1 and "use '-', not '_'" in stderr.decode()
 
@@ -570,7 +572,7 @@ class Collected:
                        if is_thought(m) and m["params"]["sessionId"] == session
                        and (update := update_of(m)) is not None)
 
-    async def until(self, check: Any, timeout_s: float = 10.0) -> None:
+    async def until(self, check: Any, timeout_s: float = 60.0) -> None:
         async with asyncio.timeout(timeout_s):
             while not check():
                 self.changed.clear()
@@ -580,7 +582,7 @@ class Collected:
 async def test_cancel_and_the_end_of_a_turn_close_only_their_sessions_parts(
         slow_flush_sidecar: Server) -> None:
     out = Collected()
-    async with ThinktransClient(slow_flush_sidecar.url, timeout_s=2.0) as client:
+    async with ThinktransClient(slow_flush_sidecar.url, timeout_s=30) as client:
         translator = ThoughtTranslator(client, out.send, target="de")
         for id_, session in ((1, "a"), (2, "b"), (3, "c")):
             await translator.observe(request(id_, "session/prompt", {
@@ -621,7 +623,7 @@ async def test_the_session_locale_comes_before_the_clients(allowed_sidecar: Serv
                                                            caplog: pytest.LogCaptureFixture
                                                            ) -> None:
     out = Collected()
-    async with ThinktransClient(allowed_sidecar.url, timeout_s=2.0) as client:
+    async with ThinktransClient(allowed_sidecar.url, timeout_s=30) as client:
         translator = ThoughtTranslator(client, out.send)
         await translator.observe(request(0, "initialize", {
             "protocolVersion": 1, "_meta": {"locale": "zh-CN"}}))
@@ -658,7 +660,7 @@ async def test_a_locale_the_sidecar_refuses_is_passed_over(sidecar: Server,
     """``zz`` is well formed, so the client sends it; the sidecar refuses it (422). That part
     passes through; the next ones use the next choice (here the user's text)."""
     out = Collected()
-    async with ThinktransClient(sidecar.url, timeout_s=2.0) as client:
+    async with ThinktransClient(sidecar.url, timeout_s=30) as client:
         translator = ThoughtTranslator(client, out.send, advertise_locales=False)
         await translator.observe(request(0, "initialize", {
             "protocolVersion": 1, "_meta": {"locale": "zz"}}))
@@ -680,7 +682,7 @@ async def test_the_agents_request_ids_are_not_the_clients(slow_flush_sidecar: Se
     """Both sides number their requests from 0: the agent's permission request 3 in session
     b must not take the place of the client's prompt 3 of session a."""
     out = Collected()
-    async with ThinktransClient(slow_flush_sidecar.url, timeout_s=2.0) as client:
+    async with ThinktransClient(slow_flush_sidecar.url, timeout_s=30) as client:
         translator = ThoughtTranslator(client, out.send, target="de")
         await translator.observe(request(3, "session/prompt", {
             "sessionId": "a", "prompt": [{"type": "text", "text": "go"}]}))
@@ -714,7 +716,7 @@ async def test_feed_waits_for_room_when_the_client_does_not_read(sidecar: Server
         await gate.wait()
         sent.append(message)
 
-    async with ThinktransClient(sidecar.url, timeout_s=2.0) as client:
+    async with ThinktransClient(sidecar.url, timeout_s=30) as client:
         translator = ThoughtTranslator(client, slow_send, max_pending=4)
 
         async def feed_all() -> None:
@@ -724,13 +726,13 @@ async def test_feed_waits_for_room_when_the_client_does_not_read(sidecar: Server
                 fed += 1
 
         feeding = asyncio.ensure_future(feed_all())
-        await asyncio.wait_for(sending.wait(), 10)
+        await asyncio.wait_for(sending.wait(), 60)
         for _ in range(100):  # turns of the loop: without the bound, every feed would return
             await asyncio.sleep(0)
         assert not feeding.done()
         assert fed == 4  # max_pending, the one in send among them: the rest wait for room
         gate.set()
-        await asyncio.wait_for(feeding, 5)
+        await asyncio.wait_for(feeding, 60)
         await translator.aclose()
     assert [m["params"]["update"]["toolCallId"] for m in sent] == [str(i) for i in range(10)]
 
@@ -748,7 +750,7 @@ async def test_room_is_made_when_open_parts_hold_the_rest() -> None:
 
     async with ThinktransClient(closed_port_url(), timeout_s=0.3) as client:
         translator = ThoughtTranslator(client, send, max_pending=4)
-        async with asyncio.timeout(10):
+        async with asyncio.timeout(60):
             for message in [main, *subs, thought("", meta={"x": 1})]:
                 await translator.feed(message)
             await translator.aclose()

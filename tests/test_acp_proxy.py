@@ -496,7 +496,9 @@ async def test_deadline_ms_bounds_what_a_tool_call_waits(chat: FakeChat) -> None
     the translator's 5 s, nor the sidecar's 10 s deadline), and the thought goes out as it
     was (status deadline)."""
     chat.reset()
-    chat.mode, chat.slow_s = "timeout", 5.0
+    # The translator and the sidecar's deadline both far past the guards below: the tool
+    # call comes through only if --deadline-ms let the thought go.
+    chat.mode, chat.slow_s = "timeout", 600.0
     thought = {"jsonrpc": "2.0", "method": "session/update", "params": {
         "sessionId": "s1", "update": {"sessionUpdate": "agent_thought_chunk",
                                       "content": {"type": "text", "text": "Let me look."}}}}
@@ -504,7 +506,8 @@ async def test_deadline_ms_bounds_what_a_tool_call_waits(chat: FakeChat) -> None
         "sessionId": "s1", "update": {"sessionUpdate": "tool_call", "toolCallId": "c1",
                                       "title": "Read"}}}
     try:
-        with llm_server(chat, THINKTRANS_DEADLINE_MS="10000") as server:
+        with llm_server(chat, THINKTRANS_DEADLINE_MS="600000",
+                        THINKTRANS_LLM_TIMEOUT_S="600") as server:
             proc = await asyncio.create_subprocess_exec(
                 PROXY, "--url", server.url, "--target", "de", "--deadline-ms", "300", "--",
                 sys.executable, "-c", ECHO, cwd=ROOT, stdin=asyncio.subprocess.PIPE,
@@ -517,12 +520,10 @@ async def test_deadline_ms_bounds_what_a_tool_call_waits(chat: FakeChat) -> None
             proc.stdin.write(json.dumps(thought).encode() + b"\n")
             await proc.stdin.drain()
             await asyncio.sleep(0.3)  # the thought is on the sidecar, being translated
-            asked = time.monotonic()
             proc.stdin.write(json.dumps(tool).encode() + b"\n")
             await proc.stdin.drain()
-            out = [json.loads(await asyncio.wait_for(proc.stdout.readline(), 30))
+            out = [json.loads(await asyncio.wait_for(proc.stdout.readline(), 60))
                    for _ in range(2)]
-            waited = time.monotonic() - asked
             proc.stdin.close()
             await asyncio.wait_for(proc.wait(), 30)
     finally:
@@ -530,7 +531,6 @@ async def test_deadline_ms_bounds_what_a_tool_call_waits(chat: FakeChat) -> None
     meta = out[0]["params"]["update"]["_meta"]["thinktrans"]
     assert (meta["status"], meta["original"]) == ("deadline", "Let me look.")
     assert out[1] == tool
-    assert waited < 4.0  # 0.3 s asked; the translator takes 5 s
 
 
 def test_a_bad_deadline_names_the_variable() -> None:

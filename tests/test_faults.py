@@ -28,6 +28,7 @@ from tests.conftest import (
     Running,
     check_stream,
     deltas,
+    poll,
     post_chunks,
     read_until,
     segments,
@@ -41,6 +42,8 @@ ROOT = Path(__file__).resolve().parent.parent
 TEXT = ("Let me check the weather in Berlin first. Then I will compare it with Munich. "
         "The user wants a short answer")  # the last sentence has no end: close flushes it
 SSE = {"Accept": "text/event-stream"}
+# Long enough for a hang to fail a test, never what it measures.
+HANG_S = 60.0
 
 
 # -- helpers ---------------------------------------------------------------------------------
@@ -105,26 +108,25 @@ async def test_a_hung_backend_meets_the_deadline_then_backend_timeout_s() -> Non
     fake = FakeTranslator(gate=asyncio.Event())  # never opens while the test runs
     async with app_with(fake, deadline_ms=200, backend_timeout_s=4.0) as run:
         c = run.client
-        started = time.monotonic()
         r = await post_chunks(c, "hang", deltas(TEXT, 40))
         assert r.status_code == 200
-        # Waiting for the translation would take the 4 s of backend_timeout_s.
-        assert time.monotonic() - started < 3.0, "a chunk POST never waits for translation"
+        # A chunk POST never waits for translation: it is answered before the backend's
+        # timeout gives up on the batch (no update yet).
+        assert not [e for e in await poll(c, "hang") if e["type"] == "update"]
         await c.post("/v1/streams/hang/close")
-        events = await read_until(c, "hang", timeout_s=15)
+        events = await read_until(c, "hang", timeout_s=HANG_S)
         check_stream(events, TEXT)
         assert {s["status"] for s in segments(events)} == {"deadline"}
         for seg in segments(events):
-            assert 150 <= seg["latency_ms"] < 2000, seg
+            assert seg["latency_ms"] >= 150, seg  # not before its deadline
         for update in final_statuses(events).values():
             assert update["status"] == "error", update
             assert "took over 4 s" in update["error"], update
         # One-shot: the original comes back at the deadline, the late answer is dropped.
-        t0 = time.monotonic()
         r = await c.post("/v1/translate", json={"texts": ["Is it still hanging there?"]})
         [seg] = r.json()["results"][0]["segments"]
         assert seg["status"] == "deadline" and seg["text"] == "Is it still hanging there?"
-        assert time.monotonic() - t0 < 2.0
+        assert seg["latency_ms"] >= 150, seg
         await assert_healthy(c)
 
 
@@ -134,7 +136,7 @@ async def test_slow_answers_go_out_at_the_deadline_and_follow_as_updates() -> No
         c = run.client
         await post_chunks(c, "slow", deltas(TEXT))
         await c.post("/v1/streams/slow/close")
-        events = await read_until(c, "slow", timeout_s=10)
+        events = await read_until(c, "slow", timeout_s=HANG_S)
         check_stream(events, TEXT)
         assert {s["status"] for s in segments(events)} == {"deadline"}
         for index, final in final_statuses(events).items():
@@ -174,14 +176,14 @@ async def test_deepl_failing_gives_status_error_on_a_stream(
         c = run.client
         await post_chunks(c, "vendor", deltas(TEXT))
         await c.post("/v1/streams/vendor/close")
-        events = await read_until(c, "vendor", timeout_s=15)
+        events = await read_until(c, "vendor", timeout_s=HANG_S)
         check_stream(events, TEXT)
         for final in final_statuses(events).values():
             assert final["status"] == "error", final
             assert all(word in final["error"] for word in words), final
         await assert_healthy(c)
         deepl_server.mode = "ok"  # the vendor recovers, and so does the backend
-        give_up = time.monotonic() + 5
+        give_up = time.monotonic() + HANG_S
         while (await c.get("/readyz")).status_code != 200:
             assert time.monotonic() < give_up, "deepl did not come back"
             await asyncio.sleep(0.1)
@@ -287,9 +289,8 @@ async def test_a_stream_that_is_never_closed_expires_and_releases_its_reader() -
         c = run.client
         await post_chunks(c, "abandoned", deltas("Thinking about it. And then I stop mid"))
         assert await run.metric("thinktrans_open_streams") == 1
-        started = time.monotonic()
-        r = await asyncio.wait_for(c.get("/v1/streams/abandoned/events", headers=SSE), 10)
-        assert time.monotonic() - started < 5, "the SSE reader was held past expiry"
+        # The stream expires: its reader is let go (it would otherwise wait for ever).
+        r = await asyncio.wait_for(c.get("/v1/streams/abandoned/events", headers=SSE), HANG_S)
         originals = [json.loads(line[6:])["original"] for line in r.text.splitlines()
                      if line.startswith("data: ")]
         assert originals == ["Thinking about it. ", "And then I stop mid"]  # idle flush
@@ -312,16 +313,23 @@ async def test_a_large_one_shot_request_does_not_hold_streams_past_their_deadlin
     async with app_with(fake, deadline_ms=200) as run:
         c = run.client
         await post_chunks(c, "victim", [(0, "Let me check the weather in Berlin first. ")])
-        await asyncio.wait_for(fake.started.wait(), 2)  # its translation is under way
+        await asyncio.wait_for(fake.started.wait(), HANG_S)  # its translation is under way
+        started = time.monotonic()
         big = asyncio.create_task(c.post("/v1/translate", json={
             "texts": texts, "target": "de", "backend": "passthrough"}))
-        r = await c.get("/v1/streams/victim/events", params={"wait_ms": 10_000})
+        r = await c.get("/v1/streams/victim/events", params={"wait_ms": 60_000})
         [seg] = segments(r.json()["events"])
         assert seg["status"] == "deadline"
         answer = await big  # 200, or a problem: too many segments for the queue
+        big_ms = (time.monotonic() - started) * 1000.0
         assert answer.status_code in (200, 413, 503), answer.text
-        assert seg["latency_ms"] < 200 + 300, (
-            f"the deadline segment went out {seg['latency_ms']:.0f} ms after it was ready")
+        # Late by no more than a loop turn, or (on a machine slow enough that turns are
+        # long too) by less than half the time the request's own work took: a loop held
+        # for the whole work would make it as late as that work was long.
+        late_ms = seg["latency_ms"] - 200
+        assert late_ms < 300 or late_ms < big_ms / 2, (
+            f"the deadline segment went out {late_ms:.0f} ms late; the request took "
+            f"{big_ms:.0f} ms")
         await assert_healthy(c)
 
 
@@ -442,16 +450,17 @@ def test_sigterm_flushes_every_open_stream_to_its_readers_and_exits() -> None:
         readers = {sid: _SSEReader(url, sid) for sid in ("t:1", "t:2", "t:4")}  # t:3: none
         for reader in readers.values():
             reader.start()
-            assert reader.connected.wait(5)
+            assert reader.connected.wait(HANG_S)
         time.sleep(0.5)  # complete sentences are out; the unterminated rest waits
-        took = server.terminate(timeout_s=20)
+        # The open streams hold no process past its grace: it exits, as its log says, once
+        # they are drained (THINKTRANS_FLUSH_IDLE_MS would flush them a minute later).
+        server.terminate(timeout_s=40)  # under the minute an idle flush would take
         for reader in readers.values():
-            reader.join(10)
+            reader.join(HANG_S)
             assert not reader.is_alive(), "a reader was left hanging"
         check_stream(readers["t:1"].events, TEXT)
         check_stream(readers["t:2"].events, texts["t:2"])
         check_stream(readers["t:4"].events, "Before the gap. ")
-        assert took < 3 + 5, f"exit took {took:.1f} s"
         assert '"streams drained"' in server.log()
 
 
@@ -470,17 +479,17 @@ def test_sigterm_with_a_hung_backend_still_gives_readers_every_original_and_an_e
                     THINKTRANS_DEEPL_SERVER_URL=deepl_server.origin,
                     THINKTRANS_CHECK_OUTPUT_LANGUAGE="false", THINKTRANS_DEFAULT_LOCALE="de",
                     THINKTRANS_DEADLINE_MS="5000", THINKTRANS_SHUTDOWN_GRACE_S="1") as server:
-            deepl_server.mode, deepl_server.slow_s = "slow", 30.0
+            # Slower than the process's timeout below: an exit that waited for it fails.
+            deepl_server.mode, deepl_server.slow_s = "slow", 2 * HANG_S
             r = httpx.post(f"{server.url}/v1/streams/h:1/chunks",
                            json={"chunks": [{"seq": s, "text": t} for s, t in deltas(TEXT)]})
             assert r.status_code == 200
             reader = _SSEReader(server.url, "h:1")
             reader.start()
-            assert reader.connected.wait(5)
+            assert reader.connected.wait(HANG_S)
             time.sleep(0.5)
-            took = server.terminate(timeout_s=30)
-            reader.join(10)
-        assert took < 1 + 5 + 3, f"exit took {took:.1f} s"
+            server.terminate(timeout_s=HANG_S)  # raises when it did not exit
+            reader.join(HANG_S)
         check_stream(reader.events, TEXT)
     finally:
         deepl_server.reset()

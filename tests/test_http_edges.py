@@ -21,7 +21,8 @@ from service.http.app import create_app
 from tests.conftest import PROBLEM, Running, Server, assert_problem, make_settings, served
 
 BODY_TIMEOUT_S = 1.0
-MARGIN_S = 3.0
+# A socket's timeout: long enough for a hang to fail a test, never what it measures.
+HANG_S = 60.0
 TRANSLATE = b'{"texts": ["Hello there."], "target": "de"}'
 
 
@@ -115,7 +116,7 @@ async def test_a_body_that_stops_midway_times_out_in_process() -> None:
         sent.append(message)
 
     async with app.router.lifespan_context(app):
-        await asyncio.wait_for(app(scope, receive, send), 5)  # a TimeoutError fails the test
+        await asyncio.wait_for(app(scope, receive, send), HANG_S)  # its guard, or a hang
     assert sent[0]["status"] == 408
     headers = dict(sent[0]["headers"])
     assert headers[b"content-type"] == PROBLEM.encode() and headers[b"connection"] == b"close"
@@ -162,7 +163,7 @@ def server() -> Iterator[Server]:
 
 def _connect(server: Server) -> socket.socket:
     host, port = server.url.removeprefix("http://").split(":")
-    sock = socket.create_connection((host, int(port)), timeout=BODY_TIMEOUT_S + MARGIN_S)
+    sock = socket.create_connection((host, int(port)), timeout=HANG_S)
     return sock
 
 
@@ -190,9 +191,9 @@ def _head(path: str, *extra: str) -> bytes:
 
 def test_a_body_that_stops_midway_gets_408_and_the_connection_is_closed(server: Server) -> None:
     with _connect(server) as sock:
+        started = time.monotonic()  # before the server's clock starts
         sock.sendall(_head("/v1/translate", "Content-Type: application/json",
                            "Content-Length: 100") + TRANSLATE[:10])
-        started = time.monotonic()
         raw = _read_to_eof(sock)  # EOF: the server closed the connection
         elapsed = time.monotonic() - started
     status, headers, body = _parse(raw)
@@ -202,27 +203,27 @@ def test_a_body_that_stops_midway_gets_408_and_the_connection_is_closed(server: 
     problem = json.loads(body)
     assert problem["status"] == 408 and problem["type"] == "urn:thinktrans:problem:request-timeout"
     assert "THINKTRANS_BODY_TIMEOUT_S" in problem["detail"]
-    assert BODY_TIMEOUT_S * 0.8 <= elapsed < BODY_TIMEOUT_S + MARGIN_S
+    assert elapsed >= BODY_TIMEOUT_S  # not before body_timeout_s
 
 
 def test_a_chunked_body_that_stops_midway_gets_408(server: Server) -> None:
     with _connect(server) as sock:
         sock.sendall(_head("/v1/streams/t2/chunks", "Content-Type: application/json",
                            "Transfer-Encoding: chunked") + b"5\r\n{\"chu\r\n")
-        started = time.monotonic()
         raw = _read_to_eof(sock)
     status, headers, _ = _parse(raw)
     assert status == 408, raw
     assert headers["connection"] == "close"
-    assert time.monotonic() - started < BODY_TIMEOUT_S + MARGIN_S
 
 
 def test_a_slow_body_complete_in_time_is_served(server: Server) -> None:
     with _connect(server) as sock:
         sock.sendall(_head("/v1/translate", "Content-Type: application/json",
                            f"Content-Length: {len(TRANSLATE)}", "Connection: close"))
+        # Five pieces with pauses, complete within a fifth of body_timeout_s: a loaded
+        # machine's slower turns still leave it in time.
         for i in range(0, len(TRANSLATE), 10):
-            time.sleep(BODY_TIMEOUT_S / 10)
+            time.sleep(BODY_TIMEOUT_S / 25)
             sock.sendall(TRANSLATE[i:i + 10])
         status, _, body = _parse(_read_to_eof(sock))
     assert status == 200, body
@@ -244,11 +245,9 @@ def test_an_oversized_body_gets_413_without_being_read(server: Server) -> None:
     with _connect(server) as sock:
         sock.sendall(_head("/v1/translate", "Content-Type: application/json",
                            "Content-Length: 1000000000") + b'{"texts": [')
-        started = time.monotonic()
         status, headers, _ = _parse(_read_to_eof(sock))
-    assert status == 413
+    assert status == 413  # not waiting for the body: that would end in 408
     assert headers["connection"] == "close"
-    assert time.monotonic() - started < BODY_TIMEOUT_S  # not waiting for the body
 
 
 def test_a_body_that_is_not_json_gets_415_and_the_connection_is_closed(server: Server) -> None:
@@ -289,9 +288,8 @@ def test_a_refused_body_announced_with_expect_100_continue_is_not_waited_for(
     with _connect(server) as sock:
         sock.sendall(_head("/v1/translate", "Content-Type: application/json",
                            f"Content-Length: {3 * 1024 * 1024}", "Expect: 100-continue"))
-        started = time.monotonic()
         raw = _read_to_eof(sock)
     assert b"100 Continue" not in raw, raw
     status, headers, _ = _parse(raw)
+    # Not waiting for the body: that would end in 408 (body_timeout_s).
     assert status == 413 and headers["connection"] == "close"
-    assert time.monotonic() - started < BODY_TIMEOUT_S  # not waiting for the body

@@ -175,7 +175,7 @@ def test_the_image_healthcheck_follows_serve_port(tmp_path: Path) -> None:
         cli = subprocess.run([sys.executable, "-m", "service.cli", "health"], env=env,
                              cwd=root, capture_output=True, text=True, timeout=60)
         assert cli.returncode == 0, cli.stderr
-        srv.terminate(20)
+        srv.terminate(60)
     assert not (tmp_path / "thinktrans" / "serve.json").exists()  # removed at the stop
     done = run_check()  # nothing listens on THINKTRANS_PORT: unhealthy, in one line
     assert done.returncode == 1

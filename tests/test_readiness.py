@@ -209,14 +209,12 @@ def _worker_threads() -> list[threading.Thread]:
 async def test_wait_ready_fails_fast_and_aclose_stops_the_retries(tmp_path: Path) -> None:
     # The default first delay (5 s): wait_ready must not sit through it.
     local = LocalTranslator(local_config(local_model=str(tmp_path / "nothing-here")))
-    began = time.monotonic()
     assert await local.wait_ready(timeout_s=60) is False
-    assert time.monotonic() - began < 4.0
     await asyncio.sleep(0.05)  # the retry task has taken over the failure
+    # Still before the second attempt: wait_ready did not sit through the delay.
     assert local.retrying == "the first attempt failed; trying again in 5 s", local.retrying
-    began = time.monotonic()
     assert await local.wait_ready(timeout_s=60) is False  # between attempts: at once
-    assert time.monotonic() - began < 2.5  # not the 5 s until the next attempt
+    assert local.retrying == "the first attempt failed; trying again in 5 s", local.retrying
     assert _load_tasks() and _worker_threads()
 
     await local.aclose()

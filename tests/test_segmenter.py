@@ -201,13 +201,20 @@ def test_fence_and_size_bounds_stay_linear() -> None:
         "```\n" + "x" * 100_000,  # one long line inside a stray fence
         "word " * 60_000,  # no sentence end: cut at the size bound
     ]
-    for text in texts:
+
+    def seconds(text: str) -> float:
         started = time.perf_counter()
         assert "".join(p.text for p in segment(text)) == text
         seg = segmenter(400)
         fed = [p for i in range(0, len(text), 5) for p in seg.feed(text[i:i + 5])]
         assert "".join(p.text for p in [*fed, *seg.flush()]) == text
-        assert time.perf_counter() - started < 3.0, text[:20]
+        return time.perf_counter() - started
+
+    # Against plain prose as long, cut on this machine as it is loaded now: quadratic work
+    # on these texts takes minutes, linear work a small multiple of the prose's time.
+    for text in texts:
+        prose = ("Let me check the parser once more. " * (len(text) // 35 + 1))[:len(text)]
+        assert seconds(text) < max(3.0, 20 * seconds(prose)), text[:20]
 
 
 def test_max_fence_chars_is_checked() -> None:

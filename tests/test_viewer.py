@@ -214,7 +214,7 @@ async def test_an_event_is_serialised_once_whatever_the_number_of_readers(
         await asyncio.sleep(0.2)
         await post_chunks(c, "many", [(0, "First one. "), (1, "Second one. "), (2, "Third.")])
         await c.post("/v1/streams/many/close")
-        bodies = await asyncio.wait_for(asyncio.gather(*readers), 10)
+        bodies = await asyncio.wait_for(asyncio.gather(*readers), 60)
         events = parse_sse(bodies[0])
         assert [e["type"] for e in events] == ["segment"] * 3 + ["end"]
         assert all(parse_sse(b) == events for b in bodies)

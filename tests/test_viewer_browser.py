@@ -28,6 +28,8 @@ from tests.fakes import FakeTranslator
 playwright_api = pytest.importorskip("playwright.sync_api", reason="Playwright for Python is "
                                      "not installed (pip install playwright)")
 
+# Playwright's waits, in ms: long enough for a hang to fail a test, never what it measures.
+HANG_MS = 60_000
 TEXT = [
     "First I check the `config.yaml` file. ",
     "这个函数返回一个列表。",
@@ -59,7 +61,7 @@ def browser() -> Iterator[Any]:
         b.close()
 
 
-def until(page: Any, expression: str, timeout_s: float = 10.0) -> None:
+def until(page: Any, expression: str, timeout_s: float = 60.0) -> None:
     """Wait until ``expression`` is true in the page. Playwright's wait_for_function polls
     through eval, which the page's Content-Security-Policy refuses; evaluate does not."""
     give_up = time.monotonic() + timeout_s
@@ -103,7 +105,7 @@ class Page:
             updated: r.classList.contains('updated'), cached: r.classList.contains('cached'),
             height: r.getBoundingClientRect().height}))""")
 
-    def wait_rows(self, count: int, timeout_s: float = 10.0) -> list[dict[str, Any]]:
+    def wait_rows(self, count: int, timeout_s: float = 60.0) -> list[dict[str, Any]]:
         until(self.page, f"document.querySelectorAll('#rows .row').length >= {count}", timeout_s)
         return self.rows()
 
@@ -377,7 +379,7 @@ def test_the_stream_list_is_live_filtered_and_opens_a_stream(opened: Callable[..
         page = view.open()
         page.wait_for_selector("#streams li[data-id='alpha:1']")
         post(c, "beta:2", 0, "Beta starts. ")
-        page.wait_for_selector("#streams li[data-id='beta:2']", timeout=8000)
+        page.wait_for_selector("#streams li[data-id='beta:2']", timeout=HANG_MS)
         ids = page.eval_on_selector_all("#streams li", "items => items.map(i => i.dataset.id)")
         assert ids == ["beta:2", "alpha:1"]  # newest first
         page.fill("#filter", "alp")
@@ -547,7 +549,7 @@ def test_a_preview_shows_in_its_row_until_its_segment_replaces_it(
         assert int(later["revision"][1:]) > int(first["revision"][1:])  # replaced in place
         assert len(later["text"]) > len(first["text"])
         post(c, "pv", seq, "Then done.")  # the next sentence begins: the first is cut
-        page.wait_for_selector(".row[data-index='0'][data-status='translated']", timeout=5000)
+        page.wait_for_selector(".row[data-index='0'][data-status='translated']", timeout=HANG_MS)
         c.post("/v1/streams/pv/close")
         page.wait_for_selector("#state[data-state='ended']")
         stream = as_now(events(c, "pv"))
@@ -577,10 +579,10 @@ def test_a_preview_whose_segment_never_comes_is_gone_at_the_end(
             return bool(emitter.publish_preview(preview))
 
         assert asyncio.run_coroutine_threadsafe(publish(), uv.servers[0].get_loop()).result(5)
-        page.wait_for_selector("#rows .row.preview[data-index='0']", timeout=5000)
+        page.wait_for_selector("#rows .row.preview[data-index='0']", timeout=HANG_MS)
         assert view.rows()[0]["text"] == "缓存会保留"
         assert c.post("/v1/streams/left/close").json() == {"segments": 0}
-        page.wait_for_selector("#state[data-state='ended']", timeout=5000)
+        page.wait_for_selector("#state[data-state='ended']", timeout=HANG_MS)
         assert page.locator("#rows .row").count() == 0
 
 
@@ -653,11 +655,11 @@ def test_the_page_resumes_after_the_connection_drops(opened: Callable[..., Page]
                 seq = post(c, "drop", seq, f"Before the drop {i}. ")
             view.wait_rows(2)  # the third sentence waits for the next (no idle flush)
             proxy.cut()
-            page.wait_for_selector("#state[data-state='reconnecting']", timeout=5000)
+            page.wait_for_selector("#state[data-state='reconnecting']", timeout=HANG_MS)
             for i in range(3):
                 seq = post(c, "drop", seq, f"After the drop {i}. ")
             c.post("/v1/streams/drop/close")
-            page.wait_for_selector("#state[data-state='ended']", timeout=15_000)
+            page.wait_for_selector("#state[data-state='ended']", timeout=HANG_MS)
             rows = view.rows()
             stream = as_now(events(c, "drop"))
             # every segment once: none lost, none twice
@@ -725,7 +727,7 @@ def test_a_stream_not_open_yet_is_waited_for(opened: Callable[..., Page]) -> Non
         assert notice is not None and "no stream 'soon'" in notice
         post(c, "soon", 0, "Here it is now. ")
         c.post("/v1/streams/soon/close")
-        page.wait_for_selector("#state[data-state='ended']", timeout=15_000)
+        page.wait_for_selector("#state[data-state='ended']", timeout=HANG_MS)
         assert view.rows()[0]["original"] == "Here it is now."
         assert page.is_hidden("#notice")
 
