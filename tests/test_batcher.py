@@ -45,7 +45,7 @@ async def running(
         await batcher.stop(grace_s=grace_s)
 
 
-async def wait_until(cond: Callable[[], bool], timeout_s: float = 2.0) -> None:
+async def wait_until(cond: Callable[[], bool], timeout_s: float = 60) -> None:
     """Poll a condition the event loop makes true; fail after a generous bound."""
     deadline = time.monotonic() + timeout_s
     while not cond():
@@ -54,12 +54,16 @@ async def wait_until(cond: Callable[[], bool], timeout_s: float = 2.0) -> None:
         await asyncio.sleep(0.005)
 
 
+# How long a test waits for what must happen before it calls it a hang: never what it measures.
+HANG_S = 60
+
+
 def sizes(fake: FakeTranslator) -> list[int]:
     return [len(call.texts) for call in fake.calls]
 
 
 async def gather_all(futures: Sequence[asyncio.Future[Translation]]) -> list[object]:
-    return await asyncio.wait_for(asyncio.gather(*futures, return_exceptions=True), 5)
+    return await asyncio.wait_for(asyncio.gather(*futures, return_exceptions=True), HANG_S)
 
 
 # -- a batch answered in part --------------------------------------------------------------
@@ -95,11 +99,10 @@ async def test_a_partial_answer_of_the_wrong_length_fails_the_batch() -> None:
 
 async def test_full_batch_goes_at_once_without_waiting() -> None:
     fake = FakeTranslator()
-    async with running(fake, max_batch_size=4, max_wait_ms=10_000) as b:
-        started = time.monotonic()
+    # A batch that waited for max_wait_ms (an hour) would trip the hang guard.
+    async with running(fake, max_batch_size=4, max_wait_ms=3_600_000) as b:
         futures = [b.submit(work(f"text {i}", None, "zh-CN")) for i in range(4)]
-        results = await asyncio.wait_for(asyncio.gather(*futures), 2.0)
-        assert time.monotonic() - started < 2.0  # far below max_wait_ms
+        results = await asyncio.wait_for(asyncio.gather(*futures), HANG_S)
     assert sizes(fake) == [4]
     assert [r.text for r in results] == [f"<zh-CN>text {i}" for i in range(4)]
     assert all(r.backend == "fake" and r.queued_ms >= 0 for r in results)
@@ -112,10 +115,10 @@ async def test_partial_batch_goes_after_max_wait_as_one_batch() -> None:
         futures = [b.submit(work(f"t{i}", "en", "ja")) for i in range(3)]
         await asyncio.sleep(0.02)
         assert fake.calls == []  # still waiting for more items
-        results = await asyncio.wait_for(asyncio.gather(*futures), 2.0)
+        results = await asyncio.wait_for(asyncio.gather(*futures), HANG_S)
         elapsed = time.monotonic() - started
     assert sizes(fake) == [3]
-    assert 0.09 <= elapsed < 2.0
+    assert elapsed >= 0.09  # not before max_wait_ms: its timer guarantees the lower bound
     assert [r.text for r in results] == ["<ja>t0", "<ja>t1", "<ja>t2"]
     assert min(r.queued_ms for r in results) >= 90
 
@@ -125,7 +128,7 @@ async def test_char_budget_splits_batches() -> None:
     async with running(fake, max_batch_size=100, max_batch_chars=10, max_wait_ms=20) as b:
         futures = [b.submit(work(c * 4, None, "de")) for c in "abcde"]
         futures.append(b.submit(work("x" * 25, None, "de")))  # over the budget alone: goes alone
-        results = await asyncio.wait_for(asyncio.gather(*futures), 2.0)
+        results = await asyncio.wait_for(asyncio.gather(*futures), HANG_S)
     assert [r.text for r in results] == [f"<de>{c * 4}" for c in "abcde"] + ["<de>" + "x" * 25]
     for call in fake.calls:
         assert len(call.texts) == 1 or sum(map(len, call.texts)) <= 10
@@ -144,7 +147,7 @@ async def test_pairs_never_share_a_call() -> None:
             source, target = pairs[i % len(pairs)]
             text = f"{source}>{target}#{i}"
             futures[text] = b.submit(work(text, source, target))
-        results = await asyncio.wait_for(asyncio.gather(*futures.values()), 2.0)
+        results = await asyncio.wait_for(asyncio.gather(*futures.values()), HANG_S)
     assert len(fake.calls) == len(pairs)
     for call in fake.calls:
         assert {t.split("#")[0] for t in call.texts} == {f"{call.source}>{call.target}"}
@@ -159,13 +162,13 @@ async def test_items_pile_up_while_the_backend_is_busy() -> None:
     fake = FakeTranslator(gate=gate)
     async with running(fake, max_batch_size=8, max_wait_ms=0, max_concurrency=1) as b:
         first = b.submit(work("first", None, "fr"))
-        await asyncio.wait_for(fake.started.wait(), 2.0)
+        await asyncio.wait_for(fake.started.wait(), HANG_S)
         rest = [b.submit(work(f"next {i}", None, "fr")) for i in range(10)]
         await asyncio.sleep(0.05)
         assert sizes(fake) == [1]  # the only slot is busy: nothing else has gone
         assert b.queue_size == 10
         gate.set()
-        await asyncio.wait_for(asyncio.gather(first, *rest), 2.0)
+        await asyncio.wait_for(asyncio.gather(first, *rest), HANG_S)
     assert sizes(fake) == [1, 8, 2]
 
 
@@ -177,12 +180,12 @@ async def test_cancelled_item_is_dropped_before_it_runs() -> None:
     fake = FakeTranslator(gate=gate)
     async with running(fake, max_batch_size=8, max_wait_ms=0) as b:
         first = b.submit(work("first", None, "fr"))
-        await asyncio.wait_for(fake.started.wait(), 2.0)
+        await asyncio.wait_for(fake.started.wait(), HANG_S)
         dropped = b.submit(work("dropped", None, "fr"))
         kept = b.submit(work("kept", None, "fr"))
         dropped.cancel()
         gate.set()
-        assert (await asyncio.wait_for(kept, 2.0)).text == "<fr>kept"
+        assert (await asyncio.wait_for(kept, HANG_S)).text == "<fr>kept"
         await first
     assert [call.texts for call in fake.calls] == [["first"], ["kept"]]
     assert dropped.cancelled()
@@ -194,12 +197,12 @@ async def test_cancelled_items_take_no_place_in_a_batch() -> None:
     fake = FakeTranslator(gate=gate)
     async with running(fake, max_batch_size=2, max_wait_ms=0) as b:
         first = b.submit(work("first", None, "fr"))
-        await asyncio.wait_for(fake.started.wait(), 2.0)
+        await asyncio.wait_for(fake.started.wait(), HANG_S)
         kept = [b.submit(work("b", None, "fr"))]
         b.submit(work("c", None, "fr")).cancel()
         kept.append(b.submit(work("d", None, "fr")))
         gate.set()
-        await asyncio.wait_for(asyncio.gather(first, *kept), 2.0)
+        await asyncio.wait_for(asyncio.gather(first, *kept), HANG_S)
     assert [call.texts for call in fake.calls] == [["first"], ["b", "d"]]
 
 
@@ -211,7 +214,7 @@ async def test_cancelled_items_alone_make_no_call() -> None:
             f.cancel()
         await asyncio.sleep(0.1)
         after = b.submit(work("after", None, "fr"))
-        assert (await asyncio.wait_for(after, 2.0)).text == "<fr>after"
+        assert (await asyncio.wait_for(after, HANG_S)).text == "<fr>after"
     assert [call.texts for call in fake.calls] == [["after"]]
 
 
@@ -249,10 +252,8 @@ async def test_an_error_reaches_every_caller_of_the_batch(
 async def test_a_hung_backend_times_out_for_every_caller() -> None:
     fake = FakeTranslator(gate=asyncio.Event())  # never opened by the test
     async with running(fake, max_batch_size=2, max_wait_ms=10_000, timeout_s=0.1) as b:
-        started = time.monotonic()
         outcomes = await gather_all([b.submit(work("a", None, "fr")),
                                      b.submit(work("b", None, "fr"))])
-        assert time.monotonic() - started < 2.0
     assert all(isinstance(o, BackendTimeout) for o in outcomes)
     assert "0.1 s" in str(outcomes[0])
 
@@ -281,10 +282,10 @@ async def test_stop_fails_queued_and_running_items_and_leaves_none_pending() -> 
     await b.start()
     try:
         running_items = [b.submit(work("r0", None, "fr")), b.submit(work("r1", None, "fr"))]
-        await asyncio.wait_for(fake.started.wait(), 2.0)
+        await asyncio.wait_for(fake.started.wait(), HANG_S)
         queued = [b.submit(work(f"q{i}", "en", "ja")) for i in range(5)]
     finally:
-        await asyncio.wait_for(b.stop(grace_s=0.1), 2.0)
+        await asyncio.wait_for(b.stop(grace_s=0.1), HANG_S)
     everything = running_items + queued
     assert all(f.done() for f in everything)
     outcomes = await gather_all(everything)
@@ -299,7 +300,7 @@ async def test_stop_lets_a_running_batch_finish_within_grace() -> None:
     b = Batcher(fake, batch_limits(fake, max_batch_size=1, max_wait_ms=0), Metrics())
     await b.start()
     future = b.submit(work("in flight", None, "fr"))
-    await asyncio.wait_for(fake.started.wait(), 2.0)
+    await asyncio.wait_for(fake.started.wait(), HANG_S)
     await b.stop(grace_s=2.0)
     assert future.result().text == "<fr>in flight"
 
@@ -334,7 +335,7 @@ async def test_at_most_max_concurrency_batches_run_at_once() -> None:
         assert len(fake.calls) == 2  # two in flight, held by the gate; three wait
         assert b.queue_size == 3
         gate.set()
-        await asyncio.wait_for(asyncio.gather(*futures), 2.0)
+        await asyncio.wait_for(asyncio.gather(*futures), HANG_S)
     assert sizes(fake) == [1] * 5
 
 
@@ -347,7 +348,7 @@ async def test_backend_concurrency_is_also_bounded_at_one() -> None:
         await asyncio.sleep(0.05)
         assert len(fake.calls) == 1
         gate.set()
-        await asyncio.wait_for(asyncio.gather(*futures), 2.0)
+        await asyncio.wait_for(asyncio.gather(*futures), HANG_S)
     assert len(fake.calls) == 3
 
 
@@ -358,7 +359,7 @@ async def test_metrics_count_batches_and_queue_depth() -> None:
         futures = [b.submit(work(f"t{i}", None, "fr")) for i in range(2)]
         assert registry.get_sample_value("thinktrans_queue_depth", {"backend": "fake"}) == 2
         futures.append(b.submit(work("t2", None, "fr")))
-        await asyncio.wait_for(asyncio.gather(*futures), 2.0)
+        await asyncio.wait_for(asyncio.gather(*futures), HANG_S)
         assert registry.get_sample_value("thinktrans_batch_size_count", {"backend": "fake"}) == 1
         assert registry.get_sample_value("thinktrans_batch_size_sum", {"backend": "fake"}) == 3
         assert registry.get_sample_value("thinktrans_queue_depth", {"backend": "fake"}) == 0
@@ -401,7 +402,7 @@ def test_every_live_item_gets_its_own_answer_in_well_formed_batches(
                 if cancel:
                     future.cancel()
                 futures.append(future)
-            await asyncio.wait_for(asyncio.wait(futures), 5)
+            await asyncio.wait_for(asyncio.wait(futures), HANG_S)
         sent = []
         for call in fake.calls:
             assert 1 <= len(call.texts) <= batch_size
@@ -431,7 +432,7 @@ async def test_cancelled_items_free_their_queue_space() -> None:
     await b.start()
     try:
         first = b.submit(work("a", "en", "de"))
-        await asyncio.wait_for(fake.started.wait(), 2)
+        await asyncio.wait_for(fake.started.wait(), HANG_S)
         abandoned = [b.submit(work("b", "en", "de")), b.submit(work("c", "en", "de"))]
         for future in abandoned:
             future.cancel()

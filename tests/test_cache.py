@@ -66,8 +66,8 @@ def rows(path: Path) -> list[tuple[Any, ...]]:
 
 
 async def until_written(path: Path) -> None:
-    """Wait for the writer's next flush, which comes within 0.5 s."""
-    deadline = time.monotonic() + 2.0
+    """Wait for the writer's next flush, which comes within 0.5 s (60 s: a hang guard)."""
+    deadline = time.monotonic() + 60
     while not rows(path):
         assert time.monotonic() < deadline, "nothing written in time"
         await asyncio.sleep(0.01)

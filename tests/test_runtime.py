@@ -37,7 +37,7 @@ async def as_stream(runtime: Runtime, sid: str, text: str, cuts: list[int]) -> l
     for seq, chunk in enumerate(chunks):
         await runtime.streams.add_chunks(sid, [(seq, chunk)])
     await stream.close()
-    await asyncio.wait_for(stream.wait_emitted(), 10)
+    await asyncio.wait_for(stream.wait_emitted(), 60)  # a hang guard
     return [SegmentResult.model_validate_json(data)
             for _, kind, data in stream.log.events if kind == "segment"]
 

@@ -211,27 +211,23 @@ async def test_a_missed_deadline_sends_the_original_then_an_update_and_holds_not
     fake = FakeTranslator(gate=gate)
     async with app_with(fake, default_locale="zh-CN", deadline_ms=300, flush_idle_ms=50) as run:
         c = run.client
-        t0 = time.monotonic()
         assert (await post_chunks(c, "d1", [(0, SLOW + CHINESE + CODE)])).status_code == 200
         assert (await c.post("/v1/streams/d1/close")).json() == {"segments": 3}
-        first = await read_until(c, "d1", "segment", count=3, timeout_s=10)
-        out_s = time.monotonic() - t0
-        assert fake.calls and fake.calls[0].texts == [SLOW.strip()]  # still waiting
-        # The translation never comes: only the deadline lets these out at all.
-        assert out_s < 5, "the deadline segment and those after it are out on time"
+        first = await read_until(c, "d1", "segment", count=3)
+        # The translation is still held: only the deadline let these out at all.
+        assert not gate.is_set() and fake.calls[0].texts == [SLOW.strip()]
         seg0, seg1, seg2 = segments(first)
         assert seg0 == {**seg0, "index": 0, "original": SLOW, "text": SLOW, "status": "deadline",
                         "backend": None, "target": "zh-CN", "source_lang": "en"}
-        assert 295 <= seg0["latency_ms"] < 1300
-        # The segments after it were ready at once; they wait no longer than its deadline.
+        assert seg0["latency_ms"] >= 295  # not before its deadline (its timer's guarantee)
+        # The segments after it were ready at once; they went out with it, in order.
         assert (seg1["original"], seg1["status"]) == (CHINESE, "same_language")
         assert (seg2["original"], seg2["status"]) == (CODE, "skipped")
-        assert seg1["latency_ms"] < 1300 and seg2["latency_ms"] < 1300
         assert [e["type"] for e in first] == ["segment"] * 3, "no end while an update is owed"
         assert await poll(c, "d1", first[-1]["id"], wait_ms=200) == []
 
         gate.set()
-        rest = await read_until(c, "d1", after=first[-1]["id"], timeout_s=5)
+        rest = await read_until(c, "d1", after=first[-1]["id"])
         assert [e["type"] for e in rest] == ["update", "end"]
         assert rest[0]["data"] == {"index": 0, "text": f"<zh-CN>{SLOW.strip()} ",
                                    "status": "translated", "backend": "fake"}
@@ -245,11 +241,11 @@ async def test_a_late_translation_that_fails_is_an_error_update_then_end() -> No
         c = run.client
         await post_chunks(c, "d3", [(0, SLOW)])
         assert (await c.post("/v1/streams/d3/close")).json() == {"segments": 1}
-        first = await read_until(c, "d3", "segment", timeout_s=3)
+        first = await read_until(c, "d3", "segment")
         assert segments(first)[0]["status"] == "deadline"
         assert await poll(c, "d3", first[-1]["id"], wait_ms=200) == []  # no end yet
         gate.set()
-        rest = await read_until(c, "d3", after=first[-1]["id"], timeout_s=5)
+        rest = await read_until(c, "d3", after=first[-1]["id"])
         assert [e["type"] for e in rest] == ["update", "end"]
         update = rest[0]["data"]
         assert (update["index"], update["status"], update["text"]) == (0, "error", SLOW)
@@ -277,14 +273,16 @@ async def test_a_slow_segment_holds_later_translated_ones_only_until_its_deadlin
         text = "This one is slow to translate. The next one is quick to do. "
         await post_chunks(c, "d2", [(0, text)])
         await c.post("/v1/streams/d2/close")
-        out = await read_until(c, "d2", "segment", count=2, timeout_s=3)
+        out = await read_until(c, "d2", "segment", count=2)
         a, b = segments(out)
+        # The slow one's translation is still held: its deadline let both out, in order.
+        assert not gate.is_set()
         assert a["status"] == "deadline" and b["status"] == "translated"
         assert b["text"] == "<de>The next one is quick to do. "
-        assert 395 <= a["latency_ms"] < 1400
-        assert 350 <= b["latency_ms"] < 1400, "in order: after the slow one, at its deadline"
+        assert a["latency_ms"] >= 395  # not before its deadline
+        assert b["latency_ms"] >= 350, "in order: after the slow one, at its deadline"
         gate.set()
-        rest = await read_until(c, "d2", after=out[-1]["id"], timeout_s=5)
+        rest = await read_until(c, "d2", after=out[-1]["id"])
         assert [e["type"] for e in rest] == ["update", "end"]
         check_stream(out + rest, text)
 
@@ -343,7 +341,7 @@ async def test_sse_gives_the_same_events_as_long_poll_and_resumes_after_last_eve
         deltas = [text[i:i + 5] for i in range(0, len(text), 5)]
         await post_chunks(c, "e1", list(enumerate(deltas)))
         assert (await c.post("/v1/streams/e1/close")).json() == {"segments": 4}
-        await read_until(c, "e1", "segment", count=3, timeout_s=3)
+        await read_until(c, "e1", "segment", count=3)
         gate.set()
         polled = await read_until(c, "e1")
         assert {"update", "segment", "end"} <= {e["type"] for e in polled}
@@ -436,11 +434,11 @@ async def test_sse_delivers_segments_live_before_close(served: str) -> None:
         await post_chunks(c, "live:2", [(0, "Hello there. ")])  # opens it
         task = asyncio.create_task(reader())
         await post_chunks(c, "live:2", [(1, "How are you? Fine")])
-        await asyncio.wait_for(first_two.wait(), 5)  # out without close or idle flush
+        await asyncio.wait_for(first_two.wait(), 60)  # out without close or idle flush
         assert [s["original"] for s in segments(got)] == ["Hello there. ", "How are you? "]
         await post_chunks(c, "live:2", [(2, " thanks.")])
         await c.post("/v1/streams/live:2/close")
-        await asyncio.wait_for(task, 5)
+        await asyncio.wait_for(task, 60)
         check_stream(got, "Hello there. How are you? Fine thanks.")
 
 
@@ -645,7 +643,7 @@ async def test_an_idle_stream_expires() -> None:
         await post_chunks(c, "idle", [(0, "Hello there. Bye")])
         await c.post("/v1/streams", json={"stream_id": "busy"})
         assert await run.metric("thinktrans_open_streams") == 2
-        give_up = time.monotonic() + 5
+        give_up = time.monotonic() + 120  # a hang guard, not what is measured
         while (await c.get("/v1/streams/idle/events")).status_code == 200:
             assert time.monotonic() < give_up, "the idle stream did not expire"
             await post_chunks(c, "busy", [(0, "")])  # retries keep "busy" alive
@@ -662,13 +660,13 @@ async def test_a_full_backend_queue_is_503_with_retry_after_and_accepts_nothing(
         c = run.client
         parts = ["First sentence is here. S", "econd sentence is here. T", "hird sentence."]
         assert (await post_chunks(c, "q", [(0, parts[0])])).json() == {"accepted_through": 0}
-        await asyncio.wait_for(fake.started.wait(), 2)  # first batch in flight, queue empty
+        await asyncio.wait_for(fake.started.wait(), 60)  # first batch in flight, queue empty
         assert (await post_chunks(c, "q", [(1, parts[1])])).json() == {"accepted_through": 1}
         r = await post_chunks(c, "q", [(2, parts[2])])
         assert_problem(r, 503)
         assert int(r.headers["Retry-After"]) >= 1
         gate.set()
-        await read_until(c, "q", "segment", count=2, timeout_s=3)
+        await read_until(c, "q", "segment", count=2)
         assert (await post_chunks(c, "q", [])).json() == {"accepted_through": 1}
         assert (await post_chunks(c, "q", [(2, parts[2])])).json() == {"accepted_through": 2}
         await c.post("/v1/streams/q/close")
@@ -692,7 +690,7 @@ async def test_one_request_cutting_more_segments_than_the_queue_holds_drops_none
             r = await post_chunks(c, "q2", [])
             assert r.status_code == 404 or r.json() == {"accepted_through": -1}
             return
-        await read_until(c, "q2", "segment", count=1, timeout_s=3)
+        await read_until(c, "q2", "segment", count=1)
         gate.set()
         await c.post("/v1/streams/q2/close")
         events = await read_until(c, "q2")
@@ -722,8 +720,8 @@ async def test_text_without_a_sentence_end_goes_out_after_flush_idle_ms() -> Non
         await post_chunks(c, "i", [(0, "Thinking about the ans")])
         await post_chunks(c, "i", [(1, "wer now")])
         assert await poll(c, "i", wait_ms=100) == []
-        events = await poll(c, "i", wait_ms=3000)
-        assert time.monotonic() - t0 >= 0.45
+        events = await read_until(c, "i", "segment")
+        assert time.monotonic() - t0 >= 0.45  # not before flush_idle_ms: its timer's guarantee
         assert [s["original"] for s in segments(events)] == ["Thinking about the answer now"]
         await post_chunks(c, "i", [(2, ". Done.")])
         await c.post("/v1/streams/i/close")
@@ -736,15 +734,15 @@ async def test_a_sentence_end_goes_out_at_once_and_the_post_never_waits() -> Non
     async with app_with(fake, default_locale="de", flush_idle_ms=10_000,
                         deadline_ms=10_000) as run:
         c = run.client
-        t0 = time.monotonic()
         r = await post_chunks(c, "n", [(0, "First sentence is in English. Sec")])
-        assert r.json() == {"accepted_through": 0}
-        assert time.monotonic() - t0 < 2, "the POST waited for the translation"
-        await asyncio.wait_for(fake.started.wait(), 2)  # sent before close or idle flush
+        # Answered while the translation is held: the POST never waits for it.
+        assert r.json() == {"accepted_through": 0} and not gate.is_set()
+        await asyncio.wait_for(fake.started.wait(), 60)  # sent before close or idle flush
         assert fake.calls[0].texts == ["First sentence is in English."]
         gate.set()
-        events = await poll(c, "n", wait_ms=3000)
-        assert time.monotonic() - t0 < 5, "out long before flush_idle_ms or the deadline"
+        events = await read_until(c, "n", "segment")
+        # Out on its translation, long before flush_idle_ms or the deadline (10 s): the
+        # segment is translated, not a deadline's original.
         assert segments(events)[0]["original"] == "First sentence is in English. "
         assert segments(events)[0]["status"] == "translated"
 
@@ -841,11 +839,13 @@ async def test_a_held_segment_goes_out_when_the_wait_runs_out() -> None:
         await c.post("/v1/streams", json={"stream_id": "w", "target": "en"})
         t0 = time.monotonic()
         await post_chunks(c, "w", [(0, GERMAN + "OK. Und")])
-        events = await read_until(c, "w", stop="segment", count=2, timeout_s=5)
+        events = await read_until(c, "w", stop="segment", count=2)
         waited = time.monotonic() - t0
         ok = [s for s in segments(events) if s["original"] == "OK. "]
         assert ok and ok[0]["source_lang"] == "de", segments(events)
-        assert 0.15 < waited < 3, waited
+        # Out after the wait (its timer's guarantee), and before any idle flush (60 s): the
+        # stream is still open and nothing else flushed it.
+        assert waited > 0.15, waited
         await post_chunks(c, "w", [(1, " jetzt weiter. ")])
         await c.post("/v1/streams/w/close")
         check_stream(await read_until(c, "w"), GERMAN + "OK. Und jetzt weiter. ")
@@ -936,7 +936,7 @@ async def test_stream_metrics() -> None:
         assert await run.metric("thinktrans_open_streams") == 0
         await post_chunks(c, "m", [(0, SLOW + CHINESE + CODE + "A quick one. ")])
         assert await run.metric("thinktrans_open_streams") == 1
-        await read_until(c, "m", "segment", count=3, timeout_s=3)
+        await read_until(c, "m", "segment", count=3)
         gate.set()
         await c.post("/v1/streams/m/close")
         events = await read_until(c, "m")
@@ -965,7 +965,7 @@ async def test_deleting_a_stream_with_translations_in_flight_counts_no_deadline_
     async with app_with(fake, default_locale="de", deadline_ms=10_000) as run:
         c = run.client
         await post_chunks(c, "x", [(0, "One sentence here. Two sentence here. Three")])
-        await asyncio.wait_for(fake.started.wait(), 2)
+        await asyncio.wait_for(fake.started.wait(), 60)
         assert (await c.delete("/v1/streams/x")).status_code == 204
         await asyncio.sleep(0.1)  # let the cancelled translations settle
         assert await run.metric("thinktrans_deadline_misses_total") == 0
