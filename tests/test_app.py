@@ -403,7 +403,7 @@ async def test_backends_lists_chain_readiness_and_queue_depth() -> None:
     fake = FakeTranslator(gate=gate)
     async with fake_app(fake, max_wait_ms=0, deadline_ms=10_000) as app:
         first = asyncio.create_task(translate(app.client, [SENTENCES[0]]))
-        await asyncio.wait_for(fake.started.wait(), 5)
+        await asyncio.wait_for(fake.started.wait(), 60)
         second = asyncio.create_task(translate(app.client, SENTENCES[1:4]))
 
         depth = 0
@@ -413,7 +413,7 @@ async def test_backends_lists_chain_readiness_and_queue_depth() -> None:
             depth = {b["name"]: b for b in body["backends"]}["fake"]["queue_depth"]
             await asyncio.sleep(0.01)
         gate.set()
-        await asyncio.wait_for(asyncio.gather(first, second), 5)
+        await asyncio.wait_for(asyncio.gather(first, second), 60)
         after = (await app.client.get("/v1/backends")).json()
     assert depth == 3
     assert body["chain"] == ["fake"]
@@ -463,7 +463,7 @@ async def test_concurrent_requests_are_batched_together() -> None:
             app.client.post("/v1/translate", json={"texts": [t]}) for t in texts
         ))
         task = asyncio.ensure_future(requests)
-        await asyncio.wait_for(fake.started.wait(), 5)
+        await asyncio.wait_for(fake.started.wait(), 60)
         await asyncio.sleep(0.1)  # the rest pile up behind the gated batch
         gate.set()
         responses = await asyncio.wait_for(task, 10)
@@ -523,7 +523,7 @@ async def test_a_full_queue_answers_503_with_retry_after() -> None:
     async with fake_app(fake, max_queue_size=4, deadline_ms=300, max_batch_size=1) as app:
         first = asyncio.create_task(
             app.client.post("/v1/translate", json={"texts": SENTENCES[:4]}))
-        await asyncio.wait_for(fake.started.wait(), 2)  # one runs, three wait in the queue
+        await asyncio.wait_for(fake.started.wait(), 60)  # one runs, three wait in the queue
         resp = await app.client.post("/v1/translate", json={"texts": SENTENCES[4:6]})
         too_many = await app.client.post("/v1/translate", json={"texts": SENTENCES})
         small = await first
