@@ -254,7 +254,7 @@ def test_the_app_factory_is_wiring_only() -> None:
 
 # The local backend's modules, bottom up: each imports only those before it.
 LOCAL_ORDER = ("checkpoint", "pieces", "masking", "convert", "engines", "slot", "catalog",
-               "local_translator")
+               "loader", "load_retry", "local_translator")
 
 
 def test_the_local_backend_is_built_bottom_up() -> None:

@@ -1,10 +1,9 @@
 """``LocalTranslator``: the local backend as the service sees it, and its ``LocalConfig``.
 
-It keeps the model off the event loop, in threads of its own, and keeps the service up
-while a model cannot load: it starts at once, answers not ready with the reason, and tries
-the load again with backoff, so a directory mounted later or a hub that comes back is
-picked up without a restart. docs/local-backend.md describes start-up, readiness and
-previews as operators see them.
+It composes the package's parts (the catalog of models, the loader and the retry of its
+load) and runs each job off the event loop, in a worker thread it owns: texts cut to the
+model's bound, protected spans kept, previews biased and stopped. docs/local-backend.md
+describes start-up, readiness and previews as operators see them.
 """
 
 from __future__ import annotations
@@ -13,23 +12,23 @@ import asyncio
 import functools
 import logging
 import threading
-import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
-from importlib.util import find_spec
 from pathlib import Path
 from typing import TypeVar
 
-from models.base import Job, Translator, first_line
+from models.base import Job, Translator
 from models.errors import BackendConfigError, BackendUnavailable, UnsupportedLanguage
 from models.languages import canonical, table_key
 from models.local import engines
 from models.local.catalog import Catalog
-from models.local.checkpoint import LoadError, Spec, model_specs
-from models.local.engines import ConversionFailed, EngineOptions, stopping
+from models.local.checkpoint import model_specs
+from models.local.engines import EngineOptions, stopping
+from models.local.load_retry import LoadRetry
+from models.local.loader import Loader
 from models.local.masking import STRATEGIES
-from models.local.slot import Bias, Route, Slot, Stats, load_slot, translate_kept, warm_up
+from models.local.slot import Bias, Route, Stats, translate_kept
 
 _T = TypeVar("_T")
 
@@ -87,7 +86,12 @@ class LocalConfig:
 
 
 class LocalTranslator(Translator):
-    """Seq2seq translation checkpoints run in a worker thread this backend owns."""
+    """Seq2seq translation checkpoints run in a worker thread this backend owns.
+
+    Its parts: the threads, the ``Catalog`` (what is loaded and which model serves a pair),
+    the ``Loader`` (the configured models on their engine) and the ``LoadRetry`` (that load
+    tried until it succeeds, and the readiness it reports); the backend runs jobs on them.
+    """
 
     name = "local"
     # One worker thread: more batches in flight would only queue behind it. It is also why
@@ -96,10 +100,9 @@ class LocalTranslator(Translator):
     max_concurrency = 1
 
     def __init__(self, config: LocalConfig) -> None:
-        super().__init__()
-        self.engine_name = _checked_engine(config)
+        engine_name = _checked_engine(config)
         self.config = config
-        self._engine = engines.build(self.engine_name, config.engine_options())
+        # The configured loads and every batch run on this thread.
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="thinktrans-local")
         # On-demand loads get a thread of their own: a big model loading never holds up the
         # batches of the streams that did not ask for it.
@@ -112,97 +115,96 @@ class LocalTranslator(Translator):
             model_roots=config.model_roots, hub_models=config.hub_models,
         )
         self.model_id = model_id = self._catalog.specs[0].model_id
-        # The load attempt in flight (None between attempts) and the task that retries.
-        self._attempt: asyncio.Future[bool] | None = None
-        self._loader: asyncio.Task[None] | None = None
-        self.load_attempts = 0
-        self.load_failures = 0
-        self._closed = False
-        self.device: str | None = None
-        self.dtype: str | None = None  # the compute type: torch dtype or CTranslate2's type
-        self.engine_note: str | None = None  # why the engine is not the one asked for
-        self.load_s: float | None = None
+        self._models = Loader(engine_name, config.engine, config.engine_options(),
+                              self._catalog.specs, config.max_input_tokens, log)
+        self._load = LoadRetry(self._executor, self._serve_configured, model_id=model_id,
+                               initial_s=config.load_retry_initial_s,
+                               max_s=config.load_retry_max_s, log=log)
         self.stats = Stats()
-        self.ready = False
-        self.reason = f"model {model_id!r} not loaded: the backend has not been started"
+        ready, reason = self._load.ready, self._load.reason
+        super().__init__()  # its defaults land on the load (the properties below)...
+        self.ready, self.reason = ready, reason  # ...where the load's own, not started, stand
+
+    # -- readiness: the load's ---------------------------------------------------------------
+
+    @property
+    def ready(self) -> bool:
+        return self._load.ready
+
+    @ready.setter
+    def ready(self, value: bool) -> None:
+        self._load.ready = value
+
+    @property
+    def reason(self) -> str | None:
+        return self._load.reason
+
+    @reason.setter
+    def reason(self, value: str | None) -> None:
+        self._load.reason = value
+
+    @property
+    def retrying(self) -> str | None:
+        return self._load.retrying
+
+    @retrying.setter
+    def retrying(self, value: str | None) -> None:
+        self._load.retrying = value
+
+    @property
+    def load_attempts(self) -> int:
+        return self._load.attempts
+
+    @property
+    def load_failures(self) -> int:
+        return self._load.failures
+
+    @property
+    def _engine(self) -> engines.Engine:
+        """The engine the configured models run on: the loader's, which a load under auto
+        may replace (the tests spy on it here)."""
+        return self._models.engine
 
     # -- lifecycle ---------------------------------------------------------------------------
 
     async def start(self) -> None:
         """Begin loading in the worker thread and return at once; retry while it fails."""
-        if self._loader is not None or self._closed:
-            return
-        self.reason = f"loading model {self.model_id!r}"
-        loop = asyncio.get_running_loop()
-        first = self._begin_attempt(loop)
-        self._loader = loop.create_task(self._load_until_ready(first),
-                                        name="thinktrans-local-load")
-
-    def _begin_attempt(self, loop: asyncio.AbstractEventLoop) -> asyncio.Future[bool]:
-        self.load_attempts += 1
-        attempt = loop.run_in_executor(self._executor, self._load)
-        self._attempt = attempt
-        return attempt
-
-    async def _load_until_ready(self, attempt: asyncio.Future[bool]) -> None:
-        """Await each load attempt; after a failure, wait (5 s, doubling, capped) and retry."""
-        loop = asyncio.get_running_loop()
-        delay = self.config.load_retry_initial_s
-        while not await attempt and not self._closed:
-            self.load_failures += 1
-            self._attempt = None
-            wait = min(delay, self.config.load_retry_max_s)
-            delay = wait * 2
-            # The reason stays as the attempt left it (every segment carries it); the
-            # schedule is /readyz's and the log's.
-            failed = self.load_attempts
-            self.retrying = f"{_attempt_name(failed)} failed; trying again in {wait:g} s"
-            log.error("local: %s; %s", self.reason, self.retrying)
-            await asyncio.sleep(wait)
-            if self._closed:
-                return
-            self.retrying = f"trying again now (attempt {failed + 1})"
-            try:
-                attempt = self._begin_attempt(loop)
-            except RuntimeError:  # the executor is shut down: closed meanwhile
-                return
-        self.retrying = None
+        await self._load.start()
 
     async def wait_ready(self, timeout_s: float | None = None) -> bool:
         """Wait for the load attempt in flight, ``timeout_s`` at most, starting loading if need
         be; return ``ready``. Between retries (an attempt has failed) it answers False at once:
         it never waits through the backoff."""
-        if self._loader is None:
-            await self.start()
-        future = self._attempt
-        if future is None:  # closed before it started, or waiting to retry
-            return self.ready
-        try:
-            await asyncio.wait_for(asyncio.shield(future), timeout_s)
-        except TimeoutError:
-            pass
-        except asyncio.CancelledError:
-            # The load itself was dropped by aclose(); only our own cancellation propagates.
-            task = asyncio.current_task()
-            if not future.cancelled() or (task is not None and task.cancelling()):
-                raise
-        return self.ready
+        return await self._load.wait_ready(timeout_s)
 
     async def aclose(self) -> None:
         """Stop retrying and stop both threads; a batch or load already running finishes,
         queued ones are dropped."""
-        self._closed = True
-        self.ready = False
-        self.reason = "the local backend is closed"
-        self.retrying = None
+        self._load.close()
         self._catalog.close()  # an on-demand load finishing now is dropped
         # No wait: a running generate or load cannot be interrupted and must not block the loop.
         self._executor.shutdown(wait=False, cancel_futures=True)
         self._ondemand.shutdown(wait=False, cancel_futures=True)
-        loader = self._loader
-        if loader is not None and not loader.done():
-            loader.cancel()
-            await asyncio.gather(loader, return_exceptions=True)
+        await self._load.aclose()
+
+    def _serve_configured(self, closed: Callable[[], bool]) -> bool:
+        """On the worker, for the load: the configured models loaded and served; False when
+        ``closed`` turned true meanwhile."""
+        slots = self._models.load(closed)
+        if closed():
+            return False
+        if any(slot.test_checkpoint for slot in slots):
+            # Random weights, text in no language: the batcher's output check is off. (Not
+            # for a test checkpoint a request named: it is on for the configured ones.)
+            self.capabilities = replace(self.capabilities, checked_output=False)
+        models = self._models
+        self._catalog.install(slots, models.engine)
+        log.info(
+            "local: ready in %.1fs: %s (%s) on %s, %s/%s, %d languages",
+            models.load_s, self.model_id, slots[0].family, models.engine_name, models.device,
+            models.dtype, len(self._catalog.languages()),
+        )
+        return True
 
     # -- what it serves ----------------------------------------------------------------------
 
@@ -266,10 +268,10 @@ class LocalTranslator(Translator):
         slot = self._catalog.serving(self._key(model), source, target) if self.ready else None
         if slot is None:
             return None
-        config = self.config
-        return (f"local|{slot.model_id}|v={slot.version}|{self.engine_name}|{self.dtype}"
+        config, models = self.config, self._models
+        return (f"local|{slot.model_id}|v={slot.version}|{models.engine_name}|{models.dtype}"
                 f"|beams={config.num_beams}|ngram={config.no_repeat_ngram_size}"
-                f"|maxin={config.max_input_tokens}|device={self.device}{_spans_key(config)}")
+                f"|maxin={config.max_input_tokens}|device={models.device}{_spans_key(config)}")
 
     def catalog(self) -> list[dict[str, object]]:
         """The configured models in order of preference, then the extras loaded on demand."""
@@ -278,22 +280,23 @@ class LocalTranslator(Translator):
     def info(self) -> dict[str, object]:
         """Model, family, device, dtype and language count, for ``GET /v1/backends``."""
         languages = self.languages()
+        models = self._models
         return {
             "model": self.model_id,
             **self._catalog.info(),  # models, extra_models, family, marian_pairs, workers
-            "engine": self.engine_name,
-            "compute_type": self.dtype,
-            "device": self.device,
-            "dtype": self.dtype,
+            "engine": models.engine_name,
+            "compute_type": models.dtype,
+            "device": models.device,
+            "dtype": models.dtype,
             "languages": len(languages) if languages is not None else None,
             "num_beams": self.config.num_beams,
             "no_repeat_ngram_size": self.config.no_repeat_ngram_size,
-            "threads": self._engine.threads if self.ready else self.config.threads,
-            "engine_note": self.engine_note,
+            "threads": models.engine.threads if self.ready else self.config.threads,
+            "engine_note": models.engine_note,
             "output_tokens": self.stats.output_tokens,  # generated since start, for benchmarks
             "preview_biased": self.stats.biased_rows,  # preview texts decoded towards the last
             "spans": {"masked": self.stats.spans_masked, "fallback": self.stats.spans_fallback},
-            "load_s": self.load_s,
+            "load_s": models.load_s,
             "load_attempts": self.load_attempts,
             "load_failures": self.load_failures,
             "ready": self.ready,
@@ -321,9 +324,9 @@ class LocalTranslator(Translator):
         loop = asyncio.get_running_loop()
         try:
             future = loop.run_in_executor(self._executor, _stoppable, job.stop, functools.partial(
-                translate_kept, self._engine, route, list(job.texts),
+                translate_kept, self._models.engine, route, list(job.texts),
                 self.config.max_input_tokens, self.stats, job.protected,
-                self.config.span_strategy, _bias(job, self.config, self.engine_name)))
+                self.config.span_strategy, _bias(job, self.config, self._models.engine_name)))
         except RuntimeError as exc:  # "cannot schedule new futures after shutdown"
             raise BackendUnavailable("the local backend is closed") from exc
         try:
@@ -331,74 +334,9 @@ class LocalTranslator(Translator):
         except asyncio.CancelledError:
             # aclose() dropped the queued batch: that is an outage, not our caller's cancel.
             task = asyncio.current_task()
-            if self._closed and not (task is not None and task.cancelling()):
+            if self._load.closed and not (task is not None and task.cancelling()):
                 raise BackendUnavailable("the local backend closed before the batch ran") from None
             raise
-
-    # -- loading the configured models -------------------------------------------------------
-
-    def _load(self) -> bool:
-        """Runs in the worker: load every configured model, warm up, then flip ``ready``. On
-        failure ``reason`` says why (the caller logs it) and the answer is False."""
-        started = time.perf_counter()
-        try:
-            slots = self._load_all()
-        except LoadError as exc:
-            self.reason = str(exc)
-            return False
-        except Exception as exc:  # never let a bad checkpoint take the service down
-            self.reason = f"loading model {self.model_id!r} failed: {first_line(exc)}"
-            log.exception("local: loading %r failed", self.model_id)
-            return False
-        if self._closed:
-            return False
-        if any(slot.test_checkpoint for slot in slots):
-            # Random weights, text in no language: the batcher's output check is off. (Not
-            # for a test checkpoint a request named: it is on for the configured ones.)
-            self.capabilities = replace(self.capabilities, checked_output=False)
-        self._catalog.install(slots, self._engine)
-        self.load_s = round(time.perf_counter() - started, 2)
-        self.reason = None
-        self.ready = True
-        log.info(
-            "local: ready in %.1fs: %s (%s) on %s, %s/%s, %d languages",
-            self.load_s, self.model_id, slots[0].family, self.engine_name, self.device,
-            self.dtype, len(self._catalog.languages()),
-        )
-        return True
-
-    def _load_all(self) -> list[Slot]:
-        try:
-            return self._load_with(self._engine)
-        except ConversionFailed as exc:
-            # Under auto, a checkpoint CTranslate2 cannot take is still served, by torch.
-            if self.config.engine != "auto" or find_spec("torch") is None:
-                raise
-            self.engine_note = f"ctranslate2 could not take the model ({exc}); using transformers"
-            log.warning("local: %s", self.engine_note)
-            self.engine_name = "transformers"
-            self._engine = engines.build(self.engine_name, self.config.engine_options())
-            return self._load_with(self._engine)
-
-    def _load_with(self, engine: engines.Engine) -> list[Slot]:
-        engine.prepare()
-        self.device, self.dtype = engine.device, engine.compute_type
-        return load_specs(engine, self._catalog.specs, self.config.max_input_tokens,
-                          lambda: self._closed)
-
-
-def load_specs(engine: engines.Engine, specs: list[Spec], max_input_tokens: int,
-               closed: Callable[[], bool]) -> list[Slot]:
-    """On the worker: load every configured checkpoint on ``engine`` (prepared), then warm
-    each up; LoadError when ``closed`` says the backend was closed meanwhile."""
-    slots = []
-    for spec in specs:
-        if closed():
-            raise LoadError("the local backend was closed while loading")
-        slots.append(load_slot(engine, spec))
-    for slot in slots:
-        warm_up(engine, slot, max_input_tokens)
-    return slots
 
 
 def _route(catalog: Catalog, job: Job) -> Route:
@@ -458,6 +396,3 @@ def _checked_engine(config: LocalConfig) -> str:
                                  f"got {config.span_strategy!r}")
     return engine
 
-
-def _attempt_name(number: int) -> str:
-    return "the first attempt" if number == 1 else f"attempt {number}"
