@@ -3,14 +3,13 @@
 Many sidecars share one pool's model on Ray Serve; each batch this sidecar's batcher forms
 goes out as one call, ``POST {url}/v1/batch``, with what the pool needs to merge, share and
 drop it (its deadline, this sidecar's client id, its spans and previous previews). What the
-backend serves, and its limits, follow the pool's ``GET /v1/info``; docs/deploy.md has the
-wire format and the pool's side.
+backend serves, and its limits, follow the pool's ``GET /v1/info``, kept by a ``PoolInfo``
+(``models.pool_info``); docs/deploy.md has the wire format and the pool's side.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import math
 import re
@@ -37,18 +36,13 @@ from models.errors import (
 from models.languages import canonical, table_key
 from models.local.catalog import NO_SPACE_TARGETS
 from models.local.pieces import Part, cut_texts, rejoin
+from models.pool_info import DEFAULT_CALL_TEXTS, PoolInfo, PoolLimits
 from models.remote import RemoteTranslator
 from models.spans import Protected, Span
 
 NO_URL_REASON = "set THINKTRANS_POOL_URL to the pool's address, e.g. http://pool:8000"
-# Texts in one call when the pool has not said its own limit yet.
-DEFAULT_CALL_TEXTS = 32
 # How long past a batch's deadline the backend still waits for the pool.
 GRACE_S = 0.1
-# Pairs whose serving model is remembered (resolve_model); past it the memory starts over.
-MAX_SERVED_PAIRS = 4096
-# Reads of /v1/info that answers asked for: at most one this often.
-REFRESH_GAP_S = 5.0
 # The longest this sidecar holds its calls back when the pool asks it to wait (Retry-After).
 MAX_HOLD_S = 30.0
 # A probe of /v1/info may wait behind a busy replica's batches.
@@ -148,23 +142,20 @@ class PoolConfig:
 
 class PoolTranslator(RemoteTranslator):
     """Sends each batch to the pool's HTTP route; one call per batch (split only past the
-    pool's limits)."""
+    pool's limits). What the pool serves, and its limits, are its ``PoolInfo``'s."""
 
     name = "pool"
     capabilities = Capabilities(deadline=True)
     outage_recheck_s = 2.0  # a pool restarts in seconds; come back soon after
-    refresh_s = 30.0  # what the pool serves, read again while it is up
 
     def __init__(self, config: PoolConfig) -> None:
         super().__init__()
         self.config = config
         self.max_concurrency = config.concurrency
-        self._info: dict[str, Any] = {}  # the pool's last /v1/info answer that was ready
-        # (model named, source, target) -> the model the pool's answers named for it
-        self._served: dict[tuple[str | None, str | None, str], str] = {}
+        self.pool = PoolInfo(PoolLimits(DEFAULT_CALL_TEXTS, config.max_text_chars,
+                                        config.max_call_chars, config.max_call_bytes),
+                             check=self._check, up=lambda: self.ready)
         self._client: httpx.AsyncClient | None = None
-        self._refresher: asyncio.Task[None] | None = None
-        self._next_refresh = 0.0  # monotonic: no refresh on demand before it
         # Texts with spans the pool kept by their placeholders, or by translating their runs.
         self.spans_kept = {"masked": 0, "fallback": 0}
         self.throttled = 0  # calls the pool refused over this sidecar's cap
@@ -186,13 +177,14 @@ class PoolTranslator(RemoteTranslator):
         self.reason = "waiting for the pool's first answer"
 
     async def start(self) -> None:
-        """The start check, then a refresh of what the pool serves every ``refresh_s``."""
+        """The start check, then the pool's ``/v1/info`` read again while it is up."""
         await super().start()
-        if self._configured and self._refresher is None:
-            self._refresher = self._spawn(self._refresh_while_up())
+        if self._configured:
+            self.pool.start()
 
     async def aclose(self) -> None:
         await super().aclose()
+        await self.pool.aclose()
         if self._client is not None:
             await self._client.aclose()
 
@@ -211,42 +203,15 @@ class PoolTranslator(RemoteTranslator):
             raise self._unreachable(exc) from exc
         body = _json(resp)
         if resp.status_code == 200 and body.get("ready") is True:
-            if body.get("identity") != self._info.get("identity"):
-                self._served.clear()  # another deployment: its models may route otherwise
-            self._info = body
-            # A random-weight test checkpoint in the pool: its output is noise in no
-            # language, and the output check is off for it, as `local` turns it off.
+            self.pool.take(body)
             self.capabilities = replace(type(self).capabilities,
-                                        checked_output=body.get("checked_output") is not False)
+                                        checked_output=self.pool.checked_output)
             self._mark_up()
             return
         error = self._refused(resp, body)
         if self.ready:  # an answer that is no pool's: down all the same, until one is
             self._mark_down(f"pool not ready: {error.detail}", fail_fast=False)
         raise error
-
-    async def _refresh_while_up(self) -> None:
-        """Limits, catalog and identity change when the pool is reconfigured or redeployed
-        while this sidecar runs. A probe that only waits behind a busy pool's batches does
-        not count against it; the batches say soon enough when it is gone."""
-        while not self._closed:
-            await asyncio.sleep(self.refresh_s)
-            if self.ready:
-                with contextlib.suppress(BackendError):
-                    await self._check()
-
-    def _refresh_soon(self) -> None:
-        """Read /v1/info again now (its answer changed): one read at a time, at most one
-        every ``REFRESH_GAP_S``, however many answers say so."""
-        now = time.monotonic()
-        if self._closed or not self._configured or now < self._next_refresh:
-            return
-        self._next_refresh = now + REFRESH_GAP_S
-        self._spawn(self._refresh_once())
-
-    async def _refresh_once(self) -> None:
-        with contextlib.suppress(BackendError):
-            await self._check()
 
     def _unreachable(self, exc: httpx.HTTPError) -> BackendUnavailable:
         reason = f"pool at {self.url} unreachable: {first_line(exc)}"
@@ -273,7 +238,7 @@ class PoolTranslator(RemoteTranslator):
             if slug == "over-cap":  # this sidecar's share waits there already: not down
                 return self._throttled(resp, detail)
             if slug == "payload-too-large":
-                self._refresh_soon()  # its limit changed: the next batches are cut to it
+                self.pool.refresh_soon()  # its limit changed: the next batches are cut to it
             return _BY_SLUG.get(slug, BackendError)(detail)
         if status in (429, 503) and ("retry-after" in resp.headers
                                      or "backpressure" in resp.text):
@@ -293,55 +258,33 @@ class PoolTranslator(RemoteTranslator):
         self._hold_until = max(self._hold_until, time.monotonic() + wait)
         return Throttled(detail, retry_after_s=max(1, math.ceil(wait)))
 
-    # -- what the pool serves ------------------------------------------------------------------
+    # -- what the pool serves: its PoolInfo's word ----------------------------------------------
 
     def languages(self) -> list[str] | None:
-        langs = self._info.get("languages")
-        return list(langs) if isinstance(langs, list) else None
+        return self.pool.languages()
 
     def supports(self, source: str | None, target: str, model: str | None = None) -> bool:
-        """Whether the pool serves ``target`` (any, until it has said); a named model's
-        languages are the pool's to judge."""
-        langs = self.languages()
-        if langs is None or model is not None:
-            return True
-        tag = canonical(target)
-        return tag is not None and table_key(tag) in langs
+        return self.pool.supports(target, model)
 
     def catalog(self) -> list[dict[str, object]]:
-        models = self._info.get("models")
-        return list(models) if isinstance(models, list) else []
+        return self.pool.catalog()
 
     def model_problem(self, model: str | None) -> str | None:
         return None  # the pool's local engine decides; one it cannot serve answers 422
 
     def resolve_model(self, model: str | None, source: str | None, target: str) -> str | None:
-        """The model the pool's answers named for the pair, else the named one, else the
-        pool's default."""
-        served = self._served.get((model, source, target))
-        if served is not None:
-            return served
-        default = self._info.get("default_model")
-        return model if model is not None else (str(default) if default else None)
+        return self.pool.resolve_model(model, source, target)
 
     def cache_identity(self, model: str | None, source: str | None, target: str) -> str | None:
-        identity = self._info.get("identity")
+        identity = self.pool.identity
         if not identity:
             return None  # not known yet: what the pool serves decides the output
         return f"pool|{identity}|{model}"
 
     def info(self) -> dict[str, object]:
         return {"url": self.url, "client_id": self.config.sidecar, "throttled": self.throttled,
-                "engine": self._info.get("engine"), "max_batch_size": self._call_texts(),
-                "identity": self._info.get("identity"), "spans": dict(self.spans_kept)}
-
-    def _call_texts(self) -> int:
-        return self._limit("max_batch_size", DEFAULT_CALL_TEXTS)
-
-    def _limit(self, name: str, default: int) -> int:
-        """One of the pool's limits from ``/v1/info``; ``default`` until it has said."""
-        limit = self._info.get(name)
-        return limit if isinstance(limit, int) and limit > 0 else default
+                "engine": self.pool.engine, "max_batch_size": self.pool.limits().max_batch_size,
+                "identity": self.pool.identity, "spans": dict(self.spans_kept)}
 
     # -- translating ---------------------------------------------------------------------------
 
@@ -359,10 +302,10 @@ class PoolTranslator(RemoteTranslator):
             raise Throttled(f"the pool holds this sidecar's share of its queue (client id "
                             f"{self.config.sidecar!r}); it asked to wait {wait:.1f} s more",
                             retry_after_s=math.ceil(wait))
-        max_text = self._limit("max_text_chars", self.config.max_text_chars)
-        if any(len(text) > max_text for text in texts):  # cut to the pool's bound, rejoined
+        limits = self.pool.limits()
+        if any(len(text) > limits.max_text_chars for text in texts):  # cut to it, rejoined
             keep = _stretches(job.protected, len(texts))
-            pieces = cut_texts(texts, len, max_text, keep)  # never inside a span
+            pieces = cut_texts(texts, len, limits.max_text_chars, keep)  # never inside a span
             sent = [part.text for part in pieces.parts]
             protected = None if job.protected is None else [
                 _part_spans(job.protected[part.index], part) for part in pieces.parts]
@@ -370,24 +313,24 @@ class PoolTranslator(RemoteTranslator):
             outputs = await self._send(replace(job, texts=sent, contexts=None,
                                                protected=protected,
                                                previous=_whole_previous(job, pieces.parts)),
-                                       deadline_s)
+                                       limits, deadline_s)
             if len(outputs) != len(sent):
                 raise BadOutput(f"pool returned {len(outputs)} translations for {len(sent)}")
             for part, out in zip(pieces.parts, outputs, strict=True):
                 part.out = out
             tag = canonical(job.target)
             return rejoin(pieces, tag is not None and table_key(tag) in NO_SPACE_TARGETS)
-        return await self._send(job, deadline_s)
+        return await self._send(job, limits, deadline_s)
 
-    async def _send(self, job: Job, deadline_s: float | None) -> list[str]:
-        """The job's texts as calls within the pool's limits, all at once; their answers."""
+    async def _send(self, job: Job, limits: PoolLimits, deadline_s: float | None
+                    ) -> list[str]:
+        """The job's texts as calls within ``limits``, all at once; their answers."""
         texts, source, target, model = job.texts, job.source, job.target, job.model
         spans = wire_spans(job.protected, len(texts))
-        max_chars = self._limit("max_call_chars", self.config.max_call_chars)
-        previous = _wire_previous(job, self._limit("max_text_chars", self.config.max_text_chars))
-        room = (self._limit("max_call_bytes", self.config.max_call_bytes)
-                - _envelope(job, self.config.sidecar))
-        parts = _parts(list(texts), self._call_texts(), max_chars,
+        max_chars = limits.max_call_chars
+        previous = _wire_previous(job, limits.max_text_chars)
+        room = limits.max_call_bytes - _envelope(job, self.config.sidecar)
+        parts = _parts(list(texts), limits.max_batch_size, max_chars,
                        _sizes(texts, spans, previous), room)
         calls, at = [], 0
         for batch in parts:
@@ -433,12 +376,7 @@ class PoolTranslator(RemoteTranslator):
         out = body.get("translations")
         if not isinstance(out, list):  # its length is the batcher's to check
             raise BadOutput(f"pool returned {type(out).__name__}, not a list of translations")
-        if isinstance(body.get("model"), str):
-            if len(self._served) >= MAX_SERVED_PAIRS:
-                self._served.clear()
-            self._served[(model, source, target)] = body["model"]
-        if body.get("identity") != self._info.get("identity"):
-            self._refresh_soon()  # redeployed or reconfigured: the cache key follows
+        self.pool.heard(model, source, target, body)
         kept = body.get("spans")
         if isinstance(kept, dict):
             for name in self.spans_kept:
