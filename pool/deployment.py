@@ -116,6 +116,17 @@ def run(settings: Settings, *, address: str | None, host: str, port: int) -> Non
             os._exit(1)
 
 
+# Serve's own settings, as its processes read them from the environment: its logs off
+# stderr; and its HTTP proxy's readiness and health checks given 30 s where Serve gives 5 s
+# and 10 s, since a busy host (a model loading, other work) answered late and Serve then
+# killed the proxy, and the pool's start failed with "the actor died unexpectedly".
+SERVE_ENV = {
+    "RAY_SERVE_LOG_TO_STDERR": "0",
+    "RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S": "30",
+    "RAY_SERVE_PROXY_HEALTH_CHECK_TIMEOUT_S": "30",
+}
+
+
 def _start_ray(address: str | None, host: str, level: str, metrics_port: int | None) -> None:
     """A Ray instance of this machine's own (never one found running), or the cluster at
     ``address``; its logs as JSON lines, as the service's: Ray's own loggers in every process
@@ -124,7 +135,8 @@ def _start_ray(address: str | None, host: str, level: str, metrics_port: int | N
     writes only text."""
     import ray
 
-    os.environ.setdefault("RAY_SERVE_LOG_TO_STDERR", "0")
+    for name, value in SERVE_ENV.items():  # an operator's own value wins
+        os.environ.setdefault(name, value)
     logs = ray.LoggingConfig(encoding="JSON", log_level=level)
     ours = logging.getLogger().handlers[:]  # Ray adds a root handler of its own here
     if address is None:
@@ -134,7 +146,7 @@ def _start_ray(address: str | None, host: str, level: str, metrics_port: int | N
                  _metrics_export_port=metrics_port)
     else:
         ray.init(address=address, logging_config=logs,
-                 runtime_env={"env_vars": {"RAY_SERVE_LOG_TO_STDERR": "0"}})
+                 runtime_env={"env_vars": {name: os.environ[name] for name in SERVE_ENV}})
     logging.getLogger().handlers[:] = ours
     propagate("ray")  # Ray's records here in the service's format
 
