@@ -10,11 +10,12 @@ checked against. Backends keep them their own way; the masking helpers they shar
 from __future__ import annotations
 
 import hashlib
+import importlib
 import re
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 __all__ = [
     "KINDS",
@@ -23,6 +24,7 @@ __all__ = [
     "Protected",
     "Span",
     "SpanFinder",
+    "backtracking_problem",
     "rejoin",
 ]
 
@@ -420,6 +422,10 @@ class SpanFinder:
                                  f"expression: {exc}") from None
             if compiled.match(""):
                 raise ValueError(f"pattern {i} ({pattern!r}) matches the empty string")
+            problem = backtracking_problem(pattern)
+            if problem is not None:
+                raise ValueError(f"pattern {i} ({pattern!r}) can take exponential time on "
+                                 f"text it almost matches: {problem}")
             self._plan.append(_Kind("pattern", i, None, ((None, compiled),)))
         # ASCII word boundaries: Chinese and Japanese write "检查config.yaml" without a
         # space, and a Han character is a word character to Unicode regular expressions.
@@ -537,3 +543,196 @@ def _plausible(kind: str, span: str) -> bool:
     if kind == "number":
         return not _DECADE.fullmatch(span)
     return True
+
+
+# An operator's pattern runs on untrusted text on the event loop, so one that can backtrack
+# exponentially is refused when the finder is built. The reading is conservative: it may
+# refuse a pattern that is safe (the reason says how to write it), never the other way.
+_NESTED = ("nested quantifier: a repeated group that itself repeats, e.g. `(...+)+`; write "
+           "it without the outer repetition, e.g. `[A-Z][A-Z-]*\\d`, or make the outer one "
+           "possessive, e.g. `(?:[A-Z]+-?)++\\d` (possessive quantifiers and atomic groups "
+           "`(?>...)` never backtrack)")
+_OVERLAP = ("repeated alternation whose branches can match the same text, e.g. `(a|ab)+`; "
+            "make each branch start with characters no other branch starts with, e.g. "
+            "`(ab?)+`, or make the repetition possessive, e.g. `(?:a|ab)++`")
+_OPTIONAL = ("repeated group with an optional part that what follows it can match too, e.g. "
+             "`(ab?|b)+`; write it so that each character has one place, or make the "
+             "repetition possessive, e.g. `(?:ab?|b)++`")
+
+# A one-character set, as the parser gives it: negated or not, its items ((name, value):
+# LITERAL, RANGE, CATEGORY), and whether case is ignored. Anything: a negated empty set.
+_CharSet = tuple[bool, tuple[tuple[str, Any], ...], bool]
+_ANYTHING: _CharSet = (True, (), False)
+_CATEGORY = {name: re.compile(rx) for name, rx in (
+    ("CATEGORY_DIGIT", r"\d"), ("CATEGORY_NOT_DIGIT", r"\D"), ("CATEGORY_SPACE", r"\s"),
+    ("CATEGORY_NOT_SPACE", r"\S"), ("CATEGORY_WORD", r"\w"), ("CATEGORY_NOT_WORD", r"\W"))}
+# Characters tried besides those a pattern names: ASCII and a few of each Unicode category.
+_SAMPLE = [chr(c) for c in range(128)] + list("\u00a0\u00e9\u00df\u0436\u0663\u0967\u2028"
+                                              "\u3000\u4e2d\uff10\uff41\u203f\U0001d7ce")
+_RANGE_TRIED = 1024  # a range wider than this is taken to meet any category or negation
+
+
+def backtracking_problem(pattern: str) -> str | None:
+    """Why ``pattern`` (a valid regular expression) can take exponential time on text it
+    almost matches; None when it cannot. Possessive repeats and atomic groups are safe."""
+    parsed = _parser().parse(pattern)
+    return _walk(list(parsed), bool(parsed.state.flags & re.IGNORECASE), False, [])
+
+
+def _parser() -> Any:
+    """Python's own regular expression parser (``re._parser`` since 3.11)."""
+    try:
+        return importlib.import_module("re._parser")
+    except ImportError:  # pragma: no cover - before 3.11
+        return importlib.import_module("sre_parse")
+
+
+def _walk(seq: list[Any], fold: bool, repeated: bool, follow: list[_CharSet]) -> str | None:
+    """The first problem in ``seq``; ``repeated``: inside a repeat of more than one, where
+    ``follow`` is what can come after ``seq`` within one repetition."""
+    for i, (op, av) in enumerate(seq):
+        rest, through = _first(list(seq[i + 1:]), fold)
+        problem = _walk_item(str(op), av, fold, repeated, rest + follow if through else rest)
+        if problem is not None:
+            return problem
+    return None
+
+
+def _walk_item(name: str, av: Any, fold: bool, repeated: bool,
+               follow: list[_CharSet]) -> str | None:
+    if name in ("MAX_REPEAT", "MIN_REPEAT"):
+        low, high, body = av
+        body = list(body)
+        # A fixed count (`{2}`) splits its text one way; a variable one inside another
+        # repetition splits it in exponentially many, each tried before a match fails.
+        if repeated and high > 1 and low != high:
+            return _NESTED
+        first, _ = _first(body, fold)
+        if repeated and high == 1 and low == 0 and _overlap(first, follow):
+            return _OPTIONAL
+        return _walk(body, fold, repeated or high > 1, first + follow)
+    if name == "SUBPATTERN":
+        _, add, remove, body = av
+        return _walk(list(body), _folded(fold, add, remove), repeated, follow)
+    if name in ("BRANCH", "GROUPREF_EXISTS"):
+        branches = [list(b) for b in (av[1] if name == "BRANCH" else av[1:]) if b is not None]
+        if repeated:
+            firsts = [_first(b, fold) for b in branches]
+            if name == "GROUPREF_EXISTS" or any(through for _, through in firsts) or any(
+                    _overlap(a, b) for i, (a, _) in enumerate(firsts)
+                    for b, _ in firsts[i + 1:]):
+                return _OVERLAP
+        for branch in branches:
+            problem = _walk(branch, fold, repeated, follow)
+            if problem is not None:
+                return problem
+        return None
+    if name == "ATOMIC_GROUP":
+        body = list(av)
+        while len(body) == 1 and str(body[0][0]) == "SUBPATTERN":
+            _, add, remove, inner = body[0][1]
+            fold, body = _folded(fold, add, remove), list(inner)
+        # `(?>(...)+)` is `(...)++`: the repeat's first match is its only one.
+        if len(body) == 1 and str(body[0][0]) in ("MAX_REPEAT", "MIN_REPEAT") and (
+                body[0][1][0] <= 1):
+            body = list(body[0][1][2])
+        return _walk(body, fold, False, [])
+    # What these hold is matched once, never backtracked into: a problem only on its own.
+    if name in ("POSSESSIVE_REPEAT", "ASSERT", "ASSERT_NOT"):
+        return _walk(list(av[-1]), fold, False, [])
+    return None
+
+
+def _folded(fold: bool, add: int, remove: int) -> bool:
+    """Whether case is ignored inside a group that adds the flags ``add`` and removes ``remove``."""
+    return bool(add & re.IGNORECASE) or (fold and not remove & re.IGNORECASE)
+
+
+def _first(seq: list[Any], fold: bool) -> tuple[list[_CharSet], bool]:
+    """The characters ``seq`` can start with, and whether it can match the empty string."""
+    out: list[_CharSet] = []
+    for op, av in seq:
+        chars, empty = _first_item(str(op), av, fold)
+        out += chars
+        if not empty:
+            return out, False
+    return out, True
+
+
+def _first_item(name: str, av: Any, fold: bool) -> tuple[list[_CharSet], bool]:
+    if name in ("LITERAL", "NOT_LITERAL"):
+        return [(name == "NOT_LITERAL", (("LITERAL", av),), fold)], False
+    if name == "IN":
+        items = tuple((str(op), value) for op, value in av if str(op) != "NEGATE")
+        return [(len(items) < len(av), items, fold)], False
+    if name == "ANY":
+        return [_ANYTHING], False
+    if name in ("AT", "ASSERT", "ASSERT_NOT"):
+        return [], True
+    if name == "SUBPATTERN":
+        _, add, remove, body = av
+        return _first(list(body), _folded(fold, add, remove))
+    if name == "ATOMIC_GROUP":
+        return _first(list(av), fold)
+    if name == "BRANCH":
+        out: list[_CharSet] = []
+        empty = False
+        for branch in av[1]:
+            chars, through = _first(list(branch), fold)
+            out += chars
+            empty = empty or through
+        return out, empty
+    if name.endswith("REPEAT"):
+        low, _, body = av
+        chars, empty = _first(list(body), fold)
+        return chars, empty or low == 0
+    return [_ANYTHING], True  # a back reference, a condition: anything, or nothing
+
+
+def _overlap(a: list[_CharSet], b: list[_CharSet]) -> bool:
+    """Whether some character is in a set of ``a`` and in a set of ``b``."""
+    if not a or not b:
+        return False
+    if (_wide(a) and _open(b)) or (_wide(b) and _open(a)):
+        return True
+    tried = set(_SAMPLE)
+    for _, items, _ in (*a, *b):
+        for kind, value in items:
+            if kind == "LITERAL":
+                tried.add(chr(value))
+            elif kind == "RANGE":
+                low, high = value
+                tried.update(map(chr, (low, high) if high - low > _RANGE_TRIED
+                                 else range(low, high + 1)))
+    return any(_holds(a, ch) and _holds(b, ch) for ch in tried)
+
+
+def _wide(sets: list[_CharSet]) -> bool:
+    return any(kind == "RANGE" and value[1] - value[0] > _RANGE_TRIED
+               for _, items, _ in sets for kind, value in items)
+
+
+def _open(sets: list[_CharSet]) -> bool:
+    """Whether a set is negated or holds a category (not a list of characters)."""
+    return any(negated or any(kind not in ("LITERAL", "RANGE") for kind, _ in items)
+               for negated, items, _ in sets)
+
+
+def _holds(sets: list[_CharSet], ch: str) -> bool:
+    for negated, items, fold in sets:
+        forms = {f for f in (ch, ch.lower(), ch.upper()) if len(f) == 1} if fold else {ch}
+        if any(_item_holds(kind, value, form) for kind, value in items
+               for form in forms) != negated:
+            return True
+    return False
+
+
+def _item_holds(kind: str, value: Any, ch: str) -> bool:
+    if kind == "LITERAL":
+        return ord(ch) == value
+    if kind == "RANGE":
+        return bool(value[0] <= ord(ch) <= value[1])
+    if kind == "CATEGORY":
+        category = _CATEGORY.get(str(value))
+        return category is None or category.fullmatch(ch) is not None
+    return True  # an item this reading does not know: it may hold anything

@@ -314,7 +314,12 @@ class SpansSection(BaseModel):
         default_factory=list,
         description="Extra regular expressions whose matches are protected too (kind "
         "`pattern`), e.g. `JIRA-\\d+`; a pattern that holds a comma is given in a JSON "
-        "array (`[\"\\\\d{1,3}%\"]`) or a YAML list.",
+        "array (`[\"\\\\d{1,3}%\"]`) or a YAML list. A pattern that can backtrack "
+        "exponentially on text it almost matches is refused at start: a nested quantifier "
+        "(`([A-Z]+-?)+\\d`), or a repeated group whose alternatives or optional parts can "
+        "match the same text (`(a|ab)+`, `(ab?|b)+`); write it without the outer repetition "
+        "(`[A-Z][A-Z-]*\\d`) or make that repetition possessive (`(?:[A-Z]+-?)++\\d`) or "
+        "atomic (`(?>(?:[A-Z]+-?)+)\\d`).",
     )
     glossary_file: str | None = Field(
         None, description="A YAML file of glossaries every stream shares, per target "
