@@ -6,11 +6,12 @@ or as server-sent events; empty when the token limit ran out while it reasoned. 
 model here REASONS UNLESS TOLD NOT TO by its vendor's switch. The shapes are the vendors'
 own (sources by URL in each class; "unconfirmed" where no primary source showed it).
 
-Settings (restored by ``reset``): ``reasoning_tokens``, how long the model reasons;
-``budget``, a server-side token limit besides the request's ``max_tokens`` /
-``max_completion_tokens``; ``stream_unasked``, answer SSE though ``stream`` is false;
-``chunk_chars``, the size of a streamed content piece. Mode ``stream_error`` sends an
-error object after the first content piece. ``sent`` holds each chat request's body.
+Settings (restored by ``reset``): ``reasoning``, what the model thinks (``REASONING``);
+``reasoning_tokens``, how long it reasons; ``budget``, a server-side token limit besides
+the request's ``max_tokens`` / ``max_completion_tokens``; ``stream_unasked``, answer SSE
+though ``stream`` is false; ``chunk_chars``, the size of a streamed content piece. Mode
+``stream_error`` sends an error object after the first content piece. ``sent`` holds each
+chat request's body.
 """
 
 from __future__ import annotations
@@ -50,6 +51,7 @@ class ReasoningChat(FakeChat):
         self._defaults()
 
     def _defaults(self) -> None:
+        self.reasoning = REASONING
         self.reasoning_tokens = 200
         self.budget: int | None = None
         self.stream_unasked = False
@@ -102,7 +104,7 @@ class ReasoningChat(FakeChat):
         cut = thought > 0 and limit is not None and limit <= thought
         answer = None if cut else self._answer(mode if mode in CHAT_MODES else "good", body)
         spent = min(thought, limit) if cut and limit is not None else thought
-        reasoning = REASONING[: max(1, spent * 4)] if thought else None
+        reasoning = self.reasoning[: max(1, spent * 4)] if thought else None
         finish = "length" if cut else "stop"
         fields = self.message(body, reasoning, answer)
         prompt = sum(len(m["content"]) for m in body["messages"]) // 4

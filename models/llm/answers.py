@@ -13,6 +13,7 @@ import unicodedata
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+from models.llm.replies import CLOSE, opens_thinking, thinking_ends
 from models.spans import Protected, Span
 
 # An answer item holding the last this-many characters of its context returned the context.
@@ -26,7 +27,8 @@ MAX_RATIO = 4.0
 MIN_CHECKED_WEIGHT = 20
 LONG_SLACK = 60
 
-_THINK_BLOCK = re.compile(r"<think>.*?</think>", re.DOTALL)
+# The </think> tags tried as a reasoning block's end: each try parses the rest.
+MAX_THINKING_ENDS = 32
 _FENCE = re.compile(r"```(?:json|JSON)?\s*\n?(.*?)```", re.DOTALL)
 
 
@@ -172,8 +174,8 @@ def context_problem(context: str | None, source: str, translated: str) -> str | 
 
 
 def _load_json(content: str) -> Any:
-    """The JSON in an answer, tolerating think blocks, code fences and chatter around it."""
-    text = _THINK_BLOCK.sub("", content).strip()
+    """The JSON in an answer, tolerating code fences and chatter around it."""
+    text = content.strip()
     candidates = [text]
     candidates += [m.group(1).strip() for m in _FENCE.finditer(text)]
     start, end = text.find("{"), text.rfind("}")
@@ -201,9 +203,56 @@ def parse_answer(content: str | None, count: int) -> dict[int, object]:
     Malformed: no content, not JSON, not ``{"translations": [...]}``, a different count,
     or ids that are not exactly 1..count once each (a shifted or renumbered list would
     misalign). Each says which, so an operator can tell a model that cannot count from
-    one that cannot write JSON.
+    one that cannot write JSON. A reasoning block at its start is left out
+    (``read_answer``).
+    """
+    return read_answer(content, count)[0]
+
+
+def read_answer(content: str | None, count: int) -> tuple[dict[int, object], bool]:
+    """``parse_answer``, and whether the answer followed a bare ``</think>`` (reasoning
+    whose ``<think>`` a template opened in the prompt: DeepSeek-R1's).
+
+    Reasoning stands only before the JSON, never inside it: the answer is what follows
+    the first ``</think>`` after which the JSON parses (a leading ``<think>`` block); with
+    no ``<think>`` opening the content, a ``</think>`` closes reasoning only where what
+    follows parses and what precedes does not, else where the content whole does not.
+    A ``<think>`` or ``</think>`` inside the translations' strings is their text.
     """
     if not content:
+        raise MalformedAnswer(f"answered no content for {_count(count, 'segment')}")
+    ends = thinking_ends(content)[:MAX_THINKING_ENDS]
+    after = [(end, _attempt(content[end:], count)) for end in ends]
+    parsed = [answer for _, answer in after if not isinstance(answer, MalformedAnswer)]
+    if opens_thinking(content):
+        if parsed:
+            return parsed[0], False
+        if not after:  # never closed: all of it was reasoning
+            raise MalformedAnswer(f"answered no content for {_count(count, 'segment')}")
+        raise next(answer for _, answer in after if isinstance(answer, MalformedAnswer))
+    for end, answer in after:
+        before = _attempt(content[: end - len(CLOSE)], count)
+        if not isinstance(answer, MalformedAnswer) and isinstance(before, MalformedAnswer):
+            return answer, True
+    whole = _attempt(content, count)
+    if not isinstance(whole, MalformedAnswer):
+        return whole, False
+    if parsed:  # both sides of a </think> parse, the whole does not: the answer follows
+        return parsed[0], True
+    raise whole
+
+
+def _attempt(content: str, count: int) -> dict[int, object] | MalformedAnswer:
+    """``content``'s answer, or why it is none."""
+    try:
+        return _parsed(content, count)
+    except MalformedAnswer as exc:
+        return exc
+
+
+def _parsed(content: str, count: int) -> dict[int, object]:
+    """Map id -> text from ``content``, reasoning not taken out."""
+    if not content.strip():
         raise MalformedAnswer(f"answered no content for {_count(count, 'segment')}")
     data = _load_json(content)
     if data is None:

@@ -7,7 +7,7 @@ import logging
 from collections.abc import Sequence
 
 from models.errors import BadOutput
-from models.llm.answers import SPAN_PROBLEM, MalformedAnswer, judge, parse_answer, rewrap, summary
+from models.llm.answers import SPAN_PROBLEM, MalformedAnswer, judge, read_answer, rewrap, summary
 from models.llm.endpoint import ChatEndpoint
 from models.llm.prompt import PROMPT_ID, Request, chat_body, context_fields
 from models.spans import Protected
@@ -59,14 +59,18 @@ class JsonStyle:
             groups.append(current)
         return groups
 
-    async def _complete(self, request: Request, cores: list[str], contexts: list[str | None],
-                        protected: list[Protected | None]) -> str | None:
+    async def _answer(self, request: Request, cores: list[str], contexts: list[str | None],
+                      protected: list[Protected | None]) -> dict[int, object]:
+        """Ask for ``cores``: the answer by id, MalformedAnswer when it is none."""
         body = chat_body(request, cores, contexts, json_mode=self.endpoint.json_mode,
                          protected=protected)
         reply = await self.endpoint.complete(
             body, chars=sum(map(len, cores)),
             context_chars=sum(len(c) for c in contexts if c is not None))
-        return reply.content
+        answer, after_reasoning = read_answer(reply.content, len(cores))
+        if after_reasoning and not reply.reasoned:  # a bare </think> closed reasoning
+            self.endpoint.note_reasoning(request.model)
+        return answer
 
     async def translate_group(
         self, request: Request, texts: list[str], contexts: list[str | None],
@@ -80,15 +84,13 @@ class JsonStyle:
         sent = context_fields(cores, contexts)
         retried = False
         try:
-            answer = parse_answer(await self._complete(request, cores, sent, protected),
-                                  len(cores))
+            answer = await self._answer(request, cores, sent, protected)
         except MalformedAnswer as first:
             log.info("llm answer unusable (%s); retrying once", first)
             self.endpoint.usage.retries += 1
             retried = True
             try:
-                answer = parse_answer(await self._complete(request, cores, sent, protected),
-                                      len(cores))
+                answer = await self._answer(request, cores, sent, protected)
             except MalformedAnswer as second:
                 how = f"{first}, twice" if str(first) == str(second) else f"{first}, then {second}"
                 raise BadOutput(f"the LLM {how}") from None
@@ -120,9 +122,7 @@ class JsonStyle:
         again_sent = context_fields(again_cores, [contexts[k - 1] for k in ids])
         again_protected = [protected[k - 1] for k in ids]
         try:
-            again = parse_answer(
-                await self._complete(request, again_cores, again_sent, again_protected),
-                len(ids))
+            again = await self._answer(request, again_cores, again_sent, again_protected)
         except MalformedAnswer as exc:
             return {}, dict.fromkeys(ids, f"retry {exc}")
         retry_sent = list(sent)

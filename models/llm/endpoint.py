@@ -205,7 +205,7 @@ class ChatEndpoint:
         self.refusals = refusals
         self.stream = stream
         self.usage = Usage()
-        self._warned: set[str | None] = set()  # models whose reasoning was logged once
+        self._reasoners: set[str | None] = set()  # models seen reasoning (logged once)
         self._on_down = on_down
         self._semaphore = asyncio.Semaphore(concurrency)
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
@@ -273,11 +273,7 @@ class ChatEndpoint:
         # OpenAI's reasoning models hide the reasoning: only the usage tells of it.
         reply.reasoned = reply.reasoned or self.usage.reasoning_tokens > before
         if reply.reasoned:
-            self.usage.reasoning_answers += 1
-            if model not in self._warned and len(self._warned) < 100:
-                self._warned.add(model)
-                log.warning("llm model %s reasoned before answering (dialect %s): check "
-                            "THINKTRANS_LLM_DIALECT", model, self.refusals.dialect)  # fmt: skip
+            self.note_reasoning(model)
         if reply.error is not None:
             raise BackendError(f"the LLM endpoint answered an error ({reply.error})")
         if not (reply.content or "").strip() and reply.finish_reason == "length":
@@ -288,6 +284,20 @@ class ChatEndpoint:
                 f"no content): reasoning is likely left on (THINKTRANS_LLM_DIALECT is "
                 f"{self.refusals.dialect!r}) or max_tokens is too small")
         return reply
+
+    def note_reasoning(self, model: str | None) -> None:
+        """Count an answer that came with reasoning: one ``_judge`` saw (a reasoning field,
+        its tokens, a ``<think>`` block opening the content), or one a prompt style found
+        before a bare ``</think>``. The first of a model is logged."""
+        self.usage.reasoning_answers += 1
+        if model not in self._reasoners and len(self._reasoners) < 100:
+            self._reasoners.add(model)
+            log.warning("llm model %s reasoned before answering (dialect %s): check "
+                        "THINKTRANS_LLM_DIALECT", model, self.refusals.dialect)  # fmt: skip
+
+    def reasons(self, model: str | None) -> bool:
+        """Whether ``model`` was seen reasoning here (of the first 100 models that did)."""
+        return model in self._reasoners
 
     async def models(self) -> httpx.Response:
         """GET /models, within the timeout; HTTP and timeout errors as they come."""

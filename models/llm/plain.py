@@ -17,6 +17,7 @@ from typing import Any
 from models.llm.answers import context_problem, item_problem, rewrap, text_weight
 from models.llm.endpoint import ChatEndpoint
 from models.llm.prompt import Request
+from models.llm.replies import CLOSE, Reply, opens_thinking, thinking_ends
 from models.llm.templates import Family, family_for, names_for, render
 from models.spans import Protected
 
@@ -128,13 +129,31 @@ class PlainStyle:
         reply = await self.endpoint.complete(
             body, chars=len(core), context_chars=len(context or ""),
             path="completions" if family.completion else "chat/completions")
-        answer = (reply.content or "").strip()
+        answer = self._translation(reply, core, model).strip()
         if answer and reply.finish_reason == "length":
             return answer, CUT_OFF
         problem = item_problem(core, answer, checks=self.checks, protected=protected)
         if problem is None:
             problem = context_problem(context, core, answer)
         return answer, problem
+
+    def _translation(self, reply: Reply, core: str, model: str) -> str:
+        """The answer less a reasoning block at its start, cut at the ``</think>`` that leaves
+        it as many as ``core`` has (the text may quote the tag; the translation keeps it).
+        With no ``<think>`` opening it, a ``</think>`` closes reasoning only for a model seen
+        reasoning, or where ``core`` has none (then none is the translation's); else the
+        answer is kept whole, for the checks to judge."""
+        content = reply.content or ""
+        ends = thinking_ends(content)
+        quoted = core.count(CLOSE)
+        if len(ends) <= quoted:
+            return content
+        if not opens_thinking(content):
+            if quoted and not self.endpoint.reasons(model):
+                return content
+            if not reply.reasoned:
+                self.endpoint.note_reasoning(model)
+        return content[ends[len(ends) - quoted - 1]:]
 
     def _with_terms(self, family: Family, core: str, protected: Protected | None,
                     ) -> tuple[str, dict[str, str] | None]:

@@ -2,8 +2,10 @@
 events (``stream: true``), with the reasoning beside the answer or inside it.
 
 Servers disagree on where a reasoning model's thinking goes; what counts here is the
-message's ``content`` with any reasoning taken out, so that thinking is never read as the
-translation, and how the answer ended, so that running out of tokens is told apart.
+message's ``content``, whether the endpoint reasoned, and how the answer ended, so that
+running out of tokens is told apart. A reasoning block can stand only at the content's
+start, and only the prompt style knows where the answer after it begins (``thinking_ends``):
+the text translated may quote ``<think>`` and ``</think>`` itself.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import httpx
 MAX_ANSWER_CHARS = 1_000_000
 
 _OPEN = re.compile(r"\s*<think>")
-_CLOSE = "</think>"
+CLOSE = "</think>"
 # Never read as the answer: vLLM's and SGLang's reasoning parsers and DeepSeek put the
 # reasoning in the first, newer vLLM in the second.
 _REASONING_FIELDS = ("reasoning_content", "reasoning")
@@ -27,13 +29,16 @@ _REASONING_FIELDS = ("reasoning_content", "reasoning")
 
 @dataclass
 class Reply:
-    """One answer: its content without reasoning (None: none), how it ended, what it used.
-    An empty answer cut off by ``length`` is the endpoint running out of tokens while it
-    reasoned, not a model that cannot answer."""
+    """One answer: its content (None: none), how it ended, what it used. The content is as
+    the endpoint sent it, a reasoning block at its start included, unless that block was
+    never closed (then all of it was reasoning: empty). An empty answer cut off by
+    ``length`` is the endpoint running out of tokens while it reasoned, not a model that
+    cannot answer."""
 
     content: str | None = None
     finish_reason: str | None = None
-    reasoned: bool = False  # the endpoint reasoned (a reasoning field, or a think block)
+    # The endpoint reasoned: a reasoning field, or a <think> block opening the content.
+    reasoned: bool = False
     usage: Any = None
     error: str | None = None  # an error the endpoint sent instead of (or inside) a stream
 
@@ -47,20 +52,19 @@ def short_int(digits: str) -> int | None:
     return int(digits) if len(digits) <= 30 else None
 
 
-def strip_thinking(content: str) -> tuple[str, bool]:
-    """``content`` without its reasoning, and whether it had any: a ``<think>...</think>``
-    block at its start (a server without a reasoning parser), or everything up to a
-    ``</think>`` no ``<think>`` opens (a template that opened the block in the prompt,
-    DeepSeek-R1's); a ``<think>`` never closed means all of it was reasoning."""
-    opened = _OPEN.match(content)
-    close = content.find(_CLOSE)
-    if opened is not None:
-        if close < 0:
-            return "", True  # opened and never closed: all of it was reasoning
-        return content[close + len(_CLOSE):], True
-    if close >= 0 and "<think>" not in content[:close]:
-        return content[close + len(_CLOSE):], True
-    return content, False
+def opens_thinking(content: str) -> bool:
+    """Whether ``content`` opens with a ``<think>`` block (a server without a reasoning
+    parser); it ends at one of ``thinking_ends``."""
+    return _OPEN.match(content) is not None
+
+
+def thinking_ends(content: str) -> list[int]:
+    """Where a reasoning block at the start of ``content`` may end: just past each
+    ``</think>``, in order. Reasoning may quote the tag, and so may the translation after
+    it; which one closes the block (if any: a template that opened it in the prompt,
+    DeepSeek-R1's, leaves only ``</think>``) is for the prompt style to tell, by what an
+    answer of its own looks like."""
+    return [m.end() for m in re.finditer(re.escape(CLOSE), content)]
 
 
 def _reasoning_in(part: object) -> bool:
@@ -82,9 +86,10 @@ def _finish(reply: Reply, text: str, *, truncated: bool = False) -> Reply:
     if truncated and reply.finish_reason is None:
         reply.finish_reason = "length"
     if text:
-        stripped, had = strip_thinking(text)
-        reply.reasoned = reply.reasoned or had
-        reply.content = stripped
+        opened = opens_thinking(text)
+        reply.reasoned = reply.reasoned or opened
+        # Opened and never closed: all of it was reasoning.
+        reply.content = "" if opened and CLOSE not in text else text
     return reply
 
 
