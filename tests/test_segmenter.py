@@ -217,6 +217,44 @@ def test_fence_and_size_bounds_stay_linear() -> None:
         assert seconds(text) < max(3.0, 20 * seconds(prose)), text[:20]
 
 
+def test_false_ends_after_a_long_word_cost_what_prose_does() -> None:
+    """Whether a period ends a sentence ("e.g. X", "No. 5") is read from the word before it:
+    a long word before many of them is not read again at each. CPU time of both texts here,
+    now, so a loaded machine slows them alike; reading from the start of the held text cost
+    14-36 times the prose's."""
+    import time
+
+    size = 100_000
+
+    def cpu_s(text: str, chunk: int | None) -> float:
+        """The least CPU time of three cuts of ``text``, whole or in ``chunk``-sized deltas."""
+        best = float("inf")
+        for _ in range(3):
+            started = time.process_time()
+            seg = segmenter(400)
+            step = chunk or len(text)
+            pieces = [p for i in range(0, len(text), step) for p in seg.feed(text[i:i + step])]
+            pieces += seg.flush()
+            best = min(best, time.process_time() - started)
+            assert "".join(p.text for p in pieces) == text
+        return best
+
+    prose = ("Let me check the parser once more. " * (size // 35 + 1))[:size]
+    for false_end in (" e.g. X", " No. 5", " Mr. X"):
+        # Each segment: a 200-letter word, then false ends up to the size bound.
+        unit = "x" * 200 + false_end * (220 // len(false_end))
+        text = (unit * (size // len(unit) + 1))[:size]
+        for chunk in (None, 5):
+            assert cpu_s(text, chunk) < 5 * cpu_s(prose, chunk), (false_end, chunk)
+    # They are still false ends: the word's segment goes on through them.
+    word = "x" * 200 + " e.g. X" * 20 + ". Next one. "
+    assert [p.text for p in segment(word)] == [word[:-len("Next one. ")], "Next one. "]
+    # A list number is one only as long as a word looked back at; a longer run of digits
+    # at the start of a line ends its sentence.
+    assert [p.text for p in segment("12. Step\n" + "1" * 40 + ". Done")] == [
+        "12. Step\n", "1" * 40 + ". ", "Done"]
+
+
 def test_max_fence_chars_is_checked() -> None:
     import pytest
 

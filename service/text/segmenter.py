@@ -40,7 +40,10 @@ _PRICE = re.compile(r"\$[\d.,]*\d(?:[\s)\-–]|[.,;:!?](?:\s|$)|$)", re.ASCII)
 # Whitespace as ``models.spans`` reads it (its patterns are ASCII): a dollar after "\x1f"
 # closes math there, so it must here too.
 _SPACE = frozenset(" \t\n\r\f\v")
-_TOKEN_BEFORE = re.compile(r"(\S+)$")
+# The word before a period is looked back at this far at most: every abbreviation and list
+# number is shorter, and a longer word is neither (so a long word before many of them is not
+# read again at each).
+_WORD_LOOK_BACK = 32
 # Code pieces may run longer than prose before the size bound cuts them.
 _CODE_BOUND_FACTOR = 8
 
@@ -143,6 +146,33 @@ class _Runs:
         del self.pos[:n], self.end[:n], self.size[:n], self.longer[:n]
         self.longer = [j - n if j >= 0 else -1 for j in self.longer]
         self.waiting = [j - n for j in self.waiting if j >= n]
+
+
+def _word_start(buf: str, end: int) -> int:
+    """Where the run of non-whitespace that ends at ``end`` starts, looking back at most
+    ``_WORD_LOOK_BACK`` characters past the dots it ends in; -1: no run, or a longer one.
+
+    A period is read after dots only where a scan began among them (once a scan), so the
+    walk over them is paid once for each."""
+    i = end
+    while i > 0 and buf[i - 1] == ".":
+        i -= 1
+    stop = max(i - _WORD_LOOK_BACK, 0)
+    while i > stop and not buf[i - 1].isspace():
+        i -= 1
+    if i == end or (i > 0 and not buf[i - 1].isspace()):
+        return -1
+    return i
+
+
+def _at_line_start(buf: str, i: int) -> bool:
+    """Whether only whitespace lies between the start of ``buf[i]``'s line and it (the
+    whitespace before one word: each is walked for its own word alone)."""
+    while i > 0 and buf[i - 1] != "\n":
+        if not buf[i - 1].isspace():
+            return False
+        i -= 1
+    return True
 
 
 def _kind_of(text: str) -> Kind:
@@ -451,15 +481,14 @@ class Segmenter:
         nxt = buf[m.end()] if m.end() < len(buf) else ""
         if nxt.islower():
             return True  # "e.g. the", "approx. five": a sentence goes on
-        before = _TOKEN_BEFORE.search(buf, 0, m.start())
-        if before is None:
-            return False
-        token = before.group(1)
+        start = _word_start(buf, m.start())
+        if start < 0:
+            return False  # no word before the period, or one longer than any that counts
+        token = buf[start : m.start()]
         if token.lower().rstrip(".") in _ABBREVIATIONS:
             return True
-        line_start = buf.rfind("\n", 0, before.start()) + 1
         # "1. First step": a list marker at the start of a line, not a sentence end.
-        return token.isdigit() and not buf[line_start : before.start()].strip()
+        return token.isdigit() and _at_line_start(buf, start)
 
     @staticmethod
     def _cut_point(buf: str, bound: int) -> int:
