@@ -102,6 +102,11 @@ def pool() -> Iterator[Pool]:
             yield Pool(server, model, ct2)
 
 
+# A deadline far past what the pool takes on a loaded machine, for tests that check what
+# the pool translated (the default, 3 s, let a busy machine's segments out untranslated).
+LONG_DEADLINE = {"THINKTRANS_DEADLINE_MS": "120000"}
+
+
 def _sidecar_env(pool: Pool, chain: str = "pool", **extra: str) -> dict[str, str]:
     return {"THINKTRANS_BACKEND": chain, "THINKTRANS_POOL_URL": pool.url,
             "THINKTRANS_POOL_TOKEN": TOKEN,
@@ -111,14 +116,15 @@ def _sidecar_env(pool: Pool, chain: str = "pool", **extra: str) -> dict[str, str
 
 
 async def _translate(url: str, texts: list[str]) -> list[dict[str, Any]]:
-    async with httpx.AsyncClient(base_url=url, timeout=60) as client:
+    async with httpx.AsyncClient(base_url=url, timeout=300) as client:
         resp = await client.post("/v1/translate", json={"texts": texts, "target": "de"})
         assert resp.status_code == 200, resp.text
         return [seg for result in resp.json()["results"] for seg in result["segments"]]
 
 
 async def test_two_sidecars_share_the_pool_and_their_batches_merge(pool: Pool) -> None:
-    with served(**_sidecar_env(pool)) as one, served(**_sidecar_env(pool)) as two:
+    with served(**_sidecar_env(pool, **LONG_DEADLINE)) as one, \
+            served(**_sidecar_env(pool, **LONG_DEADLINE)) as two:
         for sidecar in (one, two):  # warm: the measured calls leave at once
             await _translate(sidecar.url, ["A first sentence to warm up the sidecar."])
         before = pool.stats()
@@ -261,12 +267,12 @@ async def test_a_test_checkpoint_in_the_pool_is_served_as_local_serves_it(pool: 
     off for a test checkpoint, and the pool's /v1/info tells its sidecars to do the same.
     English to Chinese and to German through a sidecar with the check on is translated, not
     refused (the noise of this vocabulary reads as Chinese: German is what it refused)."""
-    env = _sidecar_env(pool)
+    env = _sidecar_env(pool, **LONG_DEADLINE)
     del env["THINKTRANS_CHECK_OUTPUT_LANGUAGE"]  # the default: on
     info = httpx.get(f"{pool.url}/v1/info", headers=AUTH, timeout=10).json()
     text = "The parser reads the file and then writes one more line."
     with served(**env) as sidecar:
-        async with httpx.AsyncClient(base_url=sidecar.url, timeout=60) as client:
+        async with httpx.AsyncClient(base_url=sidecar.url, timeout=300) as client:
             answers = [await client.post("/v1/translate", json={"texts": [text],
                                                                 "target": target})
                        for target in ("zh", "de")]
@@ -341,8 +347,8 @@ async def test_a_served_sidecar_keeps_every_span_of_the_corpus_through_the_pool(
     from tests.test_spans_corpus import GLOSSARY, check, texts
 
     sentences = texts(langs={"en"})
-    with served("serve", **_sidecar_env(pool)) as sidecar:
-        async with httpx.AsyncClient(base_url=sidecar.url, timeout=120) as client:
+    with served("serve", **_sidecar_env(pool, **LONG_DEADLINE)) as sidecar:
+        async with httpx.AsyncClient(base_url=sidecar.url, timeout=300) as client:
             resp = await client.post("/v1/translate", json={
                 "texts": sentences, "target": "de", "glossary": GLOSSARY})
     assert resp.status_code == 200, resp.text
