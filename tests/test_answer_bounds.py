@@ -1,0 +1,146 @@
+"""What the remote backends read of an answer: never more than their bound.
+
+Against ``EndlessServer`` on 127.0.0.1, whose answers never end: an LLM endpoint's error, its
+``/models`` list, one line of a streamed answer, a whole answer, and the pool's answers and
+``/v1/info``. Each ends with an error that names the setting, and the server counts what it
+sent before the client closed the connection: the bound, and what the sockets hold, at most.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import re
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+
+from models.errors import BackendError, BackendUnavailable, BadOutput
+from models.llm import LLMTranslator
+from models.registry import build_backend
+from service.settings import load_settings
+from tests.conftest import make_settings, start_app
+from tests.fakes_endless import CAP, IN_FLIGHT, Answer, EndlessServer
+
+BOUND = 65_536  # the smallest either setting takes
+GUARD_S = 120  # a regression fails at this, rather than hanging
+CHAT = "/v1/chat/completions"
+LLM_SETTING = "THINKTRANS_LLM_MAX_RESPONSE_BYTES"
+
+
+def _event(delta: dict[str, Any]) -> bytes:
+    chunk = {"id": "c", "object": "chat.completion.chunk",
+             "choices": [{"index": 0, "delta": delta, "finish_reason": None}]}
+    return f"data: {json.dumps(chunk)}\n\n".encode()
+
+
+# A first piece of content as it should come, then a line that never ends.
+ENDLESS_LINE = Answer(200, _event({"role": "assistant", "content": '{"translations": '})
+                      + b'data: {"choices": [{"index": 0, "delta": {"content": "',
+                      content_type="text/event-stream", endless=True)
+LISTED = Answer(200, json.dumps({"object": "list", "data": [{"id": "m"}]}).encode())
+
+
+async def _read_no_further(server: EndlessServer) -> None:
+    """The server's endless answers ended with the client gone, before the cap, having
+    sent the bound and what the sockets between them hold, at most."""
+    sent = await server.finished(GUARD_S)
+    assert sent < CAP, "the client read the endless answer to its end"
+    assert sent <= BOUND + IN_FLIGHT, f"{sent} bytes sent for a bound of {BOUND}"
+
+
+@pytest.fixture
+async def llm() -> AsyncIterator[list[LLMTranslator]]:
+    made: list[LLMTranslator] = []
+    yield made
+    for backend in made:
+        await backend.aclose()
+
+
+def _llm(made: list[LLMTranslator], server: EndlessServer, **overrides: Any) -> LLMTranslator:
+    settings = load_settings(backend="llm", llm_base_url=f"{server.origin}/v1", llm_model="m",
+                             llm_timeout_s=GUARD_S, llm_max_response_bytes=BOUND,
+                             **overrides)  # fmt: skip
+    backend = build_backend("llm", settings)
+    assert isinstance(backend, LLMTranslator)
+    backend.recheck_after_s = backend.outage_recheck_s = 3600.0  # no probe meanwhile
+    made.append(backend)
+    return backend
+
+
+@pytest.mark.parametrize(("status", "error", "reason"), [
+    (500, BackendUnavailable, "is failing (HTTP 500)"),
+    (400, BackendError, "refused the request (HTTP 400)"),
+])  # fmt: skip
+async def test_an_endless_error_answer_is_read_for_its_first_bytes_only(
+        llm: list[LLMTranslator], status: int, error: type[BackendError], reason: str) -> None:
+    async with EndlessServer({
+        CHAT: Answer(status, b'{"error": {"message": "', endless=True),
+        "/v1/models": LISTED,
+    }) as server:
+        backend = _llm(llm, server)
+        with pytest.raises(error, match=re.escape(reason)):
+            async with asyncio.timeout(GUARD_S):
+                await backend.translate(["Hello there."], source="en", target="de")
+        await _read_no_further(server)
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_an_endless_line_of_a_streamed_answer_fails_the_batch(
+        llm: list[LLMTranslator], stream: bool) -> None:
+    async with EndlessServer({CHAT: ENDLESS_LINE, "/v1/models": LISTED}) as server:
+        backend = _llm(llm, server, llm_stream=stream)  # streamed whether asked or not
+        with pytest.raises(BadOutput) as caught:
+            async with asyncio.timeout(GUARD_S):
+                await backend.translate(["Hello there."], source="en", target="de")
+        assert caught.value.detail == (
+            f"a line of the LLM endpoint's streamed answer exceeded {BOUND} bytes "
+            f"({LLM_SETTING}); read no further")
+        await _read_no_further(server)
+        assert server.asked.count(CHAT) == 1  # not asked again: the same would come
+        assert backend.ready  # one answer's trouble: the chain serves the batch
+
+
+async def test_an_endless_answer_fails_the_batch(llm: list[LLMTranslator]) -> None:
+    async with EndlessServer({
+        CHAT: Answer(200, b'{"choices": [{"message": {"content": "', endless=True),
+        "/v1/models": LISTED,
+    }) as server:
+        backend = _llm(llm, server)
+        with pytest.raises(BadOutput, match=rf"answer exceeded {BOUND} bytes \({LLM_SETTING}\)"):
+            async with asyncio.timeout(GUARD_S):
+                await backend.translate(["Hello there."], source="en", target="de")
+        await _read_no_further(server)
+
+
+async def test_an_endless_model_list_is_left_unread(
+        llm: list[LLMTranslator], caplog: pytest.LogCaptureFixture) -> None:
+    async with EndlessServer({
+        "/v1/models": Answer(200, b'{"object": "list", "data": [{"id": "', endless=True),
+    }) as server:
+        backend = _llm(llm, server)
+        with caplog.at_level(logging.WARNING, logger="models.llm"):
+            await backend.start()
+            assert await backend.wait_ready(GUARD_S)  # the chat requests tell, not the list
+        await _read_no_further(server)
+        assert f"/models list exceeded {BOUND} bytes ({LLM_SETTING})" in caplog.text
+        [entry] = backend.catalog()
+        assert entry["model"] == "m" and "does not list its models" in str(entry["notes"])
+
+
+async def test_a_segment_whose_answer_was_cut_goes_down_the_chain() -> None:
+    async with EndlessServer({CHAT: ENDLESS_LINE, "/v1/models": LISTED}) as server:
+        settings = make_settings(
+            backend="llm,passthrough", llm_base_url=f"{server.origin}/v1", llm_model="m",
+            llm_max_response_bytes=BOUND, check_output_language=False,
+            deadline_ms=GUARD_S * 1000 / 2)  # fmt: skip
+        async for app in start_app(settings):
+            async with asyncio.timeout(GUARD_S):
+                r = await app.client.post("/v1/translate",
+                                          json={"target": "de", "texts": ["Hello there."]})
+            assert r.status_code == 200
+            [seg] = r.json()["results"][0]["segments"]
+            assert (seg["backend"], seg["text"]) == ("passthrough", "Hello there.")
+        await _read_no_further(server)
