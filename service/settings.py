@@ -686,6 +686,13 @@ class PoolSection(BaseModel):
         8, ge=1, le=256, description="The `pool` backend: batches in flight to the pool at "
         "once from this sidecar."
     )
+    pool_max_response_bytes: int = Field(
+        16_777_216, ge=65_536, le=1 << 30, description="The `pool` backend: most bytes read "
+        "of one answer of the pool (a call's translations, `/v1/info`); past it the connection "
+        "is closed and the call fails (the chain's next backend serves its batch). Keep it "
+        "well above `pool_max_call_bytes`: a call's translations are about its texts' size. Of "
+        "an error answer only this many bytes are read, for its reason."
+    )
     pool_client_id: str | None = Field(
         None, description="The `pool` backend: this sidecar's name to the pool, which shares "
         "its engine's turns between, counts and caps by it (" + CLIENT_ID_RULE + "). Unset: "
@@ -768,7 +775,8 @@ class PoolSection(BaseModel):
                           sidecar=self.pool_client_id or client_id(port),
                           max_text_chars=self.pool_max_text_chars,
                           max_call_chars=self.pool_max_call_chars,
-                          max_call_bytes=self.pool_max_call_bytes)
+                          max_call_bytes=self.pool_max_call_bytes,
+                          max_response_bytes=self.pool_max_response_bytes)
 
 
 class PricesSection(BaseModel):

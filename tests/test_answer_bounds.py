@@ -17,10 +17,13 @@ from typing import Any
 
 import pytest
 
+from models.base import Job
 from models.errors import BackendError, BackendUnavailable, BadOutput
 from models.llm import LLMTranslator
+from models.pooled import PoolTranslator
 from models.registry import build_backend
 from service.settings import load_settings
+from tests.configs import pool_config
 from tests.conftest import make_settings, start_app
 from tests.fakes_endless import CAP, IN_FLIGHT, Answer, EndlessServer
 
@@ -28,6 +31,7 @@ BOUND = 65_536  # the smallest either setting takes
 GUARD_S = 120  # a regression fails at this, rather than hanging
 CHAT = "/v1/chat/completions"
 LLM_SETTING = "THINKTRANS_LLM_MAX_RESPONSE_BYTES"
+POOL_SETTING = "THINKTRANS_POOL_MAX_RESPONSE_BYTES"
 
 
 def _event(delta: dict[str, Any]) -> bytes:
@@ -144,3 +148,69 @@ async def test_a_segment_whose_answer_was_cut_goes_down_the_chain() -> None:
             [seg] = r.json()["results"][0]["segments"]
             assert (seg["backend"], seg["text"]) == ("passthrough", "Hello there.")
         await _read_no_further(server)
+
+
+# -- the pool ----------------------------------------------------------------------------------
+
+INFO = json.dumps({
+    "ready": True, "reason": None, "max_batch_size": 8, "max_text_chars": 500,
+    "max_call_chars": 4000, "max_call_bytes": 65536, "engine": "ctranslate2",
+    "default_model": "nllb", "models": [], "languages": ["de"], "identity": "abc",
+    "checked_output": True}).encode()
+
+
+@pytest.fixture
+async def pool() -> AsyncIterator[list[PoolTranslator]]:
+    made: list[PoolTranslator] = []
+    yield made
+    for backend in made:
+        await backend.aclose()
+
+
+async def _pool(made: list[PoolTranslator], server: EndlessServer) -> PoolTranslator:
+    backend = PoolTranslator(pool_config(pool_url=server.origin,
+                                         pool_max_response_bytes=BOUND))
+    backend.recheck_after_s = backend.outage_recheck_s = 3600.0  # no probe meanwhile
+    made.append(backend)
+    await backend.start()
+    await backend.wait_ready(GUARD_S)
+    return backend
+
+
+async def test_an_endless_pool_answer_fails_the_call(pool: list[PoolTranslator]) -> None:
+    async with EndlessServer({
+        "/v1/info": Answer(200, INFO),
+        "/v1/batch": Answer(200, b'{"translations": ["', endless=True),
+    }) as server:
+        backend = await _pool(pool, server)
+        assert backend.ready
+        with pytest.raises(BadOutput) as caught:
+            async with asyncio.timeout(GUARD_S):
+                await backend.run(Job(["Hello there."], "en", "de"))
+        assert caught.value.detail == (
+            f"the pool's answer exceeded {BOUND} bytes ({POOL_SETTING}); read no further")
+        await _read_no_further(server)
+
+
+async def test_an_endless_pool_error_is_read_for_its_first_bytes_only(
+        pool: list[PoolTranslator]) -> None:
+    async with EndlessServer({
+        "/v1/info": Answer(200, INFO),
+        "/v1/batch": Answer(500, b'{"detail": "', endless=True),
+    }) as server:
+        backend = await _pool(pool, server)
+        with pytest.raises(BackendError, match="pool answered 500"):
+            async with asyncio.timeout(GUARD_S):
+                await backend.run(Job(["Hello there."], "en", "de"))
+        await _read_no_further(server)
+
+
+async def test_an_endless_pool_info_keeps_the_backend_down(pool: list[PoolTranslator]) -> None:
+    async with EndlessServer({
+        "/v1/info": Answer(200, b'{"ready": true, "models": ["', endless=True),
+    }) as server:
+        backend = await _pool(pool, server)
+        await _read_no_further(server)
+        assert not backend.ready
+        assert backend.reason == (f"pool: the pool's /v1/info exceeded {BOUND} bytes "
+                                  f"({POOL_SETTING}); read no further")
