@@ -15,6 +15,7 @@ import re
 from collections.abc import AsyncIterator
 from typing import Any
 
+import httpx
 import pytest
 
 from models.base import Job
@@ -22,6 +23,7 @@ from models.errors import BackendError, BackendUnavailable, BadOutput
 from models.llm import LLMTranslator
 from models.pooled import PoolTranslator
 from models.registry import build_backend
+from models.remote import AnswerBound
 from service.settings import load_settings
 from tests.configs import pool_config
 from tests.conftest import make_settings, start_app
@@ -53,6 +55,37 @@ async def _read_no_further(server: EndlessServer) -> None:
     sent = await server.finished(GUARD_S)
     assert sent < CAP, "the client read the endless answer to its end"
     assert sent <= BOUND + IN_FLIGHT, f"{sent} bytes sent for a bound of {BOUND}"
+
+
+class Chunks(httpx.AsyncByteStream):
+    """A body that comes in these chunks."""
+
+    def __init__(self, *chunks: bytes) -> None:
+        self.chunks = chunks
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        for chunk in self.chunks:
+            yield chunk
+
+
+async def _lines(bound: int, *chunks: bytes) -> list[str]:
+    response = httpx.Response(200, stream=Chunks(*chunks))
+    return [line async for line in AnswerBound(bound, "THE_SETTING").lines(response, "a line")]
+
+
+async def test_lines_end_at_any_line_end_wherever_the_chunks_are_cut() -> None:
+    assert await _lines(8, b"data: a\r", b"\ndata: b\rdata: c\n", b"12345", b"678\n\n",
+                        b"\r\nlast") == ["data: a", "data: b", "data: c", "12345678", "", "",
+                                          "last"]
+    assert await _lines(8, "é€\n".encode()[:3], "é€\n".encode()[3:]) == ["é€"]
+
+
+@pytest.mark.parametrize("chunks", [(b"123456789\n",), (b"1234", b"56789"), (b"ok\n123456789",)])
+async def test_a_line_past_the_bound_fails_whatever_came_before(chunks: tuple[bytes, ...]
+                                                                ) -> None:
+    with pytest.raises(BadOutput) as caught:
+        await _lines(8, *chunks)
+    assert caught.value.detail == "a line exceeded 8 bytes (THE_SETTING); read no further"
 
 
 @pytest.fixture
