@@ -569,6 +569,12 @@ class LLMSection(BaseModel):
     llm_api_key: SecretStr | None = Field(None, description="Bearer key for the endpoint.")
     llm_timeout_s: float = Field(30.0, gt=0, description="Timeout of one chat request.")
     llm_concurrency: int = Field(4, ge=1, le=256, description="Chat requests in flight at once.")
+    llm_max_response_bytes: int = Field(
+        4_194_304, ge=65_536, le=1 << 30, description="Most bytes read of one answer of the "
+        "endpoint: a whole answer, one line of a streamed one, the `/models` list; past it the "
+        "connection is closed and the batch fails (the chain's next backend serves it). Of an "
+        "error answer only this many bytes are read, for its reason."
+    )
     llm_json_mode: bool = Field(
         False, description="Send `response_format: json_object` (only servers that support it)."
     )
@@ -614,6 +620,7 @@ class LLMSection(BaseModel):
             model=self.llm_model,
             api_key=_secret(self.llm_api_key),
             timeout_s=self.llm_timeout_s,
+            max_response_bytes=self.llm_max_response_bytes,
             concurrency=self.llm_concurrency,
             json_mode=self.llm_json_mode,
             check_items=self.llm_check_items,
@@ -678,6 +685,13 @@ class PoolSection(BaseModel):
     pool_concurrency: int = Field(
         8, ge=1, le=256, description="The `pool` backend: batches in flight to the pool at "
         "once from this sidecar."
+    )
+    pool_max_response_bytes: int = Field(
+        16_777_216, ge=65_536, le=1 << 30, description="The `pool` backend: most bytes read "
+        "of one answer of the pool (a call's translations, `/v1/info`); past it the connection "
+        "is closed and the call fails (the chain's next backend serves its batch). Keep it "
+        "well above `pool_max_call_bytes`: a call's translations are about its texts' size. Of "
+        "an error answer only this many bytes are read, for its reason."
     )
     pool_client_id: str | None = Field(
         None, description="The `pool` backend: this sidecar's name to the pool, which shares "
@@ -761,7 +775,8 @@ class PoolSection(BaseModel):
                           sidecar=self.pool_client_id or client_id(port),
                           max_text_chars=self.pool_max_text_chars,
                           max_call_chars=self.pool_max_call_chars,
-                          max_call_bytes=self.pool_max_call_bytes)
+                          max_call_bytes=self.pool_max_call_bytes,
+                          max_response_bytes=self.pool_max_response_bytes)
 
 
 class PricesSection(BaseModel):
