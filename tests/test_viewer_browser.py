@@ -600,7 +600,17 @@ class CuttingProxy:
         self.url = f"http://127.0.0.1:{self.listener.getsockname()[1]}"
         self.open: list[socket.socket] = []
         self.lock = threading.Lock()
+        self.passing = threading.Event()  # cleared: what the page sends waits (``hold``)
+        self.passing.set()
         threading.Thread(target=self._accept, daemon=True).start()
+
+    def hold(self) -> None:
+        """Hold what the page sends (its requests, on any connection) until ``release``;
+        answers already on their way still come."""
+        self.passing.clear()
+
+    def release(self) -> None:
+        self.passing.set()
 
     def _accept(self) -> None:
         while True:
@@ -611,13 +621,15 @@ class CuttingProxy:
             server = socket.create_connection(self.upstream)
             with self.lock:
                 self.open += [client, server]
-            for a, b in ((client, server), (server, client)):
-                threading.Thread(target=self._pipe, args=(a, b), daemon=True).start()
+            for a, b, gate in ((client, server, self.passing), (server, client, None)):
+                threading.Thread(target=self._pipe, args=(a, b, gate), daemon=True).start()
 
     @staticmethod
-    def _pipe(src: socket.socket, dst: socket.socket) -> None:
+    def _pipe(src: socket.socket, dst: socket.socket, gate: threading.Event | None) -> None:
         try:
             while data := src.recv(65536):
+                if gate is not None:
+                    gate.wait()
                 dst.sendall(data)
         except OSError:
             pass
@@ -825,3 +837,87 @@ def test_a_stream_whose_first_events_are_gone_shows_what_is_kept(
         assert notice is not None and "no longer kept" in notice
         rows = view.rows()
         assert [r["index"] for r in rows] == list(range(15, 30))  # the last 15, and end
+
+
+# -- a stream opened again under its id ---------------------------------------------------------
+
+OLD = "Old sentence one. Old sentence two. Old sentence three. Old sentence four. "
+NEW_FEW = "A new short one."
+NEW_MANY = " ".join(f"New sentence {i} here." for i in range(6))
+AGAIN_CASES = {
+    # the page asks while the stream is gone (404), then it is opened again
+    "gone first": NEW_MANY,
+    # opened again and ended before the page asks: the page's last id is past its last (409)
+    "fewer events": NEW_FEW,
+    # opened again before the page asks, with more events than the page had: only the
+    # stream's start time (Thinktrans-Stream-Started) tells it is another stream
+    "more events": NEW_MANY,
+    # the page had read the old stream to its end: the list says another one has its id
+    "after its end": NEW_MANY,
+}
+
+
+def _originals(page: Any) -> list[str]:
+    return page.eval_on_selector_all("#rows .row .orig", "cells => cells.map(c => c.textContent)")
+
+
+def _events_asked(view: Page, sid: str) -> int:
+    return sum(r.url.endswith(f"/v1/streams/{sid}/events") for r in view.requests)
+
+
+def _lists_asked(view: Page) -> int:
+    return sum("/v1/streams?limit=" in r.url for r in view.requests)
+
+
+@pytest.mark.parametrize("case", list(AGAIN_CASES))
+def test_a_stream_opened_again_under_its_id_shows_only_the_new_ones_rows(
+    opened: Callable[..., Page], case: str,
+) -> None:
+    with served(flush_idle_ms=10_000) as url, httpx.Client(base_url=url) as c:
+        proxy = CuttingProxy(url)
+        try:
+            sid = "again"
+            c.post("/v1/streams", json={"stream_id": sid})
+            view = opened(proxy.url)
+            page = view.open(f"#stream={sid}")
+            page.wait_for_selector("#state[data-state='live']")
+            post(c, sid, 0, OLD)
+            if case == "after its end":
+                c.post(f"/v1/streams/{sid}/close")
+                page.wait_for_selector("#state[data-state='ended']", timeout=HANG_MS)
+            else:
+                view.wait_rows(3)  # the fourth sentence waits for more text (no idle flush)
+            old = _originals(page)
+            assert old[:3] == ["Old sentence one.", "Old sentence two.", "Old sentence three."]
+            if case in ("fewer events", "more events"):
+                proxy.hold()  # the page's next request waits until the new stream has ended
+            assert c.delete(f"/v1/streams/{sid}").status_code == 204
+            if case == "gone first":
+                page.wait_for_selector("#state[data-state='waiting']", timeout=HANG_MS)
+                notice = page.text_content("#notice")
+                assert notice is not None and "deleted or expired (404)" in notice
+                assert _originals(page) == old  # what was read stays until a new one comes
+            assert c.post("/v1/streams", json={"stream_id": sid}).status_code == 201
+            post(c, sid, 0, AGAIN_CASES[case])
+            c.post(f"/v1/streams/{sid}/close")
+            new = [s["original"].strip() for s in as_now(events(c, sid))]
+            proxy.release()
+            until(page, f"JSON.stringify([...document.querySelectorAll('#rows .row .orig')]"
+                        f".map(c => c.textContent)) === JSON.stringify({json.dumps(new)})")
+            page.wait_for_selector("#state[data-state='ended']", timeout=HANG_MS)
+            assert _originals(page) == new and not set(old) & set(new)
+            assert [r["index"] for r in view.rows()] == list(range(len(new)))
+            notice = page.text_content("#notice")
+            assert notice is not None and "opened again under the same id" in notice
+            # and it stops there: two more list refreshes, no more event requests
+            asked, lists = _events_asked(view, sid), _lists_asked(view)
+            give_up = time.monotonic() + 60
+            while _lists_asked(view) < lists + 2:
+                assert time.monotonic() < give_up, "the list is not refreshed"
+                page.evaluate("true")  # lets Playwright deliver the page's requests
+                time.sleep(0.1)
+            assert _events_asked(view, sid) == asked
+        finally:
+            proxy.release()
+            proxy.close()
+

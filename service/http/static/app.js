@@ -122,17 +122,29 @@ function onState(state, text, kind) {
   notice(text, kind);
 }
 
-function show(streamId) {
-  // The same stream again restarts it only when its reading has stopped (a refusal).
-  if (streamId === view.id && view.reader && !view.reader.done) return;
-  if (view.reader) view.reader.stop();
-  view.reader = null;
-  view.id = streamId;
+// The rows of a stream that is gone make way for those of the one now read under its id.
+function clearRows() {
   view.target = null;
   rows.clear();
   rows.running = true;
-  notice("");
   for (const id of ["copy-all", "export-md", "export-jsonl"]) $(id).disabled = true;
+}
+
+function onReset() {
+  clearRows();
+  setState("connecting", "connecting");
+}
+
+// ``replaced``: show it anew, as a stream under this id replaced the one shown.
+function show(streamId, replaced = false) {
+  // The same stream again restarts it only when its reading has stopped (a refusal), or
+  // when another stream now has its id.
+  if (!replaced && streamId === view.id && view.reader && !view.reader.done) return;
+  if (view.reader) view.reader.stop();
+  view.reader = null;
+  view.id = streamId;
+  clearRows();
+  notice("");
   markSelected();
   if (!streamId) {
     $("title").textContent = "Pick a stream";
@@ -143,7 +155,7 @@ function show(streamId) {
   setState("connecting", "connecting");
   document.title = `${streamId} · thinktrans viewer`;
   setFollow(true);
-  const reader = new StreamReader(streamId, { onEvent, onState });
+  const reader = new StreamReader(streamId, { onEvent, onState, onReset, replaced });
   view.reader = reader;
   reader.run();
 }
@@ -228,6 +240,18 @@ function renderList() {
   markSelected();
 }
 
+// A stream opened under the shown one's id after it (the shown one deleted, expired or
+// evicted): shown anew. A reader still following reads the new one itself when its
+// connection is cut; one that stopped (it read the end) is replaced here.
+function checkReplaced() {
+  const now = known.get(view.id);
+  const reader = view.reader;
+  if (!now || !reader || !reader.done) return;
+  if (reader.started ? Date.parse(now.started) > Date.parse(reader.started) : reader.evicted) {
+    show(view.id, true);
+  }
+}
+
 async function refreshList() {
   try {
     const response = await api(`/v1/streams?limit=${LIST_LIMIT}`);
@@ -236,6 +260,7 @@ async function refreshList() {
     known.clear();
     for (const s of body.streams) known.set(s.stream_id, s);
     renderList();
+    checkReplaced();
   } catch {
     // the header says when the sidecar is unreachable
   }
