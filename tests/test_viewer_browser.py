@@ -921,3 +921,45 @@ def test_a_stream_opened_again_under_its_id_shows_only_the_new_ones_rows(
             proxy.release()
             proxy.close()
 
+
+# -- what the page says of a stream: its export, its labels, the list, the Copy button ----------
+
+HOSTILE_MODEL = ("m1\n# Owned <img src=x onerror=alert(1)>\n```\n<script>alert(2)</script>\n"
+                 "`` tick `")
+
+
+def _markdown_tokens(markdown: str) -> list[Any]:
+    from markdown_it import MarkdownIt
+
+    return MarkdownIt("commonmark").parse(markdown)  # HTML on, as CommonMark has it
+
+
+def test_the_markdown_export_renders_nothing_a_client_chose(opened: Callable[..., Page]) -> None:
+    fake = FakeTranslator(models=(HOSTILE_MODEL,))
+    with served(fake) as url, httpx.Client(base_url=url) as c:
+        r = c.post("/v1/streams", json={"stream_id": "named", "model": HOSTILE_MODEL})
+        assert r.status_code == 201, r.text
+        _, page = finished(opened, url, c, "named", "First one here. Second one here. ")
+        with page.expect_download() as got:
+            page.click("#export-md")
+        markdown = open(got.value.path(), encoding="utf-8").read()
+        # and every field a client or a backend chose, through the page's own function
+        direct = page.evaluate("""async (hostile) => {
+            const { toMarkdown } = await import('./viewer/export.js');
+            const s = { index: 0, original: 'Hi.', text: 'Hi.', status: 'error',
+                        source_lang: hostile, target: hostile, backend: hostile,
+                        model: hostile, error: hostile };
+            return toMarkdown({ id: hostile, target: hostile }, [s]);
+        }""", HOSTILE_MODEL)
+    shown = HOSTILE_MODEL.replace("\n", "\\n")
+    for text, headings, fields in ((markdown, 3, 2), (direct, 2, 7)):
+        tokens = _markdown_tokens(text)
+        assert sum(t.type == "heading_open" for t in tokens) == headings, text
+        inline = [child for t in tokens if t.children for child in t.children]
+        assert not [t for t in [*tokens, *inline] if t.type.startswith("html")], text
+        assert sum(t.type == "code_inline" and t.content == shown for t in inline) == fields
+        html = "".join(t.content for t in inline if t.type == "text")
+        assert "Owned" not in html and "<img" not in html  # none of it outside code
+        for t in tokens:
+            if t.type == "fence":  # the texts' blocks hold only the texts
+                assert t.info == "text"
