@@ -963,3 +963,37 @@ def test_the_markdown_export_renders_nothing_a_client_chose(opened: Callable[...
         for t in tokens:
             if t.type == "fence":  # the texts' blocks hold only the texts
                 assert t.info == "text"
+
+
+def test_a_passthrough_segment_is_shown_as_passed_through_not_translated(
+    opened: Callable[..., Page],
+) -> None:
+    with served() as url, httpx.Client(base_url=url) as c:
+        assert c.post("/v1/streams", json={"stream_id": "dry", "backend": "passthrough"}
+                      ).status_code == 201
+        _, page = finished(opened, url, c, "dry", "An English sentence for a dry run. ")
+        found = as_now(events(c, "dry"))
+        assert (found[0]["status"], found[0]["backend"]) == ("translated", "passthrough")
+        row = page.locator(".row").first
+        assert row.get_attribute("data-status") == "translated"  # the contract's status
+        assert page.text_content(".row .status") == "passed through"
+        assert page.get_attribute(".row .tran", "lang") == "en"  # the original's language
+        colour = page.eval_on_selector(".row .status", "b => getComputedStyle(b).color")
+        page.click(".row .status")
+        meta = page.text_content(".row .meta")
+        assert meta is not None and "unchanged" in meta and "backend passthrough" in meta
+        with page.expect_download() as got:
+            page.click("#export-md")
+        markdown = open(got.value.path(), encoding="utf-8").read()
+        assert "## 0 · passed through, unchanged ·" in markdown
+        # a row the fake backend translated is still "translated", in another colour
+        page.evaluate("location.hash = '#stream=wet'")
+        post(c, "wet", 0, "An English sentence for a real run. ")
+        c.post("/v1/streams/wet/close")
+        page.wait_for_selector("#title:text('wet')")
+        page.wait_for_selector("#state[data-state='ended']", timeout=HANG_MS)
+        assert page.text_content(".row .status") == "translated"
+        assert page.eval_on_selector(".row .status", "b => getComputedStyle(b).color") != colour
+        gutter = page.eval_on_selector(".row .gutter", "g => g.getBoundingClientRect().height")
+        cell = page.eval_on_selector(".row .tran", "t => t.getBoundingClientRect().height")
+        assert gutter <= cell + 1  # the label on one line

@@ -1,5 +1,7 @@
 // A stream's segments out of the page: JSONL (one segment a line), Markdown, the clipboard.
 
+import { passedThrough } from "./rows.js";
+
 // One JSON object per segment, in index order: as the stream says it now (a late update
 // applied).
 export function toJSONL(segments) {
@@ -49,7 +51,7 @@ export function toMarkdown(stream, segments, exported = new Date()) {
   out.push(`Target: ${stream.target ? code(stream.target) : "none"} · ${segments.length} `
     + `segments · exported ${exported.toISOString()}`, "");
   for (const s of segments) {
-    let status = s.status;
+    let status = passedThrough(s) ? "passed through, unchanged" : s.status;
     if (s.updated) status += " (after its deadline)";
     const detail = [s.source_lang ? code(s.source_lang) : "?", "→",
       s.target ? code(s.target) : "?"];
