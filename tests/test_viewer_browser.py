@@ -997,3 +997,15 @@ def test_a_passthrough_segment_is_shown_as_passed_through_not_translated(
         gutter = page.eval_on_selector(".row .gutter", "g => g.getBoundingClientRect().height")
         cell = page.eval_on_selector(".row .tran", "t => t.getBoundingClientRect().height")
         assert gutter <= cell + 1  # the label on one line
+
+
+def test_the_list_says_nothing_before_it_was_read(opened: Callable[..., Page]) -> None:
+    with served(api_token="t0ken-123") as url:
+        view = opened(url)
+        page = view.open()
+        page.wait_for_selector("#auth:not([hidden])")
+        assert page.is_hidden("#list-empty")  # no data read yet: no "No streams yet."
+        page.fill("#token", "t0ken-123")
+        page.click("#auth button")
+        page.wait_for_selector("#list-empty:not([hidden])", timeout=HANG_MS)
+        assert page.text_content("#list-empty") == "No streams yet."

@@ -26,6 +26,7 @@ const view = {
   follow: true,
 };
 const known = new Map(); // stream id: its summary from GET /v1/streams
+let listed = false; // the list was read at least once (before, it says nothing)
 const items = new Map(); // stream id: its list item
 
 // -- the token ---------------------------------------------------------------------------
@@ -235,7 +236,7 @@ function renderList() {
     items.get(s.stream_id).hidden = !match;
     shown += match ? 1 : 0;
   }
-  $("list-empty").hidden = shown > 0;
+  $("list-empty").hidden = shown > 0 || !listed;
   $("list-empty").textContent = known.size ? "No stream matches the filter." : "No streams yet.";
   markSelected();
 }
@@ -259,6 +260,7 @@ async function refreshList() {
     const body = await response.json();
     known.clear();
     for (const s of body.streams) known.set(s.stream_id, s);
+    listed = true;
     renderList();
     checkReplaced();
   } catch {
