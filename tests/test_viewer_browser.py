@@ -1009,3 +1009,38 @@ def test_the_list_says_nothing_before_it_was_read(opened: Callable[..., Page]) -
         page.click("#auth button")
         page.wait_for_selector("#list-empty:not([hidden])", timeout=HANG_MS)
         assert page.text_content("#list-empty") == "No streams yet."
+
+
+@pytest.mark.parametrize("width", [1280, 600])
+def test_the_copy_button_covers_no_text(opened: Callable[..., Page], width: int) -> None:
+    long = ("This sentence is long enough to fill its cell to the right edge and wrap onto "
+            "several lines, so that a button in its corner would sit on its words. ")
+    with served() as url, httpx.Client(base_url=url) as c:
+        post(c, "wide", 0, long + "Short one. ")
+        c.post("/v1/streams/wide/close")
+        view = opened(url)
+        view.page.set_viewport_size({"width": width, "height": 800})
+        page = view.open("#stream=wide")
+        page.wait_for_selector("#state[data-state='ended']")
+
+        def box(selector: str) -> dict[str, float] | None:
+            found = page.locator(selector)
+            return found.bounding_box() if found.is_visible() else None
+
+        for layout in ("side", "below", "only"):
+            page.click(f"#layouts button[data-layout='{layout}']")
+            for n in (0, 1):
+                row = f".row >> nth={n}"
+                page.mouse.move(1, 1)  # off the rows: the original shown on hover goes
+                page.hover(f"{row} >> .gutter")
+                button = box(f"{row} >> .copy")
+                assert button is not None, (layout, n)
+                for cell in (".tran", ".orig", ".gutter .status"):
+                    other = box(f"{row} >> {cell}")
+                    if other is None:
+                        continue
+                    apart = (button["x"] + button["width"] <= other["x"]
+                             or other["x"] + other["width"] <= button["x"]
+                             or button["y"] + button["height"] <= other["y"]
+                             or other["y"] + other["height"] <= button["y"])
+                    assert apart, (layout, width, n, cell, button, other)
