@@ -297,7 +297,7 @@ _ODD_BODIES = [
 async def test_no_input_gets_a_5xx(passthrough_app: Running, path: str) -> None:
     transport = httpx.ASGITransport(app=passthrough_app.app, raise_app_exceptions=False)
     failures = []
-    async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
+    async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1") as client:
         for body in _ODD_BODIES:
             for headers in ({"content-type": "application/json"}, {}):
                 resp = await client.post(path, content=body, headers=headers)
@@ -354,7 +354,7 @@ async def test_auth_is_checked_before_the_body_is_parsed(token_app: Running) -> 
 async def test_auth_holds_when_served_under_a_root_path(token_app: Running) -> None:
     """Behind a proxy prefix (uvicorn --root-path, or a Mount) /v1 routes still need it."""
     transport = httpx.ASGITransport(app=token_app.app, root_path="/api")
-    async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
+    async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1") as client:
         health = await client.get("/api/healthz")
         anonymous = await client.get("/api/v1/backends")
         allowed = await client.get("/api/v1/backends", headers={"Authorization": "Bearer s3cret"})

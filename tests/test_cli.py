@@ -123,7 +123,9 @@ def one_line(stderr: str) -> str:
      ({"THINKTRANS_BACKEND": "passthrough", "THINKTRANS_API_TOKEN": ""},
       ["THINKTRANS_API_TOKEN", "set but empty"]),
      ({"THINKTRANS_BACKEND": "passthrough", "THINKTRANS_DETECTOR": "nope"},
-      ["unknown detector 'nope'"])],
+      ["unknown detector 'nope'"]),
+     ({"THINKTRANS_BACKEND": "passthrough", "THINKTRANS_ALLOWED_HOSTS": "http://thinktrans:8088"},
+      ["THINKTRANS_ALLOWED_HOSTS", "'http://thinktrans:8088' is not a host name"])],
 )
 def test_serve_refuses_bad_config_in_one_line(env: dict[str, str], words: list[str]) -> None:
     port = str(closed_port_url().rsplit(":", 1)[1])

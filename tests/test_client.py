@@ -895,7 +895,7 @@ async def test_a_sidecar_shutting_down_mid_stream_is_said_in_words() -> None:
     back with a reason that says the sidecar is shutting down, not "HTTP 409 conflict"."""
     fake = FakeTranslator(gate=asyncio.Event())  # the first sentence waits: drain waits
     async with app_with(fake) as running, ThinktransClient(
-            "http://test", transport=httpx.ASGITransport(app=running.app),
+            "http://127.0.0.1", transport=httpx.ASGITransport(app=running.app),
             timeout_s=2.0) as client:
         stream = client.stream("t:drain", target="de")
         got: list[StreamItem] = []

@@ -89,7 +89,7 @@ async def test_a_chunked_body_that_is_not_json_gets_415(passthrough_app: Running
 async def test_the_token_is_checked_before_the_media_type() -> None:
     app = create_app(make_settings(api_token="s3cret"))
     transport = httpx.ASGITransport(app=app)
-    async with httpx.AsyncClient(transport=transport, base_url="http://test") as c:
+    async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1") as c:
         resp = await c.post("/v1/translate", content=TRANSLATE, headers={"content-type": "text/x"})
     assert_problem(resp, 401)
 

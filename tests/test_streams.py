@@ -366,7 +366,7 @@ async def test_a_last_event_id_that_is_not_an_integer_is_422(value: bytes) -> No
     """"\xb2" is "²" in latin-1: str.isdigit() says yes, int() says no."""
     async with app_with(default_locale="de") as run:
         transport = httpx.ASGITransport(app=run.app, raise_app_exceptions=False)
-        async with httpx.AsyncClient(transport=transport, base_url="http://test") as c:
+        async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1") as c:
             await post_chunks(c, "h", [(0, "Hello.")])
             r = await c.get("/v1/streams/h/events", headers={"Last-Event-ID": value})
             assert "Last-Event-ID" in assert_problem(r, 422)["detail"]

@@ -11,6 +11,7 @@ from fastapi import FastAPI
 
 from models.base import Translator
 from service.http.guard import Guard
+from service.http.hosts import HostCheck
 from service.http.problems import install_handlers
 from service.http.routes import health, info, streams, translate, viewer
 from service.ops.metrics import Metrics
@@ -59,7 +60,8 @@ def create_app(
     app.state.runtime = None
     install_handlers(app)
     token = settings.api_token.get_secret_value() if settings.api_token else None
-    app.add_middleware(Guard, max_bytes=settings.max_request_bytes, token=token,
+    app.add_middleware(Guard, hosts=HostCheck(settings.allowed_hosts, settings.host),
+                       max_bytes=settings.max_request_bytes, token=token,
                        metrics=metrics, body_timeout_s=settings.body_timeout_s,
                        drain_bytes=settings.refused_body_drain_bytes,
                        direct=streams.chunk_post)  # the hot path, past the router

@@ -38,7 +38,7 @@ from service.schemas import (
 from service.stream.emission import Event
 from service.stream.pipeline import Stream
 
-router = APIRouter(prefix="/v1", responses=problem_responses(401, 408, 413, 415, 422))
+router = APIRouter(prefix="/v1", responses=problem_responses(401, 408, 413, 415, 421, 422))
 
 # An SSE connection without an event this long gets a keep-alive comment.
 SSE_KEEPALIVE_S = 15.0
