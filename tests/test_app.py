@@ -261,6 +261,34 @@ async def test_an_unknown_backend_gets_422_naming_the_available_ones(
     assert body["available"] == ["passthrough"]
 
 
+async def test_an_unknown_backend_suggests_only_the_backends_this_server_has() -> None:
+    fake = FakeTranslator()
+    async with app_with(fake) as app:
+        c = app.client
+        have = [fake.name, "passthrough"]  # the chain first, then the others
+        for asked in ("deepl", "local", "nope,passthrough"):
+            resp = await c.post("/v1/translate", json={"texts": [ENGLISH], "backend": asked})
+            body = assert_problem(resp, 422, "not configured here",
+                                  f"choose from {', '.join(have)}",
+                                  f"a chain of them such as '{','.join(have)}'")
+            assert "deepl,local" not in body["detail"]
+            assert sorted(body["available"]) == sorted(have)
+        resp = await c.post("/v1/translate", json={"texts": [ENGLISH], "backend": "pasthrough"})
+        assert_problem(resp, 422, "'pasthrough'", "did you mean 'passthrough'?")
+        resp = await c.post("/v1/translate", json={"texts": [ENGLISH],
+                                                   "backend": "passthrough,passthrough"})
+        assert_problem(resp, 422, "'passthrough' twice")
+
+
+async def test_an_unknown_backend_on_a_server_of_one_backend_suggests_no_chain(
+    passthrough_app: Running,
+) -> None:
+    resp = await passthrough_app.client.post(
+        "/v1/streams", json={"stream_id": "b1", "backend": "deepl,local"})
+    body = assert_problem(resp, 422, "'deepl'", "choose from passthrough")
+    assert "chain" not in body["detail"] and "local" not in body["detail"].split("(")[1]
+
+
 _ODD_BODIES = [
     b"",
     b"null",
