@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import time
 from collections import deque
 from collections.abc import AsyncIterator
@@ -287,6 +288,28 @@ async def test_an_unknown_backend_on_a_server_of_one_backend_suggests_no_chain(
         "/v1/streams", json={"stream_id": "b1", "backend": "deepl,local"})
     body = assert_problem(resp, 422, "'deepl'", "choose from passthrough")
     assert "chain" not in body["detail"] and "local" not in body["detail"].split("(")[1]
+
+
+# -- /docs ------------------------------------------------------------------------------------
+
+
+async def test_the_docs_page_loads_nothing_from_another_origin(passthrough_app: Running) -> None:
+    """FastAPI's /docs fetched Swagger UI from a CDN: blank offline. The page now holds the
+    operations and says where the OpenAPI document is, with nothing to fetch."""
+    c = passthrough_app.client
+    resp = await c.get("/docs")
+    assert resp.status_code == 200 and resp.headers["content-type"].startswith("text/html")
+    page = resp.text
+    references = re.findall(r"""(?:src|href|action)\s*=\s*["']?([^"'\s>]*)""", page, re.I)
+    assert references and all(
+        not re.match(r"[a-z][a-z0-9+.-]*:|//", ref, re.I) for ref in references), references
+    assert "openapi.json" in references
+    assert not re.search(r"<script|<link|<img|<iframe|@import|url\(", page, re.I)
+    assert "default-src 'none'" in resp.headers["content-security-policy"]
+    document = (await c.get("/openapi.json")).json()
+    for path in document["paths"]:
+        assert f"<code>{path}</code>" in page, path
+    assert (await c.get("/redoc")).status_code == 404  # it fetched Redoc from a CDN too
 
 
 _ODD_BODIES = [
