@@ -179,6 +179,9 @@ def test_the_check_keeps_few_answers() -> None:
         assert not check.allows(f"n{n}.example".encode())
     assert len(check._seen) <= 256
     assert check.allows(b"localhost:1") and check.allows(None)
+    check._seen.clear()
+    assert not check.allows(b"a" * 5000 + b".example")
+    assert check._seen == {}  # a header longer than any name is answered, not kept
 
 
 @pytest.mark.parametrize("value", [

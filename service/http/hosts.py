@@ -10,6 +10,7 @@ import ipaddress
 from collections.abc import Sequence
 
 _CACHE_SIZE = 256  # Host headers whose answer is kept
+_CACHED_BYTES = 300  # longer than any name and port: an answer not worth keeping
 
 
 def host_name(header: str) -> str | None:
@@ -76,9 +77,11 @@ class HostCheck:
             return True
         known = self._seen.get(header)
         if known is None:
-            if len(self._seen) >= _CACHE_SIZE:
-                self._seen.clear()
-            known = self._seen[header] = self._allows(header.decode("latin-1"))
+            known = self._allows(header.decode("latin-1"))
+            if len(header) <= _CACHED_BYTES:
+                if len(self._seen) >= _CACHE_SIZE:
+                    self._seen.clear()
+                self._seen[header] = known
         return known
 
     def _allows(self, header: str) -> bool:
