@@ -71,6 +71,12 @@ def _list_value(value: Any) -> Any:
 ListSetting = Annotated[list[str], NoDecode, BeforeValidator(_list_value)]
 
 
+# A name THINKTRANS_ALLOWED_HOSTS takes: DNS labels (underscores too: compose service names
+# have them), optionally under ``*.``.
+_LABEL = r"[a-z0-9_]([a-z0-9_-]*[a-z0-9_])?"
+_HOST_NAME = re.compile(rf"(\*\.)?{_LABEL}(\.{_LABEL})*")
+
+
 def _secret(value: SecretStr | None) -> str | None:
     return value.get_secret_value() if value is not None else None
 
@@ -84,6 +90,14 @@ class ServingSection(BaseModel):
     port: int = Field(8088, ge=1, le=65535, description="Port `thinktrans serve` listens on.")
     api_token: SecretStr | None = Field(
         None, description="When set, every /v1 route needs `Authorization: Bearer <token>`."
+    )
+    allowed_hosts: ListSetting = Field(
+        default_factory=list,
+        description="Names clients reach this server by, besides `localhost`, `*.localhost`, "
+        "IP addresses and `host`: a request whose `Host` header names another gets 421, "
+        "token or not (a defence against DNS rebinding; `/healthz` excepted). E.g. "
+        "`thinktrans`, a container's service name; `*.example.com`: the names under "
+        "example.com; `*`: any name (the check off).",
     )
     log_level: Literal["debug", "info", "warning", "error"] = Field(
         "info", description="Log level."
@@ -822,6 +836,19 @@ class Settings(
             raise ValueError("is set but empty; set a token, or unset the variable to run "
                              "without authentication")
         return value
+
+    @field_validator("allowed_hosts")
+    @classmethod
+    def _allowed_hosts(cls, value: list[str]) -> list[str]:
+        out = []
+        for item in value:
+            name = item.strip().lower()
+            if name != "*" and not _HOST_NAME.fullmatch(name := name.removesuffix(".")):
+                raise ValueError(f"{item[:60]!r} is not a host name: give the name alone, "
+                                 "without scheme, port or path (e.g. thinktrans, "
+                                 "*.example.com, or * for any name)")
+            out.append(name)
+        return out
 
     @field_validator("pool_client_id")
     @classmethod

@@ -64,6 +64,8 @@ def fuzz_settings(**overrides: Any) -> Any:
         "default_locale": "zh-CN", "max_wait_poll_ms": 50, "deadline_ms": 500,
         "flush_idle_ms": 100, "max_texts": 16, "max_chunks_per_request": 64,
         "max_request_bytes": 65_536, "max_streams": 64,
+        # schemathesis calls an app in-process as "testserver", a name the server must allow.
+        "allowed_hosts": ["testserver"],
     }
     return make_settings(**{**base, **overrides})
 
@@ -211,7 +213,7 @@ class _AppRunner:
         self._gen = start_app(fuzz_settings(**overrides))
         self.running: Running = self.runner.run(anext(self._gen))
         transport = httpx.ASGITransport(app=self.running.app, raise_app_exceptions=False)
-        self.client = httpx.AsyncClient(transport=transport, base_url="http://test")
+        self.client = httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1")
 
     def request(self, method: str, url: str, **kwargs: Any) -> httpx.Response:
         async def send() -> httpx.Response:

@@ -24,7 +24,12 @@ from starlette.types import Message, Scope, Send
 from models.errors import BackendError
 from service.exceptions import Conflict, EventsGone, InputError, ThinktransError
 from service.http.deps import StreamId, StreamsDep, get_streams, runtime_of
-from service.http.problems import answer_error, answer_invalid, problem_responses
+from service.http.problems import (
+    answer_error,
+    answer_invalid,
+    problem_responses,
+    unreadable_body,
+)
 from service.schemas import (
     STREAM_ID_PATTERN,
     ChunksRequest,
@@ -39,7 +44,7 @@ from service.schemas import (
 from service.stream.emission import Event
 from service.stream.pipeline import Stream
 
-router = APIRouter(prefix="/v1", responses=problem_responses(401, 408, 413, 415, 422))
+router = APIRouter(prefix="/v1", responses=problem_responses(401, 408, 413, 415, 421, 422))
 
 # An SSE connection without an event this long gets a keep-alive comment.
 SSE_KEEPALIVE_S = 15.0
@@ -69,9 +74,10 @@ def _parse_chunks(stream_id: str, body: bytes) -> ChunksRequest:
     try:
         return ChunksRequest.model_validate_json(body)
     except ValidationError as exc:
-        raise RequestValidationError(
-            [{**e, "loc": ("body", *e["loc"])} for e in exc.errors(include_input=False)]
-        ) from None
+        errors = [{**e, "loc": ("body", *e["loc"])} for e in exc.errors(include_input=False)]
+        if errors[0]["type"] == "json_invalid":  # said as for the other routes' bodies
+            errors = [unreadable_body(body) or errors[0]]
+        raise RequestValidationError(errors) from None
 
 
 class _ChunkRoute(APIRoute):
