@@ -318,6 +318,9 @@ async def test_every_language_of_the_nllb_checkpoint_is_listed_and_served(
                              ("ks-Deva", "kas_Deva"), ("fa", "pes_Arab"), ("fa-AF", "prs_Arab"),
                              ("zh-TW", "zho_Hant"), ("sr-Cyrl", "srp_Cyrl"), ("ar", "arb_Arab")):
             assert route("en", target).forced_bos == tokenizer.convert_tokens_to_ids(code)
+        # A source in a script the model lacks goes in as its language.
+        assert route("sr-Latn", "de").src_code == "srp_Cyrl"
+        assert route("arb", "de").src_code == "arb_Arab"
         for target in ("yo", "am", "ks-Deva", "fa-AF"):
             r = await app.client.post("/v1/translate", json={
                 "texts": ["The user said hello. Let me check the file first."],
