@@ -57,7 +57,7 @@ async def _through_app(settings: Settings, concurrency: int, requests: int
     app = create_app(settings)
     async with app.router.lifespan_context(app):
         transport = httpx.ASGITransport(app=app)
-        async with httpx.AsyncClient(transport=transport, base_url="http://bench") as client:
+        async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1") as client:
             body = {"target": "zh-CN", "texts": [TEXT]}
             r = await client.post("/v1/translate", json=body)
             per_request = len(r.json()["results"][0]["segments"])

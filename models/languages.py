@@ -3,7 +3,7 @@
 One canonical form everywhere (``standardize``: langcodes' standardisation), so that a tag
 the client wrote, a setting and a backend's table compare equal. Each backend keeps its
 vendor's codes in a table keyed by language, or ``language-Script`` where the script changes
-the code (``zh-Hans``, ``zh-Hant``); ``table_key`` maps a tag to that key.
+the code (``zh-Hans``, ``zh-Hant``, ``ks-Deva``); ``table_key`` maps a tag to that key.
 """
 
 from __future__ import annotations
@@ -22,8 +22,22 @@ _UNSAFE_CATEGORIES = frozenset({"Cc", "Cf", "Zl", "Zp"})
 # allowed-locale matching: ``no`` (the macrolanguage) is written as Bokmal. Withdrawn codes
 # (``tl``, ``iw``, ``in``) never get here: standardisation has already replaced them.
 ALIASES = {"no": "nb"}
-# Languages whose script changes the key, and the scripts that have a key of their own.
-_SCRIPT_KEYED = {"zh": frozenset({"Hans", "Hant"})}
+# Individual languages the tables write as their macrolanguage, where the macrolanguage's tag
+# means that member (a user who writes ``ar`` wants Standard Arabic, ``arb``).
+_MACROLANGUAGES = {
+    "arb": "ar", "ayr": "ay", "azj": "az", "dik": "din", "pes": "fa", "knc": "kr", "kmr": "ku",
+    "lvs": "lv", "plt": "mg", "khk": "mn", "zsm": "ms", "npi": "ne", "gaz": "om", "ory": "or",
+    "pbt": "ps", "quy": "qu", "als": "sq", "swh": "sw", "uzn": "uz", "ydd": "yi",
+}  # fmt: skip
+# Languages whose script changes the key, and the scripts that have a key of their own: the
+# others, and a tag that names none, go to the plain key (``ks`` and ``ks-Arab`` are ``ks``;
+# ``ks-Deva`` is ``ks-Deva``). Chinese has no plain key: ``zh`` is ``zh-Hans``. ``sr-Latn`` is a
+# key of its own, so that Latin Serbian is never served by a table's Cyrillic one.
+_SCRIPT_KEYED = {
+    "zh": frozenset({"Hans", "Hant"}), "ks": frozenset({"Deva"}), "ace": frozenset({"Arab"}),
+    "bjn": frozenset({"Arab"}), "kr": frozenset({"Arab"}), "taq": frozenset({"Tfng"}),
+    "sr": frozenset({"Latn"}),
+}
 
 
 class TagFault(enum.Enum):
@@ -88,14 +102,29 @@ def region(tag: str) -> str | None:
 
 
 def table_key(tag: str) -> str:
-    """The tables' key for a tag: ``zh-TW`` -> ``zh-Hant``, ``no`` -> ``nb``, ``de-AT`` -> ``de``.
+    """The tables' key for a tag: ``zh-TW`` -> ``zh-Hant``, ``no`` -> ``nb``, ``de-AT`` -> ``de``,
+    ``arb`` -> ``ar``, ``ks-Deva`` -> ``ks-Deva``.
 
     Raises ValueError (``langcodes.LanguageTagError``) when ``tag`` cannot be parsed.
     """
-    base = base_language(tag)
+    base = language_key(tag)
+    base = _MACROLANGUAGES.get(base, base)
     scripts = _SCRIPT_KEYED.get(base)
     if scripts is not None:
         # The script a tag names or implies: zh-TW and zh-HK are Traditional, zh Simplified.
         script = langcodes.Language.get(tag).maximize().script
-        return f"{base}-{script}" if script in scripts else base
-    return language_key(tag)
+        if script in scripts:
+            return f"{base}-{script}"
+    return base
+
+
+def table_keys(tag: str) -> tuple[str, ...]:
+    """The keys to look a tag up by, the most specific first: with its region where it has
+    one (``fa-AF`` -> ``fa-AF``, ``fa``), for a table that keeps a region's variety apart
+    (NLLB-200's Dari); else ``table_key`` alone.
+
+    Raises ValueError (``langcodes.LanguageTagError``) when ``tag`` cannot be parsed.
+    """
+    key = table_key(tag)
+    territory = region(tag)
+    return (f"{key}-{territory}", key) if territory else (key,)

@@ -37,10 +37,11 @@ from models.languages import canonical, table_key
 from models.local.catalog import NO_SPACE_TARGETS
 from models.local.pieces import Part, cut_texts, rejoin
 from models.pool_info import DEFAULT_CALL_TEXTS, PoolInfo, PoolLimits
-from models.remote import RemoteTranslator
+from models.remote import AnswerBound, RemoteTranslator
 from models.spans import Protected, Span
 
 NO_URL_REASON = "set THINKTRANS_POOL_URL to the pool's address, e.g. http://pool:8000"
+MAX_RESPONSE_SETTING = "THINKTRANS_POOL_MAX_RESPONSE_BYTES"
 # How long past a batch's deadline the backend still waits for the pool.
 GRACE_S = 0.1
 # The longest this sidecar holds its calls back when the pool asks it to wait (Retry-After).
@@ -137,6 +138,8 @@ class PoolConfig:
     max_text_chars: int
     max_call_chars: int
     max_call_bytes: int
+    # The most bytes read of one answer of the pool (an error's: its first bytes).
+    max_response_bytes: int
     transport: httpx.AsyncBaseTransport | None = None  # httpx's default: TCP
 
 
@@ -160,6 +163,7 @@ class PoolTranslator(RemoteTranslator):
         self.spans_kept = {"masked": 0, "fallback": 0}
         self.throttled = 0  # calls the pool refused over this sidecar's cap
         self._hold_until = 0.0  # monotonic: no call before it (the pool's Retry-After)
+        self._bound = AnswerBound(config.max_response_bytes, MAX_RESPONSE_SETTING)
         self.url: str | None = None
         if not config.url:
             self._not_configured(NO_URL_REASON)
@@ -194,7 +198,11 @@ class PoolTranslator(RemoteTranslator):
         """Read ``GET /v1/info``: up with what the pool serves, else down (and probed)."""
         assert self._client is not None
         try:
-            resp = await self._client.get("/v1/info", timeout=PROBE_TIMEOUT_S)
+            resp = await self._ask(self._client.build_request(
+                "GET", "/v1/info", timeout=PROBE_TIMEOUT_S), "the pool's /v1/info")
+        except BadOutput as exc:  # no pool's answer: down, until one is
+            self._mark_down(f"pool: {exc.detail}", fail_fast=False)
+            raise
         except httpx.TimeoutException as exc:
             if self.ready:  # waiting behind a busy pool's batches: the batches tell
                 raise BackendTimeout(f"pool: /v1/info took over {PROBE_TIMEOUT_S:g} s") from exc
@@ -212,6 +220,16 @@ class PoolTranslator(RemoteTranslator):
         if self.ready:  # an answer that is no pool's: down all the same, until one is
             self._mark_down(f"pool not ready: {error.detail}", fail_fast=False)
         raise error
+
+    async def _ask(self, request: httpx.Request, what: str) -> httpx.Response:
+        """``request`` sent, and its answer read within THINKTRANS_POOL_MAX_RESPONSE_BYTES
+        (BadOutput past it; of an error, its first bytes)."""
+        assert self._client is not None
+        response = await self._client.send(request, stream=True)
+        try:
+            return await self._bound.read(response, what)
+        finally:
+            await response.aclose()
 
     def _unreachable(self, exc: httpx.HTTPError) -> BackendUnavailable:
         reason = f"pool at {self.url} unreachable: {first_line(exc)}"
@@ -362,8 +380,9 @@ class PoolTranslator(RemoteTranslator):
                                           ("previous", not call.preview)) if none}
         payload = _dumps(call.model_dump(exclude=unsaid))
         try:
-            resp = await self._client.post("/v1/batch", content=payload,
-                                           headers={"Content-Type": "application/json"})
+            resp = await self._ask(self._client.build_request(
+                "POST", "/v1/batch", content=payload,
+                headers={"Content-Type": "application/json"}), "the pool's answer")
         except httpx.ConnectError as exc:  # nothing listens there (any more)
             raise self._unreachable(exc) from exc
         except httpx.TimeoutException as exc:

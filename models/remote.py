@@ -1,11 +1,11 @@
-"""What the remote backends (DeepL, an LLM endpoint) share: readiness that follows the vendor.
+"""What the remote backends (DeepL, an LLM endpoint, the pool) share: readiness that follows
+the vendor, and its answers read within a bound (``AnswerBound``).
 
 A remote backend counts as ready until its vendor says otherwise. A failure a person must fix
 (a rejected key, a spent quota) marks it not ready and refuses requests at once; an outage
-marks it not ready but lets the next request try, and heals it when that one succeeds.
-Either way a background probe (the subclass's ``_check``, never billed) runs until the vendor
-answers again: slowly after the first kind, quickly after the second. The pipeline skips a
-backend that is not ready, so without the probe nothing would bring it back.
+lets the next request try, and heals it when that one succeeds. Either way a background probe
+(the subclass's ``_check``, never billed) runs until the vendor answers again: slowly after
+the first kind, quickly after the second; without it nothing would bring the backend back.
 """
 
 from __future__ import annotations
@@ -13,12 +13,87 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import re
 from abc import abstractmethod
-from collections.abc import Coroutine
+from collections.abc import AsyncIterator, Coroutine
+from dataclasses import dataclass
 from typing import Any
 
+import httpx
+
 from models.base import Translator
-from models.errors import BackendError, BackendUnavailable
+from models.errors import BackendError, BackendUnavailable, BadOutput
+
+# What ends a line of a streamed answer (server-sent events allow all three).
+_EOL = re.compile(rb"\r\n|\r|\n")
+# Headers of a body as it came, not as it is kept once read (decoded, perhaps cut).
+_BODY_HEADERS = frozenset({"content-encoding", "content-length", "transfer-encoding"})
+
+
+@dataclass(frozen=True)
+class AnswerBound:
+    """The most bytes a backend reads of one answer of its vendor (a body, or one line of a
+    streamed body), and the setting that says so. Past it the reading stops and the
+    connection is closed: an answer that never ends costs this much memory, no more."""
+
+    max_bytes: int
+    setting: str  # the THINKTRANS_* variable, named in the error
+
+    def exceeded(self, what: str) -> BadOutput:
+        return BadOutput(f"{what} exceeded {self.max_bytes} bytes ({self.setting}); "
+                         "read no further")
+
+    async def body(self, response: httpx.Response, what: str) -> bytes:
+        """The whole body of a streamed ``response``; BadOutput past the bound."""
+        body = bytearray()
+        async for chunk in response.aiter_bytes():
+            body += chunk
+            if len(body) > self.max_bytes:
+                await response.aclose()
+                raise self.exceeded(what)
+        return bytes(body)
+
+    async def prefix(self, response: httpx.Response) -> bytes:
+        """The first ``max_bytes`` of a streamed ``response``'s body, the rest unread."""
+        body = bytearray()
+        async for chunk in response.aiter_bytes():
+            body += chunk
+            if len(body) >= self.max_bytes:
+                await response.aclose()
+                break
+        return bytes(body[:self.max_bytes])
+
+    async def read(self, response: httpx.Response, what: str) -> httpx.Response:
+        """A streamed ``response``, read: a success's body whole (BadOutput past the bound),
+        an error's (4xx, 5xx) first bytes only, which are enough for its reason."""
+        content = (await self.prefix(response) if response.is_error
+                   else await self.body(response, what))
+        headers = [(name, value) for name, value in response.headers.multi_items()
+                   if name.lower() not in _BODY_HEADERS]
+        return httpx.Response(response.status_code, headers=headers, content=content,
+                              request=response.request)
+
+    async def lines(self, response: httpx.Response, what: str) -> AsyncIterator[str]:
+        """The lines of a streamed ``response``, as text; BadOutput at a line longer than
+        the bound, whatever lines came before it."""
+        pending = bytearray()  # the line begun, not ended yet
+        async for chunk in response.aiter_bytes():
+            at = max(0, len(pending) - 1)  # a \r kept back may be half of a \r\n
+            pending += chunk
+            start = 0
+            while (end := _EOL.search(pending, at)) is not None:
+                if end.group() == b"\r" and end.end() == len(pending):
+                    break  # perhaps half of a \r\n: the next chunk tells
+                if end.start() - start > self.max_bytes:
+                    break
+                yield pending[start:end.start()].decode("utf-8", "replace")
+                start = at = end.end()
+            del pending[:start]
+            if len(pending) > self.max_bytes:
+                await response.aclose()
+                raise self.exceeded(what)
+        if pending:
+            yield pending.decode("utf-8", "replace")
 
 
 class RemoteTranslator(Translator):

@@ -9,6 +9,7 @@ import asyncio
 import contextlib
 import errno
 import json
+import logging
 import socket
 import sys
 from collections.abc import Iterator
@@ -24,6 +25,8 @@ from service.settings import Settings, load_settings
 
 if TYPE_CHECKING:
     from service.tools.compare import BackendRun, CompareConfig
+
+log = logging.getLogger("thinktrans")
 
 app = typer.Typer(
     add_completion=False,
@@ -85,12 +88,27 @@ def _read_text(text: str | None) -> str:
     return text
 
 
-@app.command()
+def _default(name: str) -> str:
+    """What an option of a setting defaults to, as help shows it: its variable, else the
+    setting's default (the option's own default is None: not given, it leaves the setting to
+    the variable, the file or the default)."""
+    value = Settings.model_fields[name].get_default(call_default_factory=True)
+    shown = ",".join(value) if isinstance(value, list) else str(value)
+    return f"THINKTRANS_{name.upper()}, else {shown}"
+
+
+@app.command(epilog="Every setting is a THINKTRANS_* variable (THINKTRANS_PORT) or a key of "
+             "the --config file (port: 8088); docs/configuration.md lists them all, with "
+             "their defaults. Options win over variables, variables over the file.")
 def serve(
     config: ConfigOpt = None,
-    host: Annotated[str | None, typer.Option(help="Bind address.")] = None,
-    port: Annotated[int | None, typer.Option(help="Port.")] = None,
-    backend: Annotated[str | None, typer.Option(help="Backend or chain, e.g. deepl,local.")] = None,
+    host: Annotated[str | None, typer.Option(
+        help="Bind address.", show_default=_default("host"))] = None,
+    port: Annotated[int | None, typer.Option(
+        help="Port.", show_default=_default("port"))] = None,
+    backend: Annotated[str | None, typer.Option(
+        help="Backend or chain, e.g. deepl,local.",
+        show_default=_default("backend"))] = None,
 ) -> None:
     """Start the HTTP service."""
     import uvicorn
@@ -201,11 +219,10 @@ class _DrainingServer:
                 try:
                     health.write_state(bound[0][0], bound[0][1])
                 except OSError as exc:  # a read-only home: the check falls back to the port
-                    import logging
-
-                    logging.getLogger("thinktrans").warning(
+                    log.warning(
                         "cannot record the listening address for `thinktrans health`: %s",
                         exc.strerror or exc)
+                _say_viewer(bound[0][0], bound[0][1], self.app.state.settings)
 
         async def on_shutdown(sockets: Any = None) -> None:
             health.clear_state()
@@ -216,6 +233,16 @@ class _DrainingServer:
 
     def run(self) -> None:
         self.server.run()
+
+
+def _say_viewer(host: str, port: int, settings: Settings) -> None:
+    """Log the viewer's address once the server listens: on this machine's loopback when it
+    listens on every address, an IP address either way (the Host check passes it)."""
+    shown = {"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1"}.get(host, host)
+    url = f"http://{f'[{shown}]' if ':' in shown else shown}:{port}/viewer"
+    token = ("; it needs the token (THINKTRANS_API_TOKEN): type it into the page, or open "
+             "/viewer#token=<token>" if settings.api_token is not None else "")
+    log.info("the viewer is at %s%s", url, token, extra={"url": url})
 
 
 async def _translate(settings: Settings, text: str, target: str, source: str | None) -> Any:
@@ -242,7 +269,6 @@ def _startup_progress() -> Iterator[None]:
     if not sys.stderr.isatty():
         yield
         return
-    import logging
     import time
 
     from rich.console import Console
@@ -289,7 +315,8 @@ def _reason(translator: Any) -> str:
 def translate(
     to: Annotated[str, typer.Option("--to", help="Target locale, e.g. zh-CN.")],
     text: Annotated[str | None, typer.Argument(help="Text, or - for standard input.")] = None,
-    backend: Annotated[str | None, typer.Option(help="Backend or chain.")] = None,
+    backend: Annotated[str | None, typer.Option(
+        help="Backend or chain.", show_default=_default("backend"))] = None,
     source: Annotated[str | None, typer.Option(help="Source locale (default: detect).")] = None,
     # metavar "": a flag takes no value, and the help should not suggest one.
     as_json: Annotated[bool, typer.Option(

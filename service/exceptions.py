@@ -14,7 +14,8 @@
     │   ├── NotFound             no such stream (404)
     │   ├── EventsGone           a stream's events were no longer retained (410)
     │   ├── Conflict             the request contradicts accepted state (409)
-    │   └── Forbidden            a pool call names a client whose token it lacks (403)
+    │   ├── Forbidden            a pool call names a client whose token it lacks (403)
+    │   └── HostNotAllowed       a Host header that names another server (421)
     ├── Overloaded               a bounded queue is full (503 + Retry-After)
     ├── TooManyStreams           max_streams are open (429 + Retry-After)
     └── OverCap                  a pool client has its cap waiting (429 + Retry-After)
@@ -75,6 +76,9 @@ class Conflict(InputError):
 class Forbidden(InputError):
     """A pool call names a client that has a token of its own, without that token."""
 
+class HostNotAllowed(InputError):
+    """A request whose Host header names another server (THINKTRANS_ALLOWED_HOSTS)."""
+
 class Overloaded(ThinktransError):
     """A bounded queue is full; retry after ``retry_after_s``."""
 
@@ -125,6 +129,7 @@ PROBLEMS: dict[type[Exception], Kind] = {
     EventsGone: Kind(410, "events-gone", "Events no longer retained"),
     Conflict: Kind(409, "conflict", "Conflict"),
     Forbidden: Kind(403, "forbidden", "Forbidden"),
+    HostNotAllowed: Kind(421, "host-not-allowed", "Misdirected request"),
     Overloaded: Kind(503, "overloaded", "Service overloaded"),
     OverCap: Kind(429, "over-cap", "Client over its cap"),
     TooManyStreams: Kind(429, "too-many-streams", "Too many streams"),

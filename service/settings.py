@@ -71,6 +71,12 @@ def _list_value(value: Any) -> Any:
 ListSetting = Annotated[list[str], NoDecode, BeforeValidator(_list_value)]
 
 
+# A name THINKTRANS_ALLOWED_HOSTS takes: DNS labels (underscores too: compose service names
+# have them), optionally under ``*.``.
+_LABEL = r"[a-z0-9_]([a-z0-9_-]*[a-z0-9_])?"
+_HOST_NAME = re.compile(rf"(\*\.)?{_LABEL}(\.{_LABEL})*")
+
+
 def _secret(value: SecretStr | None) -> str | None:
     return value.get_secret_value() if value is not None else None
 
@@ -84,6 +90,14 @@ class ServingSection(BaseModel):
     port: int = Field(8088, ge=1, le=65535, description="Port `thinktrans serve` listens on.")
     api_token: SecretStr | None = Field(
         None, description="When set, every /v1 route needs `Authorization: Bearer <token>`."
+    )
+    allowed_hosts: ListSetting = Field(
+        default_factory=list,
+        description="Names clients reach this server by, besides `localhost`, `*.localhost`, "
+        "IP addresses and `host`: a request whose `Host` header names another gets 421, "
+        "token or not (a defence against DNS rebinding; `/healthz` excepted). E.g. "
+        "`thinktrans`, a container's service name; `*.example.com`: the names under "
+        "example.com; `*`: any name (the check off).",
     )
     log_level: Literal["debug", "info", "warning", "error"] = Field(
         "info", description="Log level."
@@ -569,6 +583,12 @@ class LLMSection(BaseModel):
     llm_api_key: SecretStr | None = Field(None, description="Bearer key for the endpoint.")
     llm_timeout_s: float = Field(30.0, gt=0, description="Timeout of one chat request.")
     llm_concurrency: int = Field(4, ge=1, le=256, description="Chat requests in flight at once.")
+    llm_max_response_bytes: int = Field(
+        4_194_304, ge=65_536, le=1 << 30, description="Most bytes read of one answer of the "
+        "endpoint: a whole answer, one line of a streamed one, the `/models` list; past it the "
+        "connection is closed and the batch fails (the chain's next backend serves it). Of an "
+        "error answer only this many bytes are read, for its reason."
+    )
     llm_json_mode: bool = Field(
         False, description="Send `response_format: json_object` (only servers that support it)."
     )
@@ -614,6 +634,7 @@ class LLMSection(BaseModel):
             model=self.llm_model,
             api_key=_secret(self.llm_api_key),
             timeout_s=self.llm_timeout_s,
+            max_response_bytes=self.llm_max_response_bytes,
             concurrency=self.llm_concurrency,
             json_mode=self.llm_json_mode,
             check_items=self.llm_check_items,
@@ -678,6 +699,13 @@ class PoolSection(BaseModel):
     pool_concurrency: int = Field(
         8, ge=1, le=256, description="The `pool` backend: batches in flight to the pool at "
         "once from this sidecar."
+    )
+    pool_max_response_bytes: int = Field(
+        16_777_216, ge=65_536, le=1 << 30, description="The `pool` backend: most bytes read "
+        "of one answer of the pool (a call's translations, `/v1/info`); past it the connection "
+        "is closed and the call fails (the chain's next backend serves its batch). Keep it "
+        "well above `pool_max_call_bytes`: a call's translations are about its texts' size. Of "
+        "an error answer only this many bytes are read, for its reason."
     )
     pool_client_id: str | None = Field(
         None, description="The `pool` backend: this sidecar's name to the pool, which shares "
@@ -761,7 +789,8 @@ class PoolSection(BaseModel):
                           sidecar=self.pool_client_id or client_id(port),
                           max_text_chars=self.pool_max_text_chars,
                           max_call_chars=self.pool_max_call_chars,
-                          max_call_bytes=self.pool_max_call_bytes)
+                          max_call_bytes=self.pool_max_call_bytes,
+                          max_response_bytes=self.pool_max_response_bytes)
 
 
 class PricesSection(BaseModel):
@@ -807,6 +836,19 @@ class Settings(
             raise ValueError("is set but empty; set a token, or unset the variable to run "
                              "without authentication")
         return value
+
+    @field_validator("allowed_hosts")
+    @classmethod
+    def _allowed_hosts(cls, value: list[str]) -> list[str]:
+        out = []
+        for item in value:
+            name = item.strip().lower()
+            if name != "*" and not _HOST_NAME.fullmatch(name := name.removesuffix(".")):
+                raise ValueError(f"{item[:60]!r} is not a host name: give the name alone, "
+                                 "without scheme, port or path (e.g. thinktrans, "
+                                 "*.example.com, or * for any name)")
+            out.append(name)
+        return out
 
     @field_validator("pool_client_id")
     @classmethod

@@ -143,7 +143,7 @@ async def start_app(
     app = create_app(settings, backends=backends)
     async with app.router.lifespan_context(app):
         transport = httpx.ASGITransport(app=app)
-        async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
+        async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1") as client:
             yield Running(app, client)
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import time
 from collections import deque
 from collections.abc import AsyncIterator
@@ -261,6 +262,56 @@ async def test_an_unknown_backend_gets_422_naming_the_available_ones(
     assert body["available"] == ["passthrough"]
 
 
+async def test_an_unknown_backend_suggests_only_the_backends_this_server_has() -> None:
+    fake = FakeTranslator()
+    async with app_with(fake) as app:
+        c = app.client
+        have = [fake.name, "passthrough"]  # the chain first, then the others
+        for asked in ("deepl", "local", "nope,passthrough"):
+            resp = await c.post("/v1/translate", json={"texts": [ENGLISH], "backend": asked})
+            body = assert_problem(resp, 422, "not configured here",
+                                  f"choose from {', '.join(have)}",
+                                  f"a chain of them such as '{','.join(have)}'")
+            assert "deepl,local" not in body["detail"]
+            assert sorted(body["available"]) == sorted(have)
+        resp = await c.post("/v1/translate", json={"texts": [ENGLISH], "backend": "pasthrough"})
+        assert_problem(resp, 422, "'pasthrough'", "did you mean 'passthrough'?")
+        resp = await c.post("/v1/translate", json={"texts": [ENGLISH],
+                                                   "backend": "passthrough,passthrough"})
+        assert_problem(resp, 422, "'passthrough' twice")
+
+
+async def test_an_unknown_backend_on_a_server_of_one_backend_suggests_no_chain(
+    passthrough_app: Running,
+) -> None:
+    resp = await passthrough_app.client.post(
+        "/v1/streams", json={"stream_id": "b1", "backend": "deepl,local"})
+    body = assert_problem(resp, 422, "'deepl'", "choose from passthrough")
+    assert "chain" not in body["detail"] and "local" not in body["detail"].split("(")[1]
+
+
+# -- /docs ------------------------------------------------------------------------------------
+
+
+async def test_the_docs_page_loads_nothing_from_another_origin(passthrough_app: Running) -> None:
+    """FastAPI's /docs fetched Swagger UI from a CDN: blank offline. The page now holds the
+    operations and says where the OpenAPI document is, with nothing to fetch."""
+    c = passthrough_app.client
+    resp = await c.get("/docs")
+    assert resp.status_code == 200 and resp.headers["content-type"].startswith("text/html")
+    page = resp.text
+    references = re.findall(r"""(?:src|href|action)\s*=\s*["']?([^"'\s>]*)""", page, re.I)
+    assert references and all(
+        not re.match(r"[a-z][a-z0-9+.-]*:|//", ref, re.I) for ref in references), references
+    assert "openapi.json" in references
+    assert not re.search(r"<script|<link|<img|<iframe|@import|url\(", page, re.I)
+    assert "default-src 'none'" in resp.headers["content-security-policy"]
+    document = (await c.get("/openapi.json")).json()
+    for path in document["paths"]:
+        assert f"<code>{path}</code>" in page, path
+    assert (await c.get("/redoc")).status_code == 404  # it fetched Redoc from a CDN too
+
+
 _ODD_BODIES = [
     b"",
     b"null",
@@ -297,7 +348,7 @@ _ODD_BODIES = [
 async def test_no_input_gets_a_5xx(passthrough_app: Running, path: str) -> None:
     transport = httpx.ASGITransport(app=passthrough_app.app, raise_app_exceptions=False)
     failures = []
-    async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
+    async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1") as client:
         for body in _ODD_BODIES:
             for headers in ({"content-type": "application/json"}, {}):
                 resp = await client.post(path, content=body, headers=headers)
@@ -354,7 +405,7 @@ async def test_auth_is_checked_before_the_body_is_parsed(token_app: Running) -> 
 async def test_auth_holds_when_served_under_a_root_path(token_app: Running) -> None:
     """Behind a proxy prefix (uvicorn --root-path, or a Mount) /v1 routes still need it."""
     transport = httpx.ASGITransport(app=token_app.app, root_path="/api")
-    async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
+    async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1") as client:
         health = await client.get("/api/healthz")
         anonymous = await client.get("/api/v1/backends")
         allowed = await client.get("/api/v1/backends", headers={"Authorization": "Bearer s3cret"})

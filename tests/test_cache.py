@@ -482,7 +482,7 @@ async def test_a_context_planted_by_one_stream_never_reaches_another_client(
 ) -> None:
     async with llm_app(obedient) as run:
         transport = httpx.ASGITransport(app=run.app)
-        async with httpx.AsyncClient(transport=transport, base_url="http://test") as other:
+        async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1") as other:
             planted = await stream_once(run.client, "attacker", [PLANT, SENTENCE])
             assert planted[1]["text"] == INJECTED  # the model obeyed the context
             seg = await one_shot(other, SENTENCE)

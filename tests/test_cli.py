@@ -8,6 +8,7 @@ import socket
 import stat
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -16,7 +17,7 @@ import pytest
 from typer.testing import CliRunner
 
 from service.cli import app
-from tests.conftest import served
+from tests.conftest import Server, served
 from tests.fakes_remote import FakeChat, closed_port_url
 
 runner = CliRunner()
@@ -78,9 +79,14 @@ def test_detect() -> None:
 
 
 @pytest.fixture
-def server() -> Iterator[str]:
+def server_log() -> Iterator[Server]:
     with served(THINKTRANS_DEFAULT_LOCALE="zh-CN") as srv:
-        yield srv.url
+        yield srv
+
+
+@pytest.fixture
+def server(server_log: Server) -> str:
+    return server_log.url
 
 
 def test_serve_over_real_http(server: str) -> None:
@@ -93,6 +99,43 @@ def test_serve_over_real_http(server: str) -> None:
     assert segments[0]["target"] == "zh-CN"
     assert httpx.get(f"{server}/healthz").json() == {"status": "ok"}
     assert "thinktrans_segments_total" in httpx.get(f"{server}/metrics").text
+
+
+def _logged(server: Server, words: str) -> dict[str, object]:
+    """The server's first log line that holds ``words``, waited for (within a hang guard)."""
+    give_up = time.monotonic() + HANG_S
+    while time.monotonic() < give_up:
+        for line in server.log().splitlines():
+            if words in line:
+                found: dict[str, object] = json.loads(line)
+                return found
+        time.sleep(0.1)
+    raise AssertionError(f"no log line with {words!r}: {server.log()[-2000:]}")
+
+
+def test_serve_logs_the_viewers_address_once_listening(server_log: Server) -> None:
+    line = _logged(server_log, "the viewer is at")
+    assert line["url"] == f"{server_log.url}/viewer"
+    assert line["msg"] == f"the viewer is at {server_log.url}/viewer"
+    assert httpx.get(str(line["url"]), timeout=10).status_code == 200
+
+
+def test_the_viewers_address_says_when_it_needs_the_token(token_served: Server) -> None:
+    line = _logged(token_served, "the viewer is at")
+    assert str(line["msg"]).startswith(f"the viewer is at {token_served.url}/viewer; ")
+    assert "THINKTRANS_API_TOKEN" in str(line["msg"]) and "#token=" in str(line["msg"])
+    assert "s3cret" not in token_served.log()
+
+
+def test_serve_help_shows_the_defaults_and_where_every_setting_is() -> None:
+    text = runner.invoke(app, ["serve", "--help"], env={"COLUMNS": "200"}).stdout
+    flat = " ".join(text.split())
+    for option, default in (("--host", "THINKTRANS_HOST, else 127.0.0.1"),
+                            ("--port", "THINKTRANS_PORT, else 8088"),
+                            ("--backend", "THINKTRANS_BACKEND, else local")):
+        assert re.search(rf"{option} <\w+> [^[]*\[default: \({re.escape(default)}\)\]",
+                         flat), (option, text)
+    assert "docs/configuration.md" in flat and "THINKTRANS_* variable" in flat
 
 
 # -- failures are one line and a non-zero exit ---------------------------------------------
@@ -123,7 +166,9 @@ def one_line(stderr: str) -> str:
      ({"THINKTRANS_BACKEND": "passthrough", "THINKTRANS_API_TOKEN": ""},
       ["THINKTRANS_API_TOKEN", "set but empty"]),
      ({"THINKTRANS_BACKEND": "passthrough", "THINKTRANS_DETECTOR": "nope"},
-      ["unknown detector 'nope'"])],
+      ["unknown detector 'nope'"]),
+     ({"THINKTRANS_BACKEND": "passthrough", "THINKTRANS_ALLOWED_HOSTS": "http://thinktrans:8088"},
+      ["THINKTRANS_ALLOWED_HOSTS", "'http://thinktrans:8088' is not a host name"])],
 )
 def test_serve_refuses_bad_config_in_one_line(env: dict[str, str], words: list[str]) -> None:
     port = str(closed_port_url().rsplit(":", 1)[1])
@@ -214,9 +259,14 @@ def test_translate_with_error_segments_exits_non_zero(
 
 
 @pytest.fixture(scope="module")
-def token_server() -> Iterator[str]:
+def token_served() -> Iterator[Server]:
     with served(THINKTRANS_API_TOKEN="s3cret", THINKTRANS_DEFAULT_LOCALE="zh-CN") as srv:
-        yield srv.url
+        yield srv
+
+
+@pytest.fixture(scope="module")
+def token_server(token_served: Server) -> str:
+    return token_served.url
 
 
 @pytest.mark.parametrize(("token", "words"), [(None, "needs a token (401)"),

@@ -895,7 +895,7 @@ async def test_a_sidecar_shutting_down_mid_stream_is_said_in_words() -> None:
     back with a reason that says the sidecar is shutting down, not "HTTP 409 conflict"."""
     fake = FakeTranslator(gate=asyncio.Event())  # the first sentence waits: drain waits
     async with app_with(fake) as running, ThinktransClient(
-            "http://test", transport=httpx.ASGITransport(app=running.app),
+            "http://127.0.0.1", transport=httpx.ASGITransport(app=running.app),
             timeout_s=2.0) as client:
         stream = client.stream("t:drain", target="de")
         got: list[StreamItem] = []
@@ -927,6 +927,30 @@ async def test_a_sidecar_shutting_down_mid_stream_is_said_in_words() -> None:
     assert later.failure is not None and later.failure.startswith(
         "the sidecar is shutting down (HTTP 503 overloaded), and it asks to retry after 5 s")
     assert segments(after)[0].error == f"sidecar: {later.failure}"
+
+
+async def test_a_sidecar_reached_by_a_name_it_does_not_allow_is_said_in_words() -> None:
+    """The client's URL names the sidecar by a name it does not answer to (421): the
+    stream falls back to the originals, and the reason says which setting takes the name.
+    With the name allowed, the same stream is served."""
+    pieces = ["Hello there. ", "Bye."]
+    for allowed in ("", "thinktrans"):
+        async with app_with(default_locale="de", allowed_hosts=allowed) as running:
+            async with ThinktransClient(
+                    "http://thinktrans", transport=httpx.ASGITransport(app=running.app),
+                    timeout_s=2.0) as client:
+                stream = client.stream("t:host", target="de")
+                got = await run_stream(stream, pieces)
+        assert "".join(s.original for s in segments(got)) == "".join(pieces)
+        if allowed:
+            assert stream.failure is None
+            assert all(s.error is None for s in segments(got))
+            continue
+        assert stream.failure is not None and stream.failure.startswith(
+            "the sidecar does not answer to the host name in its URL; add the name to the "
+            "sidecar's THINKTRANS_ALLOWED_HOSTS")
+        assert "(HTTP 421 host-not-allowed)" in stream.failure
+        assert all(s.error == f"sidecar: {stream.failure}" for s in segments(got))
 
 
 # -- close_wait_s: how long a closed stream waits for the rest -----------------------------

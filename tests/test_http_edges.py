@@ -86,10 +86,44 @@ async def test_a_chunked_body_that_is_not_json_gets_415(passthrough_app: Running
     assert_problem(resp, 415, "Content-Type: application/json")
 
 
+# -- bodies that are not JSON, or not UTF-8: said in words, with where ------------------------
+
+JSON_BODY_ROUTES = ["/v1/translate", "/v1/detect", "/v1/streams", "/v1/streams/w1/chunks"]
+HEADERS = {"content-type": "application/json"}
+
+
+@pytest.mark.parametrize("path", JSON_BODY_ROUTES)
+async def test_a_body_that_is_not_valid_json_says_what_and_where(
+    passthrough_app: Running, path: str
+) -> None:
+    body = b'{\n  "texts": ["Hello there."]\n  "target": "de"\n}'  # a comma missing
+    resp = await passthrough_app.client.post(path, content=body, headers=HEADERS)
+    problem = assert_problem(resp, 422, "the request body is not valid JSON",
+                             "Expecting ',' delimiter", "at line 3, column 3")
+    assert "decode error" not in problem["detail"]
+
+
+@pytest.mark.parametrize("path", JSON_BODY_ROUTES)
+async def test_a_body_that_is_not_utf8_says_so_and_where(
+    passthrough_app: Running, path: str
+) -> None:
+    body = b'{"texts": ["caf\xe9"], "stream_id": "w2", "chunks": []}'  # Latin-1, not UTF-8
+    resp = await passthrough_app.client.post(path, content=body, headers=HEADERS)
+    assert_problem(resp, 422, "must be UTF-8", "byte 0xe9 at offset 15", "line 1")
+
+
+@pytest.mark.parametrize("path", JSON_BODY_ROUTES)
+async def test_a_body_nested_too_deeply_says_so(passthrough_app: Running, path: str) -> None:
+    resp = await passthrough_app.client.post(path, content=b"[" * 50_000 + b"]" * 50_000,
+                                             headers=HEADERS)
+    assert resp.status_code < 500, resp.text
+    assert_problem(resp, resp.status_code, "nested too deeply")
+
+
 async def test_the_token_is_checked_before_the_media_type() -> None:
     app = create_app(make_settings(api_token="s3cret"))
     transport = httpx.ASGITransport(app=app)
-    async with httpx.AsyncClient(transport=transport, base_url="http://test") as c:
+    async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1") as c:
         resp = await c.post("/v1/translate", content=TRANSLATE, headers={"content-type": "text/x"})
     assert_problem(resp, 401)
 

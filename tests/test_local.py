@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+import re
 import shutil
 import threading
 from collections.abc import AsyncIterator
@@ -34,11 +35,13 @@ from models.local import (
     engines,
     split_text,
 )
+from models.passthrough import PassthroughTranslator
 from models.registry import build_backend
 from service.settings import load_settings
 from service.tools import testmodel
 from service.tools.testmodel import make_test_model
 from tests.configs import local_config
+from tests.conftest import app_with
 
 # MarianTokenizer asks for sacremoses, an optional punctuation normaliser these tests do not need.
 pytestmark = pytest.mark.filterwarnings("ignore:Recommended. pip install sacremoses")
@@ -278,7 +281,7 @@ async def test_languages_and_supports(nllb: LocalTranslator, m2m: LocalTranslato
     m2m_langs = m2m.languages()
     assert m2m_langs is not None
     assert "te" not in m2m_langs  # M2M-100 has no Telugu
-    assert set(m2m_langs) == set(M2M_CODES) - {"te"}
+    assert set(m2m_langs) == set(M2M_CODES)  # every code of the tokenizer
     assert nllb.supports(None, "te") and not m2m.supports(None, "te")
     assert nllb.supports("en", "zh-Hant-TW") and nllb.supports(None, "pt-BR")
     assert not nllb.supports("en", "tlh")  # valid BCP 47, not in the table
@@ -286,6 +289,48 @@ async def test_languages_and_supports(nllb: LocalTranslator, m2m: LocalTranslato
     with pytest.raises(UnsupportedLanguage, match="cannot translate en -> te"):
         await m2m.translate(["hello"], source="en", target="te")
     assert nllb.info()["languages"] == len(NLLB_CODES)
+
+
+@pytest.mark.engines("transformers")
+async def test_every_language_of_the_nllb_checkpoint_is_listed_and_served(
+    models: dict[str, Path],
+) -> None:
+    """NLLB-200's tokenizer has 202 FLORES-200 language tokens: each maps to a BCP 47 tag,
+    GET /v1/languages lists every one, and a target such as yo or am is translated (the test
+    checkpoint's output check is off: its text is noise), into its own token."""
+    tokenizer = AutoTokenizer.from_pretrained(models["nllb"])
+    flores = {token for token in tokenizer.get_vocab()
+              if re.fullmatch(r"[a-z]{3}_[A-Z][a-z]{3}", token)}
+    assert len(flores) == 202
+    tags = {code: tag for tag, code in NLLB_CODES.items()}
+    assert flores <= set(tags), sorted(flores - set(tags))
+    backend = make_backend(models["nllb"])
+    async with app_with(backends={"local": backend, "passthrough": PassthroughTranslator()},
+                        backend="local") as app:
+        assert await backend.wait_ready(timeout_s=60), backend.reason
+        body = (await app.client.get("/v1/languages")).json()
+        local = body["backends"]["local"]
+        assert sorted(local["targets"]) == sorted(tags[code] for code in flores)
+        assert local["models"][str(models["nllb"])] == local["targets"]
+        assert {"yo", "am", "ks", "ks-Deva", "fa-AF", "zh-Hant"} <= set(body["targets"])
+        route = backend._catalog.route
+        for target, code in (("yo", "yor_Latn"), ("am", "amh_Ethi"), ("ks", "kas_Arab"),
+                             ("ks-Deva", "kas_Deva"), ("fa", "pes_Arab"), ("fa-AF", "prs_Arab"),
+                             ("zh-TW", "zho_Hant"), ("sr-Cyrl", "srp_Cyrl"), ("ar", "arb_Arab")):
+            assert route("en", target).forced_bos == tokenizer.convert_tokens_to_ids(code)
+        # A source in a script the model lacks goes in as its language.
+        assert route("sr-Latn", "de").src_code == "srp_Cyrl"
+        assert route("arb", "de").src_code == "arb_Arab"
+        for target in ("yo", "am", "ks-Deva", "fa-AF"):
+            r = await app.client.post("/v1/translate", json={
+                "texts": ["The user said hello. Let me check the file first."],
+                "target": target})
+            assert r.status_code == 200, r.text
+            segments = r.json()["results"][0]["segments"]
+            assert {(seg["status"], seg["backend"]) for seg in segments} == {
+                ("translated", "local")}, (target, segments)
+        # A script the model does not have for a language is not served in another one.
+        assert not backend.supports("en", "sr-Latn")
 
 
 # -- batching --------------------------------------------------------------------------------

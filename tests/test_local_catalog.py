@@ -15,7 +15,7 @@ import pytest
 from models.errors import BackendUnavailable, UnsupportedLanguage
 from models.local import catalog as catalog_module
 from models.local.catalog import Catalog, OnDemand
-from models.local.checkpoint import NLLB_CODES, LoadError, Spec
+from models.local.checkpoint import LICENCES, NLLB_CODES, LoadError, Spec
 from models.local.engines import Loaded
 from models.local.slot import Slot
 from tests.configs import local_config
@@ -140,14 +140,33 @@ def test_entries_and_info_once_installed(executor: ThreadPoolExecutor) -> None:
     listed = catalog([Spec("a"), Spec("n")], [marian("a"), nllb("n")], executor)
     entries = listed.entries("unused")
     assert [(e["model"], e["default"], e["notes"]) for e in entries] == [
-        ("a", False, "marian en-de, transformers float32"),
-        ("n", True, f"nllb, {len(NLLB_CODES)} targets, transformers float32"),
+        ("a", False, f"marian en-de, transformers float32; {LICENCES['marian']}"),
+        ("n", True, f"nllb, {len(NLLB_CODES)} targets, transformers float32; {LICENCES['nllb']}"),
     ]
     assert listed.languages() == sorted(NLLB_CODES)
     assert listed.info() == {"models": ["a", "n"], "extra_models": [], "family": "marian",
                              "marian_pairs": ["en-de=a"], "workers": 1}
     all_marian = catalog([Spec("a"), Spec("b")], [marian("a"), marian("b")], executor)
     assert [e["default"] for e in all_marian.entries("")] == [True, False]
+
+
+def test_the_nllb_entries_state_the_weights_licence(executor: ThreadPoolExecutor) -> None:
+    """Where an operator picks a model: NLLB-200's weights are non-commercial, said in its
+    catalog entry, loaded or not yet, with the permissive choices named."""
+    nllb_id = "facebook/nllb-200-distilled-600M"
+    listed = catalog([Spec(nllb_id)], [], executor)
+    [waiting] = listed.entries("loading model")
+    assert str(waiting["notes"]).startswith("not loaded: loading model")
+    listed.install([nllb(nllb_id)], ENGINE)  # type: ignore[arg-type]
+    [loaded] = listed.entries("")
+    for notes in (str(waiting["notes"]), str(loaded["notes"])):
+        assert "CC-BY-NC 4.0, non-commercial use only" in notes, notes
+        assert "M2M-100 (MIT)" in notes and "OPUS-MT models (CC-BY 4.0)" in notes, notes
+    # A test checkpoint's weights are its own: random.
+    test = nllb("/m/test")
+    test.test_checkpoint = True
+    [entry] = catalog([Spec("/m/test")], [test], executor).entries("")
+    assert str(entry["notes"]).endswith("; test checkpoint: random weights, its output is noise")
 
 
 def test_model_problem(executor: ThreadPoolExecutor) -> None:
@@ -298,7 +317,8 @@ def test_a_catalog_loads_named_models_on_its_engine(executor: ThreadPoolExecutor
     # An extra serves only when named.
     with pytest.raises(UnsupportedLanguage):
         listed.route("en", "ja")
-    assert listed.entries("")[-1]["notes"] == "marian en-ja, transformers float32, loaded on demand"
+    assert listed.entries("")[-1]["notes"] == (
+        f"marian en-ja, transformers float32, loaded on demand; {LICENCES['marian']}")
 
 
 def test_a_model_an_open_stream_uses_is_never_dropped(executor: ThreadPoolExecutor) -> None:

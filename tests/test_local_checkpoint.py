@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from models.errors import BackendConfigError
-from models.languages import table_key
+from models.languages import table_key, table_keys
 from models.local import checkpoint
 from models.local.checkpoint import (
     FALLBACK_SOURCE,
@@ -26,6 +26,7 @@ from models.local.checkpoint import (
     hub_unreachable,
     lang_token_id,
     language_codes,
+    licence,
     marian_pair,
     model_specs,
     not_found_reason,
@@ -45,18 +46,31 @@ pytestmark = pytest.mark.filterwarnings("ignore:Recommended. pip install sacremo
     [("zh-CN", "zho_Hans", "zh"), ("zh-Hant-TW", "zho_Hant", "zh"), ("zh-TW", "zho_Hant", "zh"),
      ("zh", "zho_Hans", "zh"), ("ja-JP", "jpn_Jpan", "ja"), ("en", "eng_Latn", "en"),
      ("pt-BR", "por_Latn", "pt"), ("de", "deu_Latn", "de"), ("ko", "kor_Hang", "ko"),
-     ("no", "nob_Latn", "no")],
+     ("no", "nob_Latn", "no"), ("yo", "yor_Latn", "yo"), ("am", "amh_Ethi", "am"),
+     ("ms-MY", "zsm_Latn", "ms"), ("nso", "nso_Latn", "ns"), ("tl", "tgl_Latn", "tl"),
+     ("sr-Cyrl", "srp_Cyrl", "sr"), ("ks-Deva", "kas_Deva", None), ("ace", "ace_Latn", None),
+     ("ace-Arab", "ace_Arab", None), ("yue-HK", "yue_Hant", None), ("te", "tel_Telu", None),
+     ("br", None, "br"), ("fy", None, "fy")],
 )
-def test_backend_codes(tag: str, nllb: str, m2m: str) -> None:
+def test_backend_codes(tag: str, nllb: str | None, m2m: str | None) -> None:
     key = table_key(canonicalize(tag))
-    assert (NLLB_CODES[key], M2M_CODES[key]) == (nllb, m2m)
+    assert (NLLB_CODES.get(key), M2M_CODES.get(key)) == (nllb, m2m)
 
 
-def test_table_is_consistent() -> None:
-    assert len(NLLB_CODES) == 54 and set(M2M_CODES) == set(NLLB_CODES)
+def test_every_nllb_and_m2m100_code_has_a_tag() -> None:
+    """The tables hold every language code of the models' own tokenizers (transformers'
+    lists): each under the canonical BCP 47 tag that reaches it, which the code's own
+    ``lang-Script`` reaches too (``yor-Latn`` is ``yo``, ``kas-Deva`` is ``ks-Deva``)."""
+    from transformers.models.m2m_100.tokenization_m2m_100 import FAIRSEQ_LANGUAGE_CODES as M2M
+    from transformers.models.nllb.tokenization_nllb import FAIRSEQ_LANGUAGE_CODES as NLLB
+
+    assert sorted(NLLB_CODES.values()) == sorted(NLLB) and len(NLLB_CODES) == 202
+    assert set(M2M_CODES.values()) == set(M2M["m2m100"]) and len(M2M_CODES) == 101
+    for key in {*NLLB_CODES, *M2M_CODES}:
+        assert canonicalize(key) == key and table_keys(key)[0] == key, key
     for key, flores in NLLB_CODES.items():
-        assert canonicalize(key) == key and table_key(key) == key
-        assert len(flores.split("_")) == 2
+        language, script = flores.split("_")
+        assert key in table_keys(canonicalize(f"{language}-{script}")), (flores, key)
 
 
 def test_pair_specs() -> None:
@@ -206,6 +220,27 @@ def test_not_found_reasons_say_what_to_set(tmp_path: Path) -> None:
     assert "THINKTRANS_LOCAL_MODELS" in empty and "second line" not in empty
     hub = not_found_reason("nobody/none", error)
     assert "'nobody/none' not found locally" in hub and "HF_HUB_OFFLINE=1" in hub
+
+
+def test_the_no_model_hint_proposes_a_family_that_serves_what_the_model_would() -> None:
+    """Without the default model, the hint's test model has its family's languages (NLLB-200's
+    202), not a Marian pair's one target; an M2M-100 id gets an M2M-100 one."""
+    error = OSError("offline")
+    default = not_found_reason("facebook/nllb-200-distilled-600M", error)
+    assert "`thinktrans make-test-model --family nllb DIR`" in default, default
+    assert "marian" not in default
+    m2m = not_found_reason("facebook/m2m100_418M", error, "THINKTRANS_LOCAL_MODELS")
+    assert "--family m2m100 DIR` and THINKTRANS_LOCAL_MODELS=DIR" in m2m, m2m
+
+
+def test_the_weights_licence_by_family_and_publisher() -> None:
+    nllb = licence("nllb", "/models/any")
+    assert nllb is not None and "CC-BY-NC 4.0" in nllb and "non-commercial" in nllb
+    assert "M2M-100 (MIT)" in nllb and "CC-BY 4.0" in nllb
+    assert licence(None, "facebook/nllb-200-distilled-600M") == nllb
+    assert "MIT" in str(licence(None, "facebook/m2m100_418M"))
+    assert "CC-BY 4.0" in str(licence(None, "Helsinki-NLP/opus-mt-en-de"))
+    assert licence(None, "/models/mine") is None and licence(None, "someone/nllb") is None
 
 
 @pytest.mark.skipif(os.getuid() == 0, reason="root reads every file")

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from models.languages import canonical, table_key
+from models.languages import canonical, table_key, table_keys
 from service.exceptions import InvalidLocale, LocaleNotAllowed, kind_of
 from service.text.tags import (
     canonicalize,
@@ -43,11 +43,27 @@ def test_underscore_hint() -> None:
     [("zh-CN", "zh-Hans"), ("zh", "zh-Hans"), ("zh-SG", "zh-Hans"), ("zh-Hans", "zh-Hans"),
      ("zh-TW", "zh-Hant"), ("zh-HK", "zh-Hant"), ("zh-Hant-TW", "zh-Hant"), ("zh-Latn", "zh"),
      ("no", "nb"), ("nb", "nb"), ("tl", "fil"), ("iw", "he"), ("in", "id"), ("de-AT", "de"),
-     ("en-GB", "en"), ("pt-BR", "pt"), ("tlh", "tlh"), ("nn", "nn")],
+     ("en-GB", "en"), ("pt-BR", "pt"), ("tlh", "tlh"), ("nn", "nn"),
+     # A second script of a language is a key of its own; its usual one, or none, the plain key.
+     ("ks", "ks"), ("ks-Arab", "ks"), ("ks-Deva", "ks-Deva"), ("ace-Arab", "ace-Arab"),
+     ("taq", "taq"), ("taq-Tfng", "taq-Tfng"), ("sr", "sr"), ("sr-Cyrl", "sr"),
+     ("sr-Latn", "sr-Latn"), ("sr-ME", "sr-Latn"),
+     # An individual language is its macrolanguage's key where that is the member it means.
+     ("arb", "ar"), ("pes", "fa"), ("zsm", "ms"), ("knc", "kr"), ("knc-Arab", "kr-Arab"),
+     ("kmr", "ku"), ("yo", "yo"), ("am", "am"), ("yue", "yue"), ("fa-AF", "fa"), ("prs", "fa")],
 )
 def test_table_key(tag: str, key: str) -> None:
     """The key the backends' code tables share: script for Chinese, aliases, else the language."""
     assert table_key(tag) == key
+
+
+@pytest.mark.parametrize(
+    ("tag", "keys"),
+    [("fa-AF", ("fa-AF", "fa")), ("prs", ("fa-AF", "fa")), ("fa", ("fa",)),
+     ("zh-TW", ("zh-Hant-TW", "zh-Hant")), ("de", ("de",))],
+)
+def test_table_keys_try_the_region_first(tag: str, keys: tuple[str, ...]) -> None:
+    assert table_keys(tag) == keys
 
 
 @pytest.mark.parametrize(

@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import re
 import threading
 import time
 from collections.abc import Callable
@@ -286,3 +287,36 @@ async def test_the_first_run_without_the_hub_says_what_to_do_and_segments_keep_o
         [error] = errors
         assert "not found locally" in error and "THINKTRANS_BACKEND=passthrough" in error
         assert "trying again" not in error and "attempt" not in error, error
+
+
+@pytest.mark.engines("transformers")
+async def test_the_no_model_hint_proposes_a_test_model_that_serves_the_default_target(
+    models: dict[str, Path],
+) -> None:
+    """A zh-CN operator's first `thinktrans serve` without the hub: the test model the reason
+    proposes serves zh-CN. Followed (the session's checkpoint of that family), the default
+    target is translated and the instance is ready, not degraded."""
+    local = LocalTranslator(dataclasses.replace(
+        local_config(local_model="nobody/not-cached-here", load_retry_max_s=0.4),
+        load_retry_initial_s=0.2))
+    async with app_with(backends=with_passthrough(local), backend="local",
+                        default_locale="zh-CN") as app:
+
+        async def failed_once() -> str | None:
+            _, body = await readyz(app)
+            reason: str = body["backends"]["local"]["reason"]
+            return reason if "failed; trying again" in reason else None
+
+        reason = await until(failed_once, 30, "the first failed attempt")
+    proposed = re.search(r"`thinktrans make-test-model --family (\w+) DIR`", reason)
+    assert proposed is not None, reason
+    followed = make_backend(models[proposed[1]])
+    async with app_with(backends=with_passthrough(followed), backend="local",
+                        default_locale="zh-CN") as app:
+        assert await followed.wait_ready(60), followed.reason
+        code, body = await readyz(app)
+        assert (code, body["status"]) == (200, "ready"), body
+        r = await app.client.post("/v1/translate", json={"texts": ["The user said hello."]})
+        [seg] = r.json()["results"][0]["segments"]
+        assert (seg["status"], seg["backend"], seg["target"]) == (
+            "translated", "local", "zh-CN"), seg

@@ -29,6 +29,7 @@ CHOSEN: dict[str, Any] = {
     "backend": ["deepl", "local"],
     "extra_backends": ["llm", "pool"],
     "allowed_locales": ["de", "fr-CA"],
+    "allowed_hosts": ["thinktrans", "*.agents.internal"],
     "default_locale": "de",  # within allowed_locales when both are set
     "detect_languages": ["en", "de"],
     "span_kinds": ["code", "url"],

@@ -366,7 +366,7 @@ async def test_a_last_event_id_that_is_not_an_integer_is_422(value: bytes) -> No
     """"\xb2" is "²" in latin-1: str.isdigit() says yes, int() says no."""
     async with app_with(default_locale="de") as run:
         transport = httpx.ASGITransport(app=run.app, raise_app_exceptions=False)
-        async with httpx.AsyncClient(transport=transport, base_url="http://test") as c:
+        async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1") as c:
             await post_chunks(c, "h", [(0, "Hello.")])
             r = await c.get("/v1/streams/h/events", headers={"Last-Event-ID": value})
             assert "Last-Event-ID" in assert_problem(r, 422)["detail"]
@@ -559,6 +559,24 @@ async def test_opening_twice_is_200_with_the_same_target_and_409_with_another() 
         body = assert_problem(await c.post("/v1/streams", json={"stream_id": "o", "target": "ja"}),
                           409)
         assert "zh-CN" in body["detail"]
+
+
+async def test_a_409_on_opening_again_names_the_choices_in_words() -> None:
+    """A stream opened by its first chunk, with the server's defaults, then opened by name
+    with other choices: the 409 says what it has and what the request asked, never None."""
+    async with app_with(default_locale="de") as run:
+        c = run.client
+        assert (await post_chunks(c, "w", [(0, "Hello. ")])).status_code == 200
+        body = assert_problem(await c.post("/v1/streams", json={
+            "stream_id": "w", "target": "de", "backend": "passthrough", "model": "m1"}), 409)
+        detail = body["detail"]
+        assert "None" not in detail, detail
+        assert ("already open with target 'de', the server's default backend ('passthrough'), "
+                "the backend's default model and policy 'translate'") in detail
+        assert "this request asks for backend 'passthrough' and model 'm1'" in detail
+        body = assert_problem(await c.post("/v1/streams", json={
+            "stream_id": "w", "target": "ja"}), 409)
+        assert "this request asks for target 'ja':" in body["detail"]
 
 
 @pytest.mark.parametrize("sid", ["a b", "a/b", "ä", "x" * 129, "a;b"])

@@ -108,6 +108,57 @@ async def test_a_reader_behind_the_retained_events_is_told_where_to_resume() -> 
         assert r.status_code == 200 and len(r.json()["events"]) == 16
 
 
+
+# -- a stream opened again under its id --------------------------------------------------------
+
+
+async def test_a_last_event_id_past_the_streams_last_event_is_409_not_a_silent_skip() -> None:
+    """A reader resuming with an id of an earlier stream under the same id (deleted, then
+    opened again) is told so, SSE or long-poll, instead of being sent nothing."""
+    async with app_with(default_locale="de") as run:
+        c = run.client
+        await post_chunks(c, "again", [(0, "One. Two. Three. Four. Five.")])
+        await c.post("/v1/streams/again/close")
+        old = await read_until(c, "again")
+        assert (await c.delete("/v1/streams/again")).status_code == 204
+        await post_chunks(c, "again", [(0, "New one. New two.")])
+        await c.post("/v1/streams/again/close")
+        new = await read_until(c, "again")
+        assert new[-1]["id"] < old[-1]["id"]
+        for accept in ("text/event-stream", "application/json"):
+            headers = {"Accept": accept, "Last-Event-ID": str(old[-1]["id"])}
+            r = await c.get("/v1/streams/again/events", headers=headers)
+            problem = assert_problem(r, 409, "Last-Event-ID", "from its start")
+            assert problem["last_event_id"] == new[-1]["id"]
+            # its own last id is no conflict: nothing after it
+            headers["Last-Event-ID"] = str(new[-1]["id"])
+            r = await c.get("/v1/streams/again/events", headers=headers)
+            assert r.status_code == 200
+        assert_problem(await c.get("/v1/streams/fresh/events",
+                                   headers={"Last-Event-ID": "0"}), 404)
+        await c.post("/v1/streams", json={"stream_id": "fresh"})
+        r = await c.get("/v1/streams/fresh/events", headers={"Last-Event-ID": "0"})
+        assert assert_problem(r, 409)["last_event_id"] == -1  # no event yet
+
+
+async def test_events_say_when_their_stream_was_opened_so_a_new_one_is_told_apart() -> None:
+    async with app_with(default_locale="de") as run:
+        c = run.client
+        await post_chunks(c, "twice", [(0, "Hello there.")])
+        await c.post("/v1/streams/twice/close")
+        first = await c.get("/v1/streams/twice/events")
+        sse = await c.get("/v1/streams/twice/events", headers={"Accept": "text/event-stream"})
+        started = first.headers["thinktrans-stream-started"]
+        assert sse.headers["thinktrans-stream-started"] == started
+        assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{6}Z", started)
+        listed = (await c.get("/v1/streams")).json()["streams"][0]["started"]
+        # the list's `started`, to the microsecond
+        assert abs((datetime.fromisoformat(started) - _time(listed)).total_seconds()) < 0.002
+        await c.delete("/v1/streams/twice")
+        await post_chunks(c, "twice", [(0, "Hello again.")])
+        again = (await c.get("/v1/streams/twice/events")).headers["thinktrans-stream-started"]
+        assert datetime.fromisoformat(again) > datetime.fromisoformat(started)
+
 # -- the page and its files --------------------------------------------------------------------
 
 

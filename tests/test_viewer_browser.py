@@ -600,7 +600,17 @@ class CuttingProxy:
         self.url = f"http://127.0.0.1:{self.listener.getsockname()[1]}"
         self.open: list[socket.socket] = []
         self.lock = threading.Lock()
+        self.passing = threading.Event()  # cleared: what the page sends waits (``hold``)
+        self.passing.set()
         threading.Thread(target=self._accept, daemon=True).start()
+
+    def hold(self) -> None:
+        """Hold what the page sends (its requests, on any connection) until ``release``;
+        answers already on their way still come."""
+        self.passing.clear()
+
+    def release(self) -> None:
+        self.passing.set()
 
     def _accept(self) -> None:
         while True:
@@ -611,13 +621,15 @@ class CuttingProxy:
             server = socket.create_connection(self.upstream)
             with self.lock:
                 self.open += [client, server]
-            for a, b in ((client, server), (server, client)):
-                threading.Thread(target=self._pipe, args=(a, b), daemon=True).start()
+            for a, b, gate in ((client, server, self.passing), (server, client, None)):
+                threading.Thread(target=self._pipe, args=(a, b, gate), daemon=True).start()
 
     @staticmethod
-    def _pipe(src: socket.socket, dst: socket.socket) -> None:
+    def _pipe(src: socket.socket, dst: socket.socket, gate: threading.Event | None) -> None:
         try:
             while data := src.recv(65536):
+                if gate is not None:
+                    gate.wait()
                 dst.sendall(data)
         except OSError:
             pass
@@ -825,3 +837,210 @@ def test_a_stream_whose_first_events_are_gone_shows_what_is_kept(
         assert notice is not None and "no longer kept" in notice
         rows = view.rows()
         assert [r["index"] for r in rows] == list(range(15, 30))  # the last 15, and end
+
+
+# -- a stream opened again under its id ---------------------------------------------------------
+
+OLD = "Old sentence one. Old sentence two. Old sentence three. Old sentence four. "
+NEW_FEW = "A new short one."
+NEW_MANY = " ".join(f"New sentence {i} here." for i in range(6))
+AGAIN_CASES = {
+    # the page asks while the stream is gone (404), then it is opened again
+    "gone first": NEW_MANY,
+    # opened again and ended before the page asks: the page's last id is past its last (409)
+    "fewer events": NEW_FEW,
+    # opened again before the page asks, with more events than the page had: only the
+    # stream's start time (Thinktrans-Stream-Started) tells it is another stream
+    "more events": NEW_MANY,
+    # the page had read the old stream to its end: the list says another one has its id
+    "after its end": NEW_MANY,
+}
+
+
+def _originals(page: Any) -> list[str]:
+    return page.eval_on_selector_all("#rows .row .orig", "cells => cells.map(c => c.textContent)")
+
+
+def _events_asked(view: Page, sid: str) -> int:
+    return sum(r.url.endswith(f"/v1/streams/{sid}/events") for r in view.requests)
+
+
+def _lists_asked(view: Page) -> int:
+    return sum("/v1/streams?limit=" in r.url for r in view.requests)
+
+
+@pytest.mark.parametrize("case", list(AGAIN_CASES))
+def test_a_stream_opened_again_under_its_id_shows_only_the_new_ones_rows(
+    opened: Callable[..., Page], case: str,
+) -> None:
+    with served(flush_idle_ms=10_000) as url, httpx.Client(base_url=url) as c:
+        proxy = CuttingProxy(url)
+        try:
+            sid = "again"
+            c.post("/v1/streams", json={"stream_id": sid})
+            view = opened(proxy.url)
+            page = view.open(f"#stream={sid}")
+            page.wait_for_selector("#state[data-state='live']")
+            post(c, sid, 0, OLD)
+            if case == "after its end":
+                c.post(f"/v1/streams/{sid}/close")
+                page.wait_for_selector("#state[data-state='ended']", timeout=HANG_MS)
+            else:
+                view.wait_rows(3)  # the fourth sentence waits for more text (no idle flush)
+            old = _originals(page)
+            assert old[:3] == ["Old sentence one.", "Old sentence two.", "Old sentence three."]
+            if case in ("fewer events", "more events"):
+                proxy.hold()  # the page's next request waits until the new stream has ended
+            assert c.delete(f"/v1/streams/{sid}").status_code == 204
+            if case == "gone first":
+                page.wait_for_selector("#state[data-state='waiting']", timeout=HANG_MS)
+                notice = page.text_content("#notice")
+                assert notice is not None and "deleted or expired (404)" in notice
+                assert _originals(page) == old  # what was read stays until a new one comes
+            assert c.post("/v1/streams", json={"stream_id": sid}).status_code == 201
+            post(c, sid, 0, AGAIN_CASES[case])
+            c.post(f"/v1/streams/{sid}/close")
+            new = [s["original"].strip() for s in as_now(events(c, sid))]
+            proxy.release()
+            until(page, f"JSON.stringify([...document.querySelectorAll('#rows .row .orig')]"
+                        f".map(c => c.textContent)) === JSON.stringify({json.dumps(new)})")
+            page.wait_for_selector("#state[data-state='ended']", timeout=HANG_MS)
+            assert _originals(page) == new and not set(old) & set(new)
+            assert [r["index"] for r in view.rows()] == list(range(len(new)))
+            notice = page.text_content("#notice")
+            assert notice is not None and "opened again under the same id" in notice
+            # and it stops there: two more list refreshes, no more event requests
+            asked, lists = _events_asked(view, sid), _lists_asked(view)
+            give_up = time.monotonic() + 60
+            while _lists_asked(view) < lists + 2:
+                assert time.monotonic() < give_up, "the list is not refreshed"
+                page.evaluate("true")  # lets Playwright deliver the page's requests
+                time.sleep(0.1)
+            assert _events_asked(view, sid) == asked
+        finally:
+            proxy.release()
+            proxy.close()
+
+
+# -- what the page says of a stream: its export, its labels, the list, the Copy button ----------
+
+HOSTILE_MODEL = ("m1\n# Owned <img src=x onerror=alert(1)>\n```\n<script>alert(2)</script>\n"
+                 "`` tick `")
+
+
+def _markdown_tokens(markdown: str) -> list[Any]:
+    from markdown_it import MarkdownIt
+
+    return MarkdownIt("commonmark").parse(markdown)  # HTML on, as CommonMark has it
+
+
+def test_the_markdown_export_renders_nothing_a_client_chose(opened: Callable[..., Page]) -> None:
+    fake = FakeTranslator(models=(HOSTILE_MODEL,))
+    with served(fake) as url, httpx.Client(base_url=url) as c:
+        r = c.post("/v1/streams", json={"stream_id": "named", "model": HOSTILE_MODEL})
+        assert r.status_code == 201, r.text
+        _, page = finished(opened, url, c, "named", "First one here. Second one here. ")
+        with page.expect_download() as got:
+            page.click("#export-md")
+        markdown = open(got.value.path(), encoding="utf-8").read()
+        # and every field a client or a backend chose, through the page's own function
+        direct = page.evaluate("""async (hostile) => {
+            const { toMarkdown } = await import('./viewer/export.js');
+            const s = { index: 0, original: 'Hi.', text: 'Hi.', status: 'error',
+                        source_lang: hostile, target: hostile, backend: hostile,
+                        model: hostile, error: hostile };
+            return toMarkdown({ id: hostile, target: hostile }, [s]);
+        }""", HOSTILE_MODEL)
+    shown = HOSTILE_MODEL.replace("\n", "\\n")
+    for text, headings, fields in ((markdown, 3, 2), (direct, 2, 7)):
+        tokens = _markdown_tokens(text)
+        assert sum(t.type == "heading_open" for t in tokens) == headings, text
+        inline = [child for t in tokens if t.children for child in t.children]
+        assert not [t for t in [*tokens, *inline] if t.type.startswith("html")], text
+        assert sum(t.type == "code_inline" and t.content == shown for t in inline) == fields
+        html = "".join(t.content for t in inline if t.type == "text")
+        assert "Owned" not in html and "<img" not in html  # none of it outside code
+        for t in tokens:
+            if t.type == "fence":  # the texts' blocks hold only the texts
+                assert t.info == "text"
+
+
+def test_a_passthrough_segment_is_shown_as_passed_through_not_translated(
+    opened: Callable[..., Page],
+) -> None:
+    with served() as url, httpx.Client(base_url=url) as c:
+        assert c.post("/v1/streams", json={"stream_id": "dry", "backend": "passthrough"}
+                      ).status_code == 201
+        _, page = finished(opened, url, c, "dry", "An English sentence for a dry run. ")
+        found = as_now(events(c, "dry"))
+        assert (found[0]["status"], found[0]["backend"]) == ("translated", "passthrough")
+        row = page.locator(".row").first
+        assert row.get_attribute("data-status") == "translated"  # the contract's status
+        assert page.text_content(".row .status") == "passed through"
+        assert page.get_attribute(".row .tran", "lang") == "en"  # the original's language
+        colour = page.eval_on_selector(".row .status", "b => getComputedStyle(b).color")
+        page.click(".row .status")
+        meta = page.text_content(".row .meta")
+        assert meta is not None and "unchanged" in meta and "backend passthrough" in meta
+        with page.expect_download() as got:
+            page.click("#export-md")
+        markdown = open(got.value.path(), encoding="utf-8").read()
+        assert "## 0 · passed through, unchanged ·" in markdown
+        # a row the fake backend translated is still "translated", in another colour
+        page.evaluate("location.hash = '#stream=wet'")
+        post(c, "wet", 0, "An English sentence for a real run. ")
+        c.post("/v1/streams/wet/close")
+        page.wait_for_selector("#title:text('wet')")
+        page.wait_for_selector("#state[data-state='ended']", timeout=HANG_MS)
+        assert page.text_content(".row .status") == "translated"
+        assert page.eval_on_selector(".row .status", "b => getComputedStyle(b).color") != colour
+        gutter = page.eval_on_selector(".row .gutter", "g => g.getBoundingClientRect().height")
+        cell = page.eval_on_selector(".row .tran", "t => t.getBoundingClientRect().height")
+        assert gutter <= cell + 1  # the label on one line
+
+
+def test_the_list_says_nothing_before_it_was_read(opened: Callable[..., Page]) -> None:
+    with served(api_token="t0ken-123") as url:
+        view = opened(url)
+        page = view.open()
+        page.wait_for_selector("#auth:not([hidden])")
+        assert page.is_hidden("#list-empty")  # no data read yet: no "No streams yet."
+        page.fill("#token", "t0ken-123")
+        page.click("#auth button")
+        page.wait_for_selector("#list-empty:not([hidden])", timeout=HANG_MS)
+        assert page.text_content("#list-empty") == "No streams yet."
+
+
+@pytest.mark.parametrize("width", [1280, 600])
+def test_the_copy_button_covers_no_text(opened: Callable[..., Page], width: int) -> None:
+    long = ("This sentence is long enough to fill its cell to the right edge and wrap onto "
+            "several lines, so that a button in its corner would sit on its words. ")
+    with served() as url, httpx.Client(base_url=url) as c:
+        post(c, "wide", 0, long + "Short one. ")
+        c.post("/v1/streams/wide/close")
+        view = opened(url)
+        view.page.set_viewport_size({"width": width, "height": 800})
+        page = view.open("#stream=wide")
+        page.wait_for_selector("#state[data-state='ended']")
+
+        def box(selector: str) -> dict[str, float] | None:
+            found = page.locator(selector)
+            return found.bounding_box() if found.is_visible() else None
+
+        for layout in ("side", "below", "only"):
+            page.click(f"#layouts button[data-layout='{layout}']")
+            for n in (0, 1):
+                row = f".row >> nth={n}"
+                page.mouse.move(1, 1)  # off the rows: the original shown on hover goes
+                page.hover(f"{row} >> .gutter")
+                button = box(f"{row} >> .copy")
+                assert button is not None, (layout, n)
+                for cell in (".tran", ".orig", ".gutter .status"):
+                    other = box(f"{row} >> {cell}")
+                    if other is None:
+                        continue
+                    apart = (button["x"] + button["width"] <= other["x"]
+                             or other["x"] + other["width"] <= button["x"]
+                             or button["y"] + button["height"] <= other["y"]
+                             or other["y"] + other["height"] <= button["y"])
+                    assert apart, (layout, width, n, cell, button, other)

@@ -14,6 +14,8 @@ __all__ = ["CLOSED_EARLY", "SHUTTING_DOWN", "client_bug", "http_reason", "transp
 # (status, slug) -> what happened; a slug alone (any status) after that; status alone last.
 _BY_SLUG: dict[str, str] = {
     "unauthorized": "the sidecar refused the API token; set THINKTRANS_API_TOKEN to its token",
+    "host-not-allowed": ("the sidecar does not answer to the host name in its URL; add the name "
+                         "to the sidecar's THINKTRANS_ALLOWED_HOSTS, or use its IP address"),
     "invalid-input": "the sidecar refused the request as invalid",
     "invalid-locale": "the sidecar does not know the target locale",
     "locale-not-allowed": "the target locale is not among the sidecar's allowed locales",
@@ -47,6 +49,7 @@ _BY_STATUS: dict[int, str] = {
     410: "the sidecar no longer holds what was asked for",
     413: _BY_SLUG["payload-too-large"],
     415: _BY_SLUG["unsupported-media-type"],
+    421: _BY_SLUG["host-not-allowed"],
     422: _BY_SLUG["invalid-input"],
     429: "the sidecar asks for fewer requests",
     500: _BY_SLUG["internal"],

@@ -23,6 +23,7 @@ from models.errors import (
 from models.llm.dialects import Refusals
 from models.llm.replies import Reply, read_reply
 from models.llm.replies import short_int as _short_int
+from models.remote import AnswerBound
 
 log = logging.getLogger("models.llm")
 
@@ -190,17 +191,19 @@ def _entry(model: str, *, default: bool, notes: str) -> dict[str, object]:
 
 class ChatEndpoint:
     """Chat completions and the model list at ``base_url``, at most ``concurrency`` in
-    flight. ``on_down(reason, fail_fast)`` hears of failures that make the backend unready
-    (a refused key, an endpoint that is gone or failing)."""
+    flight, each answer read within ``bound``. ``on_down(reason, fail_fast)`` hears of
+    failures that make the backend unready (a refused key, an endpoint gone or failing)."""
 
     def __init__(
         self, base_url: str | None, *, model: str | None, api_key: str | None,
         timeout_s: float, concurrency: int, json_mode: bool,
         on_down: Callable[[str, bool], None], refusals: Refusals, stream: bool,
+        bound: AnswerBound,
     ) -> None:
         self.base_url = base_url
         self.model = model  # the configured one: its failures are the backend's
         self.timeout_s = timeout_s
+        self.bound = bound
         self.json_mode = json_mode
         self.refusals = refusals
         self.stream = stream
@@ -257,10 +260,9 @@ class ChatEndpoint:
             self.usage.context_characters += context_chars
             async with asyncio.timeout(self.timeout_s), self._client.stream(
                     "POST", path, json=sent) as response:
-                if response.is_error:
-                    await response.aread()
-                    response.raise_for_status()
-                reply = await read_reply(response)
+                if response.is_error:  # its first bytes give the reason; never read whole
+                    (await self.bound.read(response, "an error answer")).raise_for_status()
+                reply = await read_reply(response, self.bound)
         log.debug("llm request: %d chars, HTTP %d in %.0f ms", chars, response.status_code,
                   (time.monotonic() - started) * 1000)  # fmt: skip
         return reply
@@ -300,9 +302,11 @@ class ChatEndpoint:
         return model in self._reasoners
 
     async def models(self) -> httpx.Response:
-        """GET /models, within the timeout; HTTP and timeout errors as they come."""
-        async with asyncio.timeout(self.timeout_s):
-            return await self._client.get("models")
+        """GET /models, within the timeout and the bound; HTTP and timeout errors as they
+        come, a list past the bound BadOutput."""
+        async with asyncio.timeout(self.timeout_s), self._client.stream(
+                "GET", "models") as response:
+            return await self.bound.read(response, "the LLM endpoint's /models list")
 
     def map_error(self, exc: Exception, model: str | None = None) -> BackendError:
         """The one place HTTP failures become the backends' errors; ``model``: the one the

@@ -15,7 +15,7 @@ from typing import Any
 import httpx
 
 from models.base import Capabilities, Job
-from models.errors import PartialOutput, UnsupportedLanguage
+from models.errors import BadOutput, PartialOutput, UnsupportedLanguage
 from models.languages import canonical
 from models.llm.answers import summary
 from models.llm.batches import JsonStyle
@@ -23,11 +23,12 @@ from models.llm.dialects import Refusals, resolve_dialect
 from models.llm.endpoint import ChatEndpoint, ModelList, safe_url
 from models.llm.plain import PlainStyle
 from models.llm.prompt import UNNAMED, Request, language_name
-from models.remote import RemoteTranslator
+from models.remote import AnswerBound, RemoteTranslator
 
 log = logging.getLogger("models.llm")
 
 NOT_CONFIGURED = "set {names} or choose another backend"
+MAX_RESPONSE_SETTING = "THINKTRANS_LLM_MAX_RESPONSE_BYTES"
 
 
 @dataclass(frozen=True)
@@ -39,6 +40,9 @@ class LLMConfig:
     model: str | None  # None: not ready
     api_key: str | None = field(repr=False)  # sent as a Bearer token
     timeout_s: float  # one chat request, end to end
+    # The most bytes read of one answer: a whole one, one line of a streamed one, the
+    # /models list, an error's first bytes (its reason).
+    max_response_bytes: int
     concurrency: int  # requests in flight, and batches the batcher runs at once
     # Not every server has response_format; on only where a setting asks for it.
     json_mode: bool
@@ -84,6 +88,7 @@ class LLMTranslator(RemoteTranslator):
             concurrency=config.concurrency, json_mode=config.json_mode,
             on_down=lambda reason, fail_fast: self._mark_down(reason, fail_fast=fail_fast),
             refusals=Refusals(self.dialect, config.extra_body), stream=config.stream,
+            bound=AnswerBound(config.max_response_bytes, MAX_RESPONSE_SETTING),
         )
         self._style: JsonStyle | PlainStyle
         if config.prompt_style == "plain":
@@ -178,9 +183,18 @@ class LLMTranslator(RemoteTranslator):
 
     async def _refresh_models(self) -> None:
         response: httpx.Response | None = None
-        with contextlib.suppress(httpx.HTTPError, TimeoutError):
+        try:
             response = await self._endpoint.models()
+        except (httpx.HTTPError, TimeoutError):
+            pass
+        except BadOutput as exc:
+            self._unlisted(exc)
         self._models.note(response)
+
+    def _unlisted(self, exc: BadOutput) -> None:
+        """A /models list too long to read: the catalog goes without it; chat requests are
+        what tell whether the endpoint serves."""
+        log.warning("llm endpoint's model list not read: %s", exc.detail)
 
     # -- translation -------------------------------------------------------------------------
 
@@ -240,7 +254,8 @@ class LLMTranslator(RemoteTranslator):
 
     async def _check(self) -> None:
         """GET /models: auth and reachability, and the catalog's list. A server without
-        that route is fine."""
+        that route, or with a list too long to read, is fine."""
+        response: httpx.Response | None = None
         try:
             response = await self._endpoint.models()
             if response.status_code in (401, 403) or response.status_code >= 500:
@@ -248,6 +263,8 @@ class LLMTranslator(RemoteTranslator):
         except (httpx.HTTPError, TimeoutError) as exc:
             self._models.note(None)
             raise self._endpoint.map_error(exc) from exc
+        except BadOutput as exc:
+            self._unlisted(exc)
         self._models.note(response)
         self._mark_up()
 

@@ -17,6 +17,8 @@ from typing import Any
 
 import httpx
 
+from models.remote import AnswerBound
+
 # An answer is a few sentences; more than this is a runaway, read no further.
 MAX_ANSWER_CHARS = 1_000_000
 
@@ -112,13 +114,14 @@ def from_json(data: object) -> Reply:
     return _finish(reply, content if isinstance(content, str) else "")
 
 
-async def from_events(response: httpx.Response) -> Reply:
+async def from_events(response: httpx.Response, bound: AnswerBound) -> Reply:
     """A streamed answer: ``data: {...}`` lines of ``choices[0].delta``, then ``[DONE]``;
-    a last chunk may hold only ``usage``. Read to ``[DONE]`` or the end of the body."""
+    a last chunk may hold only ``usage``. Read to ``[DONE]`` or the end of the body; a line
+    past ``bound`` fails it (BadOutput)."""
     reply = Reply()
     parts: list[str] = []
     size = 0
-    async for line in response.aiter_lines():
+    async for line in bound.lines(response, "a line of the LLM endpoint's streamed answer"):
         if not line.startswith("data:"):
             continue  # comments, event names, blank separators
         payload = line[5:].strip()
@@ -154,17 +157,14 @@ async def from_events(response: httpx.Response) -> Reply:
     return _finish(reply, "".join(parts))
 
 
-async def read_reply(response: httpx.Response) -> Reply:
-    """The answer of a 2xx response, streamed or not, whichever the endpoint sent."""
+async def read_reply(response: httpx.Response, bound: AnswerBound) -> Reply:
+    """The answer of a 2xx response, streamed or not, whichever the endpoint sent; one
+    past ``bound`` (the body, or a line of a streamed one) is BadOutput."""
     if "text/event-stream" in response.headers.get("content-type", ""):
-        return await from_events(response)
-    body = bytearray()
-    async for piece in response.aiter_bytes():
-        body += piece
-        if len(body) > 4 * MAX_ANSWER_CHARS:
-            return Reply(error="an answer too long to read")
+        return await from_events(response, bound)
+    body = await bound.body(response, "the LLM endpoint's answer")
     try:
-        data = json.loads(bytes(body), parse_int=short_int)
+        data = json.loads(body, parse_int=short_int)
     except ValueError:
         return Reply()
     return from_json(data)

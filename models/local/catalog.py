@@ -17,7 +17,7 @@ from pathlib import Path
 
 from models.base import first_line
 from models.errors import BackendUnavailable, UnsupportedLanguage
-from models.languages import canonical, table_key
+from models.languages import base_language, canonical, table_keys
 from models.local.checkpoint import (
     FALLBACK_SOURCE,
     LoadError,
@@ -25,6 +25,7 @@ from models.local.checkpoint import (
     canonical_name,
     key_or_none,
     lang_token_id,
+    licence,
     on_demand_refusal,
     parse_pair_spec,
 )
@@ -41,18 +42,19 @@ EXTRA_RETRY_S = 60.0
 MAX_LOADING_ON_DEMAND = 2
 MAX_FAILURES_REMEMBERED = 256
 # Targets written without spaces between sentences: split parts are rejoined without one.
-NO_SPACE_TARGETS = frozenset({"zh-Hans", "zh-Hant", "ja"})
+NO_SPACE_TARGETS = frozenset({"zh-Hans", "zh-Hant", "yue", "ja"})
 
 
 def route_on(slot: Slot, src: str, tgt: str, no_space: bool) -> Route | None:
     """How ``slot`` serves ``src -> tgt`` (table keys), or None: Marian serves its own pairs
-    only, NLLB and M2M every target they have, from any source (an unknown one read as
-    English)."""
+    only, NLLB and M2M every target they have, from any source (one in another script read
+    as its language, an unknown one as English)."""
     if tgt not in slot.codes:
         return None
     if slot.family == "marian":
         return Route(slot, None, None, slot.codes[tgt], no_space) if slot.source == src else None
-    src_code = slot.codes.get(src) or slot.codes.get(FALLBACK_SOURCE)
+    src_code = (slot.codes.get(src) or slot.codes.get(base_language(src))
+                or slot.codes.get(FALLBACK_SOURCE))
     if src_code is None:  # a model without English: any code of its own will do
         src_code = next(iter(slot.codes.values()))
     return Route(slot, src_code, lang_token_id(slot.family, slot.tokenizer, slot.codes[tgt]),
@@ -335,12 +337,13 @@ class Catalog:
         tag = canonical(target)
         if tag is None:
             raise UnsupportedLanguage(f"{target!r} is not a valid BCP 47 target")
-        tgt = table_key(tag)
+        keys = table_keys(tag)  # fa-AF: Dari where a model has it apart, else Persian
         src = key_or_none(source) or FALLBACK_SOURCE
         slots = self._candidates(model)
         if model is not None and not slots:  # an extra dropped since it was asked for
             raise BackendUnavailable(f"model {model!r} is not loaded")
         for slot in slots:
+            tgt = next((key for key in keys if key in slot.codes), keys[-1])
             route = route_on(slot, src, tgt, tgt in NO_SPACE_TARGETS)
             if route is not None:
                 return route
@@ -369,15 +372,20 @@ class Catalog:
         entries: list[dict[str, object]] = []
         for i, spec in enumerate(self.specs):
             slot = self.slots[i] if loaded else None
+            if slot is not None:
+                notes = self._notes(slot)
+            else:
+                weights = licence(None, spec.model_id)
+                notes = f"not loaded: {not_loaded}" + (f"; {weights}" if weights else "")
             entries.append({
                 "model": spec.model_id,
                 "languages": sorted(slot.codes) if slot is not None else None,
                 "default": i == default,
-                "notes": self._notes(slot) if slot is not None else f"not loaded: {not_loaded}",
+                "notes": notes,
             })
         for name, extra in self.extras.slots().items():
             entries.append({"model": name, "languages": sorted(extra.codes), "default": False,
-                            "notes": f"{self._notes(extra)}, loaded on demand"})
+                            "notes": self._notes(extra, on_demand=True)})
         return entries
 
     def info(self) -> dict[str, object]:
@@ -417,12 +425,17 @@ class Catalog:
             marian = [spec.pair is not None or spec.marian_only for spec in self.specs]
         return next((i for i, is_marian in enumerate(marian) if not is_marian), 0)
 
-    def _notes(self, slot: Slot) -> str:
+    def _notes(self, slot: Slot, *, on_demand: bool = False) -> str:
+        """The family and what it serves, the engine, and the weights' licence (a test
+        checkpoint's are random)."""
         if slot.family == "marian":
             what = "marian " + ", ".join(f"{slot.source}-{target}" for target in slot.codes)
         else:
             what = f"{slot.family}, {len(slot.codes)} targets"
-        return f"{what}, {self._engine_note}"
+        notes = f"{what}, {self._engine_note}" + (", loaded on demand" if on_demand else "")
+        weights = ("test checkpoint: random weights, its output is noise" if slot.test_checkpoint
+                   else licence(slot.family, slot.model_id))
+        return f"{notes}; {weights}" if weights else notes
 
     def _load_named(self, name: str) -> Slot:
         """On the on-demand thread: load and warm up ``name`` as a configured model is."""

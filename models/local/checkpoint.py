@@ -26,68 +26,79 @@ from models.languages import canonical, table_key
 
 log = logging.getLogger(__name__)
 
-# The languages this backend knows: table key (see models.languages), flores-200 code
-# (NLLB-200), M2M-100 code. A loaded checkpoint serves those its tokenizer has a token for.
-_ROWS: tuple[tuple[str, str, str], ...] = (
-    ("af", "afr_Latn", "af"),
-    ("ar", "arb_Arab", "ar"),
-    ("bg", "bul_Cyrl", "bg"),
-    ("bn", "ben_Beng", "bn"),
-    ("ca", "cat_Latn", "ca"),
-    ("cs", "ces_Latn", "cs"),
-    ("cy", "cym_Latn", "cy"),
-    ("da", "dan_Latn", "da"),
-    ("de", "deu_Latn", "de"),
-    ("el", "ell_Grek", "el"),
-    ("en", "eng_Latn", "en"),
-    ("es", "spa_Latn", "es"),
-    ("et", "est_Latn", "et"),
-    ("fa", "pes_Arab", "fa"),
-    ("fi", "fin_Latn", "fi"),
-    ("fr", "fra_Latn", "fr"),
-    ("gu", "guj_Gujr", "gu"),
-    ("he", "heb_Hebr", "he"),
-    ("hi", "hin_Deva", "hi"),
-    ("hr", "hrv_Latn", "hr"),
-    ("hu", "hun_Latn", "hu"),
-    ("id", "ind_Latn", "id"),
-    ("it", "ita_Latn", "it"),
-    ("ja", "jpn_Jpan", "ja"),
-    ("kn", "kan_Knda", "kn"),
-    ("ko", "kor_Hang", "ko"),
-    ("lt", "lit_Latn", "lt"),
-    ("lv", "lvs_Latn", "lv"),
-    ("mk", "mkd_Cyrl", "mk"),
-    ("ml", "mal_Mlym", "ml"),
-    ("mr", "mar_Deva", "mr"),
-    ("nb", "nob_Latn", "no"),
-    ("ne", "npi_Deva", "ne"),
-    ("nl", "nld_Latn", "nl"),
-    ("pa", "pan_Guru", "pa"),
-    ("pl", "pol_Latn", "pl"),
-    ("pt", "por_Latn", "pt"),
-    ("ro", "ron_Latn", "ro"),
-    ("ru", "rus_Cyrl", "ru"),
-    ("sk", "slk_Latn", "sk"),
-    ("sl", "slv_Latn", "sl"),
-    ("sq", "als_Latn", "sq"),
-    ("sv", "swe_Latn", "sv"),
-    ("sw", "swh_Latn", "sw"),
-    ("ta", "tam_Taml", "ta"),
-    ("te", "tel_Telu", "te"),
-    ("th", "tha_Thai", "th"),
-    ("fil", "tgl_Latn", "tl"),
-    ("tr", "tur_Latn", "tr"),
-    ("uk", "ukr_Cyrl", "uk"),
-    ("ur", "urd_Arab", "ur"),
-    ("vi", "vie_Latn", "vi"),
-    ("zh-Hans", "zho_Hans", "zh"),
-    ("zh-Hant", "zho_Hant", "zh"),
+# The languages this backend knows, by table key (see models.languages): a loaded checkpoint
+# serves those its tokenizer has a token for. NLLB-200: its 202 FLORES-200 codes (the order of
+# transformers' NllbTokenizer), each with the BCP 47 tag a user writes for it.
+NLLB_CODES: dict[str, str] = {
+    "ace-Arab": "ace_Arab", "ace": "ace_Latn", "acm": "acm_Arab", "acq": "acq_Arab",
+    "aeb": "aeb_Arab", "af": "afr_Latn", "ajp": "ajp_Arab", "ak": "aka_Latn", "sq": "als_Latn",
+    "am": "amh_Ethi", "apc": "apc_Arab", "ar": "arb_Arab", "ars": "ars_Arab", "ary": "ary_Arab",
+    "arz": "arz_Arab", "as": "asm_Beng", "ast": "ast_Latn", "awa": "awa_Deva", "ay": "ayr_Latn",
+    "azb": "azb_Arab", "az": "azj_Latn", "ba": "bak_Cyrl", "bm": "bam_Latn", "ban": "ban_Latn",
+    "be": "bel_Cyrl", "bem": "bem_Latn", "bn": "ben_Beng", "bho": "bho_Deva",
+    "bjn-Arab": "bjn_Arab", "bjn": "bjn_Latn", "bo": "bod_Tibt", "bs": "bos_Latn",
+    "bug": "bug_Latn", "bg": "bul_Cyrl", "ca": "cat_Latn", "ceb": "ceb_Latn", "cs": "ces_Latn",
+    "cjk": "cjk_Latn", "ckb": "ckb_Arab", "crh": "crh_Latn", "cy": "cym_Latn", "da": "dan_Latn",
+    "de": "deu_Latn", "din": "dik_Latn", "dyu": "dyu_Latn", "dz": "dzo_Tibt", "el": "ell_Grek",
+    "en": "eng_Latn", "eo": "epo_Latn", "et": "est_Latn", "eu": "eus_Latn", "ee": "ewe_Latn",
+    "fo": "fao_Latn", "fj": "fij_Latn", "fi": "fin_Latn", "fon": "fon_Latn", "fr": "fra_Latn",
+    "fur": "fur_Latn", "fuv": "fuv_Latn", "om": "gaz_Latn", "gd": "gla_Latn", "ga": "gle_Latn",
+    "gl": "glg_Latn", "gn": "grn_Latn", "gu": "guj_Gujr", "ht": "hat_Latn", "ha": "hau_Latn",
+    "he": "heb_Hebr", "hi": "hin_Deva", "hne": "hne_Deva", "hr": "hrv_Latn", "hu": "hun_Latn",
+    "hy": "hye_Armn", "ig": "ibo_Latn", "ilo": "ilo_Latn", "id": "ind_Latn", "is": "isl_Latn",
+    "it": "ita_Latn", "jv": "jav_Latn", "ja": "jpn_Jpan", "kab": "kab_Latn", "kac": "kac_Latn",
+    "kam": "kam_Latn", "kn": "kan_Knda", "ks": "kas_Arab", "ks-Deva": "kas_Deva",
+    "ka": "kat_Geor", "kk": "kaz_Cyrl", "kbp": "kbp_Latn", "kea": "kea_Latn", "mn": "khk_Cyrl",
+    "km": "khm_Khmr", "ki": "kik_Latn", "rw": "kin_Latn", "ky": "kir_Cyrl", "kmb": "kmb_Latn",
+    "ku": "kmr_Latn", "kr-Arab": "knc_Arab", "kr": "knc_Latn", "kg": "kon_Latn", "ko": "kor_Hang",
+    "lo": "lao_Laoo", "lij": "lij_Latn", "li": "lim_Latn", "ln": "lin_Latn", "lt": "lit_Latn",
+    "lmo": "lmo_Latn", "ltg": "ltg_Latn", "lb": "ltz_Latn", "lua": "lua_Latn", "lg": "lug_Latn",
+    "luo": "luo_Latn", "lus": "lus_Latn", "lv": "lvs_Latn", "mag": "mag_Deva", "mai": "mai_Deva",
+    "ml": "mal_Mlym", "mr": "mar_Deva", "min": "min_Latn", "mk": "mkd_Cyrl", "mt": "mlt_Latn",
+    "mni": "mni_Beng", "mos": "mos_Latn", "mi": "mri_Latn", "my": "mya_Mymr", "nl": "nld_Latn",
+    "nn": "nno_Latn", "nb": "nob_Latn", "ne": "npi_Deva", "nso": "nso_Latn", "nus": "nus_Latn",
+    "ny": "nya_Latn", "oc": "oci_Latn", "or": "ory_Orya", "pag": "pag_Latn", "pa": "pan_Guru",
+    "pap": "pap_Latn", "ps": "pbt_Arab", "fa": "pes_Arab", "mg": "plt_Latn", "pl": "pol_Latn",
+    "pt": "por_Latn", "fa-AF": "prs_Arab", "qu": "quy_Latn", "ro": "ron_Latn", "rn": "run_Latn",
+    "ru": "rus_Cyrl", "sg": "sag_Latn", "sa": "san_Deva", "sat": "sat_Beng", "scn": "scn_Latn",
+    "shn": "shn_Mymr", "si": "sin_Sinh", "sk": "slk_Latn", "sl": "slv_Latn", "sm": "smo_Latn",
+    "sn": "sna_Latn", "sd": "snd_Arab", "so": "som_Latn", "st": "sot_Latn", "es": "spa_Latn",
+    "sc": "srd_Latn", "sr": "srp_Cyrl", "ss": "ssw_Latn", "su": "sun_Latn", "sv": "swe_Latn",
+    "sw": "swh_Latn", "szl": "szl_Latn", "ta": "tam_Taml", "taq": "taq_Latn",
+    "taq-Tfng": "taq_Tfng", "tt": "tat_Cyrl", "te": "tel_Telu", "tg": "tgk_Cyrl",
+    "fil": "tgl_Latn", "th": "tha_Thai", "ti": "tir_Ethi", "tpi": "tpi_Latn", "tn": "tsn_Latn",
+    "ts": "tso_Latn", "tk": "tuk_Latn", "tum": "tum_Latn", "tr": "tur_Latn", "tw": "twi_Latn",
+    "tzm": "tzm_Tfng", "ug": "uig_Arab", "uk": "ukr_Cyrl", "umb": "umb_Latn", "ur": "urd_Arab",
+    "uz": "uzn_Latn", "vec": "vec_Latn", "vi": "vie_Latn", "war": "war_Latn", "wo": "wol_Latn",
+    "xh": "xho_Latn", "yi": "ydd_Hebr", "yo": "yor_Latn", "yue": "yue_Hant",
+    "zh-Hans": "zho_Hans", "zh-Hant": "zho_Hant", "ms": "zsm_Latn", "zu": "zul_Latn",
+
+}  # fmt: skip
+# M2M-100: its 100 codes, the tag itself but where the tag is written otherwise; its one
+# Chinese serves both scripts.
+_M2M = (
+    "af am ar ast az ba be bg bn br bs ca ceb cs cy da de el en es et fa ff fi fr fy ga gd gl gu "
+    "ha he hi hr ht hu hy id ig ilo is it ja jv ka kk km kn ko lb lg ln lo lt lv mg mk ml mn mr "
+    "ms my ne nl no ns oc or pa pl ps pt ro ru sd si sk sl so sq sr ss su sv sw ta th tl tn tr uk "
+    "ur uz vi wo xh yi yo zh zu"
 )
-NLLB_CODES: dict[str, str] = {key: flores for key, flores, _ in _ROWS}
-M2M_CODES: dict[str, str] = {key: m2m for key, _, m2m in _ROWS}
+_M2M_KEYS = {"no": "nb", "ns": "nso", "tl": "fil", "zh": "zh-Hans"}
+M2M_CODES: dict[str, str] = {_M2M_KEYS.get(code, code): code for code in _M2M.split()}
+M2M_CODES["zh-Hant"] = "zh"
 
 FAMILIES = ("nllb", "m2m100", "marian")
+# The licence each family's published weights carry, for the catalog's notes: facts about the
+# weights, which bind the operator (a fine-tune may differ: its model card says).
+LICENCES = {
+    "nllb": "NLLB-200 weights: CC-BY-NC 4.0, non-commercial use only (check the model card); "
+            "permissive: M2M-100 (MIT), most OPUS-MT models (CC-BY 4.0)",
+    "m2m100": "M2M-100 weights: MIT (check the model card)",
+    "marian": "Marian (OPUS-MT) weights: most CC-BY 4.0 (check this model's card)",
+}
+_FAMILY_NAMES = {"nllb": "NLLB-200", "m2m100": "M2M-100", "marian": "OPUS-MT"}
+# Hub ids whose publisher tells the family, for the licence of a model not loaded yet.
+_PUBLISHED = (("facebook/nllb", "nllb"), ("facebook/m2m100", "m2m100"),
+              ("helsinki-nlp/opus-mt", "marian"))
 # What an unknown source is read as: most agent thinking is English, and the encoder copes
 # with a wrong source tag far better than with none.
 FALLBACK_SOURCE = "en"
@@ -204,6 +215,20 @@ def language_codes(family: str, spec: Spec, tokenizer: Any
     return source, codes, frozenset(drop)
 
 
+def published_family(model_id: str) -> str | None:
+    """The family a hub id's publisher tells (``facebook/nllb-200-...``: nllb), or None: for
+    notes and hints about a model not loaded, never for serving one."""
+    named = model_id.lower()
+    return next((family for prefix, family in _PUBLISHED if named.startswith(prefix)), None)
+
+
+def licence(family: str | None, model_id: str) -> str | None:
+    """What the weights of a ``family`` checkpoint are licensed under; for a model not loaded
+    (``family`` None), its publisher tells it (``published_family``). None when not known."""
+    family = family or published_family(model_id)
+    return LICENCES.get(family) if family is not None else None
+
+
 def lang_token_id(family: str, tokenizer: Any, code: str) -> int:
     """The id of the language token of ``code`` (NLLB's flores token, M2M-100's ``__de__``)."""
     if family == "m2m100":
@@ -228,7 +253,7 @@ def marian_pair(spec: Spec, tokenizer: Any) -> tuple[str, dict[str, str]]:
         targets: dict[str, str] = {}
         for token in multi:
             key = key_or_none(token[2:-2].replace("_", "-"))
-            if key in NLLB_CODES:  # a language of this backend's table
+            if key in NLLB_CODES or key in M2M_CODES:  # a language of this backend's tables
                 targets.setdefault(key, token)
         if pair is not None and pair[1] in targets:
             targets = {pair[1]: targets[pair[1]]}
@@ -344,10 +369,14 @@ def not_found_reason(model_id: str, exc: BaseException,
         "with it; HF_HUB_OFFLINE=1 skips the network"
     )
     if setting.startswith("THINKTRANS_LOCAL_MODEL"):  # configured: the operator's first run
+        # A test model of the family that serves every target this one would: NLLB-200's
+        # 202 languages (M2M-100's 100 for an M2M-100 id); Marian's would serve en-de alone.
+        family = "m2m100" if published_family(model_id) == "m2m100" else "nllb"
         reason += (
             ". To start now without it: THINKTRANS_BACKEND=passthrough (the originals, "
-            "untranslated), or `thinktrans make-test-model --family marian DIR` and "
-            f"{setting}=DIR (a tiny random-weight model: noise, to try the service)"
+            f"untranslated), or `thinktrans make-test-model --family {family} DIR` and "
+            f"{setting}=DIR (a tiny random-weight model of every {_FAMILY_NAMES[family]} "
+            "language: noise, to try the service)"
         )
     return reason
 

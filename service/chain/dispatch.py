@@ -9,6 +9,7 @@ context steers only answers for that same context, never another client's.
 from __future__ import annotations
 
 import asyncio
+import difflib
 import functools
 import sys
 from collections.abc import Callable, Mapping, Sequence
@@ -119,13 +120,27 @@ class Dispatcher:
             return list(self.default_chain)
         names = [part.strip() for part in backend.split(",") if part.strip()]
         unknown = [n for n in names if n not in self.backends]
-        if not names or unknown or len(set(names)) != len(names):
-            raise UnknownBackend(
-                f"backend {backend!r} is not configured here; choose from "
-                f"{', '.join(self.backends)} (or a chain such as 'deepl,local')",
-                available=list(self.backends),
-            )
+        twice = [n for i, n in enumerate(names) if n in names[:i]]
+        if not names or unknown or twice:
+            raise UnknownBackend(self._unknown(backend, names, unknown, twice),
+                                 available=list(self.backends))
         return names
+
+    def _unknown(self, backend: str, names: list[str], unknown: list[str],
+                 twice: list[str]) -> str:
+        """Why ``backend`` names no chain here, and the backends this server has."""
+        have = [*self.default_chain, *(n for n in self.backends if n not in self.default_chain)]
+        choose = f"choose from {', '.join(have)}"
+        if len(have) > 1:
+            choose += f", or a chain of them such as '{have[0]},{have[1]}'"
+        if twice:
+            return f"backend {backend!r} names {twice[0]!r} twice; name each once ({choose})"
+        if not names:
+            return f"backend {backend!r} names no backend; {choose}"
+        close = difflib.get_close_matches(unknown[0], have, n=1)
+        hint = f"; did you mean {close[0]!r}?" if close else ""
+        return (f"backend {unknown[0]!r} is not configured here{hint} ({choose}; the server "
+                "serves those of THINKTRANS_BACKEND and THINKTRANS_EXTRA_BACKENDS)")
 
     def use_model(self, chain: Sequence[str], model: str | None) -> Callable[[], None]:
         """A stream open on ``chain`` names ``model``: each backend keeps it (``use_model``)

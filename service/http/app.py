@@ -11,8 +11,9 @@ from fastapi import FastAPI
 
 from models.base import Translator
 from service.http.guard import Guard
+from service.http.hosts import HostCheck
 from service.http.problems import install_handlers
-from service.http.routes import health, info, streams, translate, viewer
+from service.http.routes import apidocs, health, info, streams, translate, viewer
 from service.ops.metrics import Metrics
 from service.runtime import Runtime
 from service.settings import Settings, load_settings
@@ -53,13 +54,17 @@ def create_app(
         # Metrics are Prometheus at /metrics; FastAPI's OpenTelemetry hooks would look up
         # their providers on every request.
         telemetry={"tracing": False, "metrics": False, "logs": False},
+        # FastAPI's /docs and /redoc fetch their scripts from a CDN (blank offline): /docs
+        # is a page of our own (routes/apidocs.py), /openapi.json stays.
+        docs_url=None, redoc_url=None,
     )
     app.state.settings = settings
     app.state.metrics = metrics
     app.state.runtime = None
     install_handlers(app)
     token = settings.api_token.get_secret_value() if settings.api_token else None
-    app.add_middleware(Guard, max_bytes=settings.max_request_bytes, token=token,
+    app.add_middleware(Guard, hosts=HostCheck(settings.allowed_hosts, settings.host),
+                       max_bytes=settings.max_request_bytes, token=token,
                        metrics=metrics, body_timeout_s=settings.body_timeout_s,
                        drain_bytes=settings.refused_body_drain_bytes,
                        direct=streams.chunk_post)  # the hot path, past the router
@@ -68,4 +73,5 @@ def create_app(
     app.include_router(info.router)
     app.include_router(health.router)
     app.include_router(viewer.router)
+    app.include_router(apidocs.router)
     return app

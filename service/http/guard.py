@@ -1,9 +1,9 @@
-"""The ASGI guard in front of the app: the bearer token, the body's media type, size limit
-and time limit, the access log and request metrics.
+"""The ASGI guard in front of the app: the Host header, the bearer token, the body's media
+type, size limit and time limit, the access log and request metrics.
 
-Pure ASGI, so that the checks happen before the body is parsed: a client without the
-token gets 401 whatever it sent, an oversized body 413, not a parse error, and a slow body
-cannot hold a worker past ``body_timeout_s``.
+Pure ASGI, so that the checks happen before the body is parsed: a request naming another
+server gets 421 and a client without the token 401 whatever it sent, an oversized body 413,
+not a parse error, and a slow body cannot hold a worker past ``body_timeout_s``.
 """
 
 from __future__ import annotations
@@ -15,15 +15,28 @@ import time
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any, Protocol
 
-from service.exceptions import PayloadTooLarge, RequestTimeout, UnsupportedMediaType, kind_of
+from service.exceptions import (
+    HostNotAllowed,
+    PayloadTooLarge,
+    RequestTimeout,
+    UnsupportedMediaType,
+    kind_of,
+)
+from service.http.hosts import HostCheck, host_name
 from service.http.problems import problem
 from service.ops.metrics import Metrics
 
 access_log = logging.getLogger("thinktrans.access")
+log = logging.getLogger("thinktrans.guard")
 QUIET_ROUTES = frozenset({"/v1/streams/{stream_id}/chunks"})
 # Methods whose body /v1 reads as JSON.
 BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
 CLOSE = {"Connection": "close"}
+# Answered whatever the Host: it says "ok" and nothing else, and liveness probes and
+# `thinktrans health --url` may reach the server by any name.
+ANY_HOST_PATHS = frozenset({"/healthz"})
+# Refused Host names warned about once each, at most this many.
+MAX_WARNED_HOSTS = 64
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -44,15 +57,19 @@ class Direct(Protocol):
 
 
 class Guard:
-    """Request metrics and the access log around every request; the bearer token on /v1;
-    the body size limit. The app factory gives it its settings (``max_request_bytes``,
+    """Request metrics and the access log around every request; the Host header on every
+    route but ``/healthz``; the bearer token on /v1; the body size limit. The app factory
+    gives it its settings (``allowed_hosts`` and ``host`` as ``hosts``, ``max_request_bytes``,
     ``api_token``, ``body_timeout_s``, ``refused_body_drain_bytes``), and the route it
     serves itself (``direct``)."""
 
-    def __init__(self, app: ASGIApp, *, max_bytes: int, token: str | None, metrics: Metrics,
-                 body_timeout_s: float, drain_bytes: int, direct: Direct | None = None) -> None:
+    def __init__(self, app: ASGIApp, *, hosts: HostCheck, max_bytes: int, token: str | None,
+                 metrics: Metrics, body_timeout_s: float, drain_bytes: int,
+                 direct: Direct | None = None) -> None:
         self.app = app
         self.direct = direct
+        self.hosts = hosts
+        self._warned: set[str] = set()
         self.max_bytes = max_bytes
         self.token = token.encode() if token else None
         self.metrics = metrics
@@ -107,7 +124,13 @@ class Guard:
         chunked = b"transfer-encoding" in headers
         # A body the server has not read: a refusal closes the connection after it.
         unread = {**CLOSE} if chunked or (declared is not None and declared != b"0") else {}
-        on_v1 = self._on_v1(scope)
+        path = self._path(scope)
+        host = headers.get(b"host")
+        if not self.hosts.allows(host) and path not in ANY_HOST_PATHS:
+            await self._refuse(self._misdirected(host or b"", unread), scope, receive, send,
+                               unread)
+            return
+        on_v1 = path == "/v1" or path.startswith("/v1/")
         if self.token is not None and on_v1:
             scheme, _, given = headers.get(b"authorization", b"").partition(b" ")
             if scheme.lower() != b"bearer" or not hmac.compare_digest(given.strip(), self.token):
@@ -207,12 +230,32 @@ class Guard:
         )
 
     @staticmethod
-    def _on_v1(scope: Scope) -> bool:
-        path = scope["path"]
+    def _path(scope: Scope) -> str:
+        path: str = scope["path"]
         root = scope.get("root_path", "")
         if root and path.startswith(root):
             path = path[len(root):]  # served under a proxy prefix
-        return path == "/v1" or path.startswith("/v1/")
+        return path
+
+    def _misdirected(self, header: bytes, headers: dict[str, str]) -> ASGIApp:
+        """The 421 for a Host header that names another server, saying which setting
+        takes the name; the name is logged once (a name, never a request's text)."""
+        given = header.decode("latin-1")[:300]
+        name = host_name(given)
+        kind = kind_of(HostNotAllowed)
+        if name is None:
+            detail = (f"the Host header {given!r} is not a host name with an optional port; "
+                      "send the name or address this server is reached by")
+        else:
+            detail = (f"this server does not answer to the name {name!r} (a defence against "
+                      "DNS rebinding); if clients reach it by that name, add it to "
+                      f"THINKTRANS_ALLOWED_HOSTS (e.g. THINKTRANS_ALLOWED_HOSTS={name}); "
+                      "localhost, IP addresses and the bound address always pass")
+            if name not in self._warned and len(self._warned) < MAX_WARNED_HOSTS:
+                self._warned.add(name)
+                log.warning("refused a request for host %r: not in THINKTRANS_ALLOWED_HOSTS",
+                            name, extra={"host": name})
+        return problem(421, kind.title, detail, kind.slug, headers=headers)
 
     def _too_big(self, headers: dict[str, str]) -> ASGIApp:
         return problem(

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 from typing import Any
 
@@ -57,12 +58,56 @@ def answer_error(exc: own.ThinktransError | backend.BackendError) -> JSONRespons
     return error_problem(exc, status=502)
 
 
+_TOO_DEEP = {"loc": ("body",), "type": "json_invalid",
+             "msg": "the request body is nested too deeply to read; send flatter JSON"}
+
+
+def unreadable_body(body: bytes) -> dict[str, Any] | None:
+    """The validation error for a request body that is not UTF-8 or not JSON, in words that
+    say where (the first bad byte; the line and column where the JSON breaks); None when
+    the body is UTF-8 JSON. For error paths only: it decodes and parses the body again."""
+    try:
+        text = body.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = body.count(b"\n", 0, exc.start) + 1
+        column = exc.start - (body.rfind(b"\n", 0, exc.start) + 1) + 1
+        return {"loc": ("body",), "type": "utf8_invalid",
+                "msg": f"the request body must be UTF-8: byte {body[exc.start]:#04x} at offset "
+                       f"{exc.start} (line {line}, byte {column} of the line) is not; send the "
+                       "JSON encoded as UTF-8"}
+    try:
+        json.loads(text)
+    except json.JSONDecodeError as exc:
+        return _not_json(exc)
+    except RecursionError:
+        return _TOO_DEEP
+    return None
+
+
+def _not_json(exc: json.JSONDecodeError) -> dict[str, Any]:
+    return {"loc": ("body",), "type": "json_invalid",
+            "msg": f"the request body is not valid JSON: {exc.msg} at line {exc.lineno}, "
+                   f"column {exc.colno}"}
+
+
+def _in_words(errors: list[Any], body: Any) -> list[Any]:
+    """FastAPI's error for a body that is not JSON (``("body", 30)``, "JSON decode error")
+    in words that say what and where."""
+    first = errors[0] if errors else {}
+    loc = first.get("loc", ())
+    if (first.get("type") == "json_invalid" and isinstance(body, str) and len(loc) == 2
+            and isinstance(loc[1], int)):
+        reason = str(first.get("ctx", {}).get("error") or "not JSON")
+        return [_not_json(json.JSONDecodeError(reason, body, loc[1])), *errors[1:]]
+    return errors
+
+
 def answer_invalid(exc: RequestValidationError) -> JSONResponse:
     """The 422 for a request that failed validation, naming the first field at fault."""
     errors = [
         {"loc": [str(p) for p in e.get("loc", ())], "msg": e.get("msg", ""),
          "type": e.get("type", "")}
-        for e in exc.errors()
+        for e in _in_words(list(exc.errors()), exc.body)
     ]
     first = errors[0] if errors else {"loc": [], "msg": "invalid request"}
     where = ".".join(first["loc"][1:] if first["loc"][:1] == ["body"] else first["loc"])
@@ -82,8 +127,24 @@ async def _invalid(request: Request, exc: Exception) -> JSONResponse:
     return answer_invalid(exc)
 
 
+# FastAPI's answer to a body that json.loads could not read for another reason than its
+# JSON (not UTF-8, nested too deeply): a 400 with this detail, the reason as its cause.
+_UNPARSED = "There was an error parsing the body"
+
+
 async def _http(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, StarletteHTTPException)
+    if exc.status_code == 400 and exc.detail == _UNPARSED:
+        cause = exc.__cause__
+        error = None
+        if isinstance(cause, UnicodeDecodeError) and isinstance(cause.object, bytes):
+            error = unreadable_body(cause.object)
+        elif isinstance(cause, RecursionError):
+            error = _TOO_DEEP
+        if error is not None:
+            return answer_invalid(RequestValidationError([error]))
+        return problem(400, "Bad request", "the request body could not be read as JSON; send "
+                       "one JSON object, encoded as UTF-8", "bad-request")
     return problem(exc.status_code, "HTTP error", str(exc.detail), f"http-{exc.status_code}",
                    headers=getattr(exc, "headers", None))
 

@@ -150,10 +150,14 @@ class StreamManager:
         if existing is not None:
             if (existing.target, existing.backend_name, existing.model, existing.policy) != (
                     resolved.target, backend, model, policy):
+                had = _choices(existing.target, existing.backend_name, existing.chain,
+                               existing.model, existing.policy)
+                asked = _choices(resolved.target, backend, self.dispatcher.default_chain,
+                                 model, policy)
                 raise Conflict(
-                    f"stream {stream_id!r} is already open with target {existing.target!r}, "
-                    f"backend {existing.backend_name!r}, model {existing.model!r} and policy "
-                    f"{existing.policy!r}; open it with the same, or use another stream id"
+                    f"stream {stream_id!r} is already open with {_listed(had)}; this request "
+                    f"asks for {_listed([a for h, a in zip(had, asked, strict=True) if h != a])}"
+                    ": open it with the same choices, or use another stream id"
                 )
             if existing.glossary != glossed:
                 raise Conflict(f"stream {stream_id!r} is already open with another glossary; "
@@ -209,3 +213,19 @@ class StreamManager:
         """Shutdown: refuse new streams, close open ones (flushing their text), and give
         their translations ``grace_s`` to come out; then drop what is left."""
         await self.sweeper.drain(grace_s)
+
+
+def _choices(target: str | None, backend: str | None, chain: Sequence[str],
+             model: str | None, policy: str) -> list[str]:
+    """A stream's choices in words: an unnamed backend or model is the default one."""
+    return [
+        f"target {target!r}" if target else "no target",
+        f"backend {backend!r}" if backend is not None
+        else f"the server's default backend ({','.join(chain)!r})",
+        f"model {model!r}" if model is not None else "the backend's default model",
+        f"policy {policy!r}",
+    ]
+
+
+def _listed(items: list[str]) -> str:
+    return items[0] if len(items) == 1 else f"{', '.join(items[:-1])} and {items[-1]}"

@@ -9,7 +9,7 @@ from fastapi import APIRouter
 from service.http.deps import StatusDep
 from service.http.problems import problem_responses
 
-router = APIRouter(prefix="/v1", responses=problem_responses(401))
+router = APIRouter(prefix="/v1", responses=problem_responses(401, 421))
 
 
 @router.get("/languages")

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import AsyncIterator, Callable, Coroutine
+from datetime import UTC, datetime
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Header, Query, Request
@@ -21,9 +22,14 @@ from starlette.routing import Match
 from starlette.types import Message, Scope, Send
 
 from models.errors import BackendError
-from service.exceptions import EventsGone, InputError, ThinktransError
+from service.exceptions import Conflict, EventsGone, InputError, ThinktransError
 from service.http.deps import StreamId, StreamsDep, get_streams, runtime_of
-from service.http.problems import answer_error, answer_invalid, problem_responses
+from service.http.problems import (
+    answer_error,
+    answer_invalid,
+    problem_responses,
+    unreadable_body,
+)
 from service.schemas import (
     STREAM_ID_PATTERN,
     ChunksRequest,
@@ -38,7 +44,7 @@ from service.schemas import (
 from service.stream.emission import Event
 from service.stream.pipeline import Stream
 
-router = APIRouter(prefix="/v1", responses=problem_responses(401, 408, 413, 415, 422))
+router = APIRouter(prefix="/v1", responses=problem_responses(401, 408, 413, 415, 421, 422))
 
 # An SSE connection without an event this long gets a keep-alive comment.
 SSE_KEEPALIVE_S = 15.0
@@ -68,9 +74,10 @@ def _parse_chunks(stream_id: str, body: bytes) -> ChunksRequest:
     try:
         return ChunksRequest.model_validate_json(body)
     except ValidationError as exc:
-        raise RequestValidationError(
-            [{**e, "loc": ("body", *e["loc"])} for e in exc.errors(include_input=False)]
-        ) from None
+        errors = [{**e, "loc": ("body", *e["loc"])} for e in exc.errors(include_input=False)]
+        if errors[0]["type"] == "json_invalid":  # said as for the other routes' bodies
+            errors = [unreadable_body(body) or errors[0]]
+        raise RequestValidationError(errors) from None
 
 
 class _ChunkRoute(APIRoute):
@@ -198,12 +205,31 @@ async def events_cursor(
     if last_event_id is not None:
         if not _LAST_EVENT_ID.fullmatch(last_event_id.strip()):
             raise InputError("Last-Event-ID must be an integer event id")
-        after = max(after, int(last_event_id.strip()))
+        resume = int(last_event_id.strip())
+        last = stream.log.next_id - 1
+        if resume > last:
+            # Not an id this stream gave: one read from an earlier stream under this id
+            # (deleted or expired, then opened again), whose events it would skip.
+            raise Conflict(
+                f"Last-Event-ID {resume} is past the last event of stream {stream_id!r} "
+                f"({last}): it is not an event of this stream (one opened again under the "
+                "same id starts its ids at 0); read the stream from its start, without "
+                "Last-Event-ID", last_event_id=last)
+        after = max(after, resume)
     stream.log.after(after)  # raises EventsGone if the reader fell behind the log
     return stream, after
 
 
 Cursor = Annotated[tuple[Stream, int], Depends(events_cursor)]
+
+# On each events answer: when the stream was opened (RFC 3339, UTC, to the microsecond).
+# A stream deleted or expired and opened again under its id has another, so a reader that
+# resumes can tell that the events it holds are an earlier stream's.
+STARTED_HEADER = "Thinktrans-Stream-Started"
+
+
+def _started(stream: Stream) -> str:
+    return datetime.fromtimestamp(stream.started_at, UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
 class _EventStreamRoute(APIRoute):
@@ -222,7 +248,8 @@ async def stream_events_sse(cursor: Cursor) -> EventSourceResponse:
     """Server-Sent Events from the cursor on, until `end`."""
     stream, after = cursor
     return EventSourceResponse(_sse(stream, after),
-                               headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+                               headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no",
+                                        STARTED_HEADER: _started(stream)})
 
 
 async def _sse(stream: Stream, after: int) -> AsyncIterator[bytes]:
@@ -283,7 +310,7 @@ _SSE_ITEM = {
 @router.get(
     "/streams/{stream_id}/events", response_model=EventsResponse,
     responses={200: {"content": {"text/event-stream": {"itemSchema": _SSE_ITEM}}},
-               **problem_responses(404, 410)},
+               **problem_responses(404, 409, 410)},
 )
 async def stream_events(
     cursor: Cursor,
@@ -299,4 +326,5 @@ async def stream_events(
     # Built from each event's JSON as kept (EventsResponse's shape, serialised once).
     body = ",".join(f'{{"id":{event_id},"type":"{kind}","data":{data}}}'
                     for event_id, kind, data in events)
-    return Response(f'{{"events":[{body}]}}', media_type="application/json")
+    return Response(f'{{"events":[{body}]}}', media_type="application/json",
+                    headers={STARTED_HEADER: _started(stream)})

@@ -23,7 +23,7 @@ def _glossary(glossary: GlossaryIn | None) -> dict[str, Any] | None:
     return None if glossary is None else glossary.model_dump()
 
 
-router = APIRouter(prefix="/v1", responses=problem_responses(401, 408, 413, 415, 422))
+router = APIRouter(prefix="/v1", responses=problem_responses(401, 408, 413, 415, 421, 422))
 
 
 @router.post("/translate", response_model=TranslateResponse, responses=problem_responses(503))

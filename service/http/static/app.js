@@ -26,6 +26,7 @@ const view = {
   follow: true,
 };
 const known = new Map(); // stream id: its summary from GET /v1/streams
+let listed = false; // the list was read at least once (before, it says nothing)
 const items = new Map(); // stream id: its list item
 
 // -- the token ---------------------------------------------------------------------------
@@ -122,17 +123,29 @@ function onState(state, text, kind) {
   notice(text, kind);
 }
 
-function show(streamId) {
-  // The same stream again restarts it only when its reading has stopped (a refusal).
-  if (streamId === view.id && view.reader && !view.reader.done) return;
-  if (view.reader) view.reader.stop();
-  view.reader = null;
-  view.id = streamId;
+// The rows of a stream that is gone make way for those of the one now read under its id.
+function clearRows() {
   view.target = null;
   rows.clear();
   rows.running = true;
-  notice("");
   for (const id of ["copy-all", "export-md", "export-jsonl"]) $(id).disabled = true;
+}
+
+function onReset() {
+  clearRows();
+  setState("connecting", "connecting");
+}
+
+// ``replaced``: show it anew, as a stream under this id replaced the one shown.
+function show(streamId, replaced = false) {
+  // The same stream again restarts it only when its reading has stopped (a refusal), or
+  // when another stream now has its id.
+  if (!replaced && streamId === view.id && view.reader && !view.reader.done) return;
+  if (view.reader) view.reader.stop();
+  view.reader = null;
+  view.id = streamId;
+  clearRows();
+  notice("");
   markSelected();
   if (!streamId) {
     $("title").textContent = "Pick a stream";
@@ -143,7 +156,7 @@ function show(streamId) {
   setState("connecting", "connecting");
   document.title = `${streamId} · thinktrans viewer`;
   setFollow(true);
-  const reader = new StreamReader(streamId, { onEvent, onState });
+  const reader = new StreamReader(streamId, { onEvent, onState, onReset, replaced });
   view.reader = reader;
   reader.run();
 }
@@ -223,9 +236,21 @@ function renderList() {
     items.get(s.stream_id).hidden = !match;
     shown += match ? 1 : 0;
   }
-  $("list-empty").hidden = shown > 0;
+  $("list-empty").hidden = shown > 0 || !listed;
   $("list-empty").textContent = known.size ? "No stream matches the filter." : "No streams yet.";
   markSelected();
+}
+
+// A stream opened under the shown one's id after it (the shown one deleted, expired or
+// evicted): shown anew. A reader still following reads the new one itself when its
+// connection is cut; one that stopped (it read the end) is replaced here.
+function checkReplaced() {
+  const now = known.get(view.id);
+  const reader = view.reader;
+  if (!now || !reader || !reader.done) return;
+  if (reader.started ? Date.parse(now.started) > Date.parse(reader.started) : reader.evicted) {
+    show(view.id, true);
+  }
 }
 
 async function refreshList() {
@@ -235,7 +260,9 @@ async function refreshList() {
     const body = await response.json();
     known.clear();
     for (const s of body.streams) known.set(s.stream_id, s);
+    listed = true;
     renderList();
+    checkReplaced();
   } catch {
     // the header says when the sidecar is unreachable
   }

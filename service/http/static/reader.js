@@ -1,6 +1,6 @@
 // One stream's events, followed to its end: read as Server-Sent Events with fetch (the token
 // goes in a header), resumed with Last-Event-ID after a drop, and told apart when they
-// cannot be had (evicted, not open yet, refused).
+// cannot be had (evicted, not open yet, refused) or are a new stream's under the same id.
 
 import { api, problemOf } from "./api.js";
 import { readEvents } from "./sse.js";
@@ -13,20 +13,36 @@ const SILENCE_MS = 40_000;
 // A connection that lasted this long was healthy: after it is cut, retry at once.
 const HEALTHY_MS = 10_000;
 
+// When the stream was opened, on every events answer: a stream opened again under the same
+// id (deleted or expired first) has another.
+const STARTED = "Thinktrans-Stream-Started";
+
 const PARTIAL = "The stream's first events are no longer kept (THINKTRANS_MAX_EVENTS_RETAINED); "
   + "showing those that are.";
+const GONE = "This stream was deleted or expired (404): the rows below are what was read of it. "
+  + "Waiting for a stream with this id to open; it will replace them.";
+const AGAIN = "This stream was deleted or expired and opened again under the same id: the rows "
+  + "are the new stream's, from its start.";
 
 const seconds = (ms) => `${ms / 1000} s`;
 
 export class StreamReader {
   // onEvent(event, data): each event, parsed; onState(state, text, kind): what to tell the
-  // reader (state: live, reconnecting, waiting, evicted, gone; text: a notice, or "").
-  constructor(streamId, { onEvent, onState }) {
+  // reader (state: live, reconnecting, waiting, evicted, gone; text: a notice, or "");
+  // onReset(): the events taken so far were an earlier stream's under this id, and the
+  // new stream's follow from its start. ``replaced``: this reader begins on a stream that
+  // replaced the one shown before (the page says so).
+  constructor(streamId, { onEvent, onState, onReset = () => {}, replaced = false }) {
     this.streamId = streamId;
     this.onEvent = onEvent;
     this.onState = onState;
+    this.onReset = onReset;
     this.lastId = -1; // the last event taken: where a new connection resumes
     this.partial = false; // the first events were gone when it began
+    this.started = null; // when the stream read was opened (its events' STARTED header)
+    this.stale = false; // the events taken are a gone stream's: reset at the next one's start
+    this.replaced = replaced; // say that this stream replaced the one shown before
+    this.evicted = false; // it ended and was evicted before it could be read
     this.stopped = false;
     this.done = false; // the stream's end was read, or it cannot be read
     this.connection = null;
@@ -54,10 +70,30 @@ export class StreamReader {
     }
   }
 
+  // The stream read is gone, or was replaced: its events are not resumed, the next
+  // connection reads a stream under this id from its start (and resets the rows then).
+  forget() {
+    this.lastId = -1;
+    this.partial = false;
+    this.started = null;
+    this.stale = true;
+  }
+
   async follow() {
     const path = `/v1/streams/${encodeURIComponent(this.streamId)}/events`;
     let delay = RETRY_FIRST_MS;
     const backOff = () => { delay = Math.min(delay * 2, RETRY_MOST_MS); };
+    let restarts = 0; // times read from the start again, without an event since
+    // The stream read is gone or was replaced: read the one under this id from its start,
+    // at once the first time, after a backoff when it happens again before an event came.
+    const restart = async () => {
+      this.forget();
+      restarts += 1;
+      if (restarts > 1) {
+        await this.wait(delay);
+        backOff();
+      }
+    };
     while (!this.stopped) {
       const connection = new AbortController();
       this.connection = connection;
@@ -76,9 +112,27 @@ export class StreamReader {
       if (this.stopped) return;
       const type = response.headers.get("content-type") || "";
       if (response.ok && type.startsWith("text/event-stream")) {
-        this.onState("live", this.partial ? PARTIAL : "", "warn");
+        const started = response.headers.get(STARTED);
+        if (this.started !== null && started !== this.started) {
+          // Resumed on another stream under this id: its first events would be skipped.
+          connection.abort();
+          await restart();
+          continue;
+        }
+        this.started = started;
+        if (this.stale) {
+          this.stale = false;
+          this.replaced = true;
+          this.onReset();
+        }
+        let text = this.partial ? PARTIAL : "";
+        if (this.replaced) text = text ? `${AGAIN} ${text}` : AGAIN;
+        this.onState("live", text, this.replaced ? "info" : "warn");
         const opened = performance.now();
-        if (await this.consume(response, connection)) return; // its end
+        const taken = this.lastId;
+        const ended = await this.consume(response, connection);
+        if (this.lastId !== taken) restarts = 0;
+        if (ended) return; // its end
         if (this.stopped) return;
         if (performance.now() - opened > HEALTHY_MS) delay = RETRY_FIRST_MS;
         this.onState("reconnecting", "The event stream was cut; resuming where it stopped.", "warn");
@@ -90,6 +144,7 @@ export class StreamReader {
       if (this.stopped) return;
       const status = response.status;
       if (status === 410 && problem.evicted) {
+        this.evicted = true; // a stream opened under its id later is a new one
         this.onState("evicted", `This stream ended and was evicted (410): ${problem.detail}`, "error");
         return;
       }
@@ -98,9 +153,17 @@ export class StreamReader {
         this.lastId = problem.resume_after;
         continue;
       }
+      if (status === 409 && Number.isInteger(problem.last_event_id)) {
+        // Our Last-Event-ID is past the stream's last event: an earlier stream's.
+        await restart();
+        continue;
+      }
       if (status === 404) {
-        // Not open yet (the page was opened first), or deleted or expired: wait for it.
-        this.onState("waiting", `Waiting for the stream to open: ${problem.detail}`, "warn");
+        // Not open yet (the page was opened first), or deleted or expired: wait for it. One
+        // that was read is not resumed: a stream opened again under its id is a new one.
+        if (this.started !== null || this.lastId >= 0) this.forget();
+        this.onState("waiting", this.stale ? GONE
+          : `Waiting for the stream to open: ${problem.detail}`, "warn");
         await this.wait(delay);
         backOff();
         continue;

@@ -12,6 +12,11 @@ const LABELS = {
   hidden: "hidden",
   no_target: "no target",
 };
+// The passthrough backend answers `translated` with the original (a dry run): its rows say
+// so, and are not shown as translations.
+export const PASSTHROUGH = "passthrough";
+export const passedThrough = (segment) => segment.status === "translated"
+  && segment.backend === PASSTHROUGH;
 const FENCE = /^\s*(```|~~~)/;
 const FENCE_LINE = /^ {0,3}(```|~~~)/gm;
 
@@ -226,14 +231,18 @@ export class Rows {
     row.classList.toggle("cached", Boolean(segment.cached));
     row.classList.toggle("updated", segment.updated);
     row.classList.toggle("same", segment.text === segment.original);
+    const passed = passedThrough(segment);
+    row.classList.toggle("passed", passed);
     // One label, one line: a row's height does not change with its status. A cached
     // translation says "cached"; one that came after its deadline is marked (dashed).
     const button = row.querySelector(".status");
-    button.textContent = segment.cached && status === "translated" ? "cached"
-      : LABELS[status] || status;
+    button.textContent = passed ? "passed through"
+      : segment.cached && status === "translated" ? "cached" : LABELS[status] || status;
     button.removeAttribute("aria-label");
-    button.title = segment.updated ? "Translated after its deadline; click for details"
-      : "Backend, model, languages and latency";
+    button.title = passed ? "Unchanged: the passthrough backend gives the original back (a dry "
+      + "run), not a translation; click for details"
+      : segment.updated ? "Translated after its deadline; click for details"
+        : "Backend, model, languages and latency";
     const original = row.querySelector(".orig");
     const translation = row.querySelector(".tran");
     fill(original, segment.original, segment.code);
@@ -243,10 +252,12 @@ export class Rows {
     } else {
       fill(translation, segment.text, segment.code && segment.text === segment.original);
     }
-    setLang(translation, status === "translated" ? segment.target : segment.source_lang);
+    setLang(translation, status === "translated" && !passed ? segment.target
+      : segment.source_lang);
     translation.title = status === "deadline" ? "Not translated in time: the original, until "
       + "its translation comes" : "";
     const parts = [];
+    if (passed) parts.push("the original, unchanged (not a translation)");
     if (segment.backend) parts.push(`backend ${segment.backend}`);
     if (segment.model) parts.push(`model ${segment.model}`);
     parts.push(`${segment.source_lang || "?"} → ${segment.target || "?"}`);
