@@ -180,3 +180,28 @@ def test_the_image_healthcheck_follows_serve_port(tmp_path: Path) -> None:
     done = run_check()  # nothing listens on THINKTRANS_PORT: unhealthy, in one line
     assert done.returncode == 1
     assert f"127.0.0.1:{other}/healthz" in done.stderr
+
+
+def test_the_image_build_carries_every_package_the_project_installs() -> None:
+    """The build context (.dockerignore) and the Dockerfile's COPY lines hold every top-level
+    package pyproject installs: a package left out fails the build at its COPY."""
+    import fnmatch
+    import tomllib
+
+    root = Path(__file__).resolve().parent.parent
+    include = tomllib.loads((root / "pyproject.toml").read_text())[
+        "tool"]["setuptools"]["packages"]["find"]["include"]
+    packages = sorted(p.name for p in root.iterdir()
+                      if (p / "__init__.py").is_file()
+                      and any(fnmatch.fnmatch(p.name, pattern) for pattern in include))
+    assert packages, include
+    rules = [line.strip() for line in (root / ".dockerignore").read_text().splitlines()
+             if line.strip() and not line.startswith("#")]
+    assert rules[0] == "*", "the context starts from nothing and lets in what the image needs"
+    dockerfile = (root / "Dockerfile").read_text()
+    for name in packages:
+        assert f"!{name}/" in rules, f"{name}/ is kept out of the build context"
+        assert re.search(rf"^COPY {name} \./{name}$", dockerfile, re.M), \
+            f"the Dockerfile copies no {name}/"
+        assert re.search(rf"mkdir [^&]*\b{name}\b", dockerfile), \
+            f"the dependency layer makes no stub of {name}/"
