@@ -203,7 +203,7 @@ class Pool:
         self.tally = _Stats()
         self.clients = Clients(sharing.policies, shared_sha256=token_sha256,
                                max_waiting=sharing.max_waiting, max_clients=sharing.max_clients,
-                               metrics=True)
+                               metrics_max_clients=sharing.metrics_max_clients, metrics=True)
         # Calls, for the engine, one queue per client.
         self.waiting: FairQueue[_Waiting] = FairQueue(fair=sharing.fair, unit=sharing.unit,
                                                       weight=self.clients.weight)
@@ -267,12 +267,15 @@ class Pool:
 
     @api.get("/v1/stats")
     async def stats(self, request: Request) -> JSONResponse:
-        if isinstance(self._owner(request), JSONResponse):
-            return unauthorized()
+        """The replica's counts; of its clients, every one's for the shared token (or none
+        needed), a client's own for its own token."""
+        owner = self._owner(request)
+        if isinstance(owner, JSONResponse):
+            return owner
         s = self.tally
         body = {k: v for k, v in vars(s).items() if k != "recent"}
         body.update(max_batch_size=self.max_batch_size, fair=self.waiting.fair,
-                    fair_unit=self.waiting.unit, clients=self.clients.view(),
+                    fair_unit=self.waiting.unit, clients=self.clients.view(owner),
                     clients_forgotten=self.clients.forgotten,
                     recent=list(s.recent))
         return JSONResponse(body)
