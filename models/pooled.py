@@ -67,8 +67,9 @@ class PoolCall(BaseModel):
     target: str = Field(min_length=1, max_length=64, description="Target BCP 47 tag.")
     model: str | None = Field(None, max_length=512, description="A model a stream named.")
     deadline_ms: float | None = Field(
-        None, description="Milliseconds left until the last segment is due; the pool drops "
-        "the call unrun once they have passed. Null: no deadline.")
+        None, allow_inf_nan=False, strict=True, description="Milliseconds left until the "
+        "last segment is due, a finite number (0 or less: passed already); the pool drops the "
+        "call unrun once they have passed. Null: no deadline.")
     sidecar: str = Field(
         "", pattern=f"^$|{CLIENT_ID}", description="The client id of the sidecar that sent it "
         "(THINKTRANS_POOL_CLIENT_ID): who the pool shares its turns between, counts and caps. "

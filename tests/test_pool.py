@@ -167,6 +167,11 @@ async def test_expired_work_never_reaches_the_model(pool: Pool) -> None:
     assert after["expired_segments"] - before["expired_segments"] == 4
 
 
+def with_deadline(value: str) -> bytes:
+    """A call's body with ``value`` as its deadline, written as it is (NaN, a string)."""
+    return ('{"texts": ["Hello."], "target": "de", "deadline_ms": ' + value + "}").encode()
+
+
 async def test_the_pool_refuses_bad_calls_with_problems(pool: Pool) -> None:
     async with httpx.AsyncClient(base_url=pool.url, headers=AUTH, timeout=30) as client:
         empty = await client.post("/v1/batch", json={"texts": [], "target": "de"})
@@ -174,6 +179,9 @@ async def test_the_pool_refuses_bad_calls_with_problems(pool: Pool) -> None:
         pair = await client.post("/v1/batch", json={"texts": ["Hello."], "source": "en",
                                                     "target": "ja"})
         garbage = await client.post("/v1/batch", content=b"{not json")
+        # JSON as Python writes it, NaN and all: a 422, never a 500; finite deadlines serve.
+        deadlines = {value: await client.post("/v1/batch", content=with_deadline(value))
+                     for value in ("NaN", "Infinity", '"100"', "-1", "1e300")}
         info = await client.get("/v1/info")
         good = await client.post("/v1/batch", json={"texts": ["Hello."], "target": "de"})
         again = await client.get("/v1/info")
@@ -186,6 +194,14 @@ async def test_the_pool_refuses_bad_calls_with_problems(pool: Pool) -> None:
         assert resp.status_code == status, resp.text
         assert resp.headers["content-type"].startswith("application/problem+json")
     assert "texts" in empty.json()["detail"] and "at most 64" in too_many.json()["detail"]
+    for value in ("NaN", "Infinity", '"100"'):
+        resp = deadlines[value]
+        assert resp.status_code == 422, (value, resp.text)
+        assert resp.headers["content-type"].startswith("application/problem+json")
+        assert resp.json()["detail"].startswith("deadline_ms: "), resp.text
+    assert deadlines["-1"].status_code == 504, deadlines["-1"].text  # passed already
+    assert deadlines["-1"].json()["type"].endswith(":expired")
+    assert deadlines["1e300"].status_code == 200, deadlines["1e300"].text
     assert pair.json()["type"].endswith(":unsupported-language")
     assert health.status_code == 200  # probes of orchestrators need no token
     body = info.json()
@@ -608,6 +624,27 @@ def test_the_pool_checks_each_calls_spans() -> None:
         with pytest.raises(InputError) as caught:
             parse(spans)
         assert str(caught.value).startswith(where), (spans, str(caught.value))
+
+
+def test_a_calls_deadline_is_a_finite_number_of_milliseconds_or_null() -> None:
+    """NaN, infinities (which JSON as Python reads it allows), numbers too large for a float,
+    strings and booleans are refused with a 422 naming ``deadline_ms``; a deadline of 0 or
+    less, or a huge finite one, is a number like any other."""
+    _ray()
+    from pool.calls import parse_call
+    from service.exceptions import InputError
+
+    def parse(deadline: str) -> Any:
+        return parse_call(with_deadline(deadline), 8, call_limits())
+
+    for bad in ("NaN", "Infinity", "-Infinity", "1e400", '"100"', '"soon"', "true", "[1]"):
+        with pytest.raises(InputError) as caught:
+            parse(bad)
+        assert str(caught.value).startswith("deadline_ms: "), (bad, str(caught.value))
+        assert "finite number, or null" in str(caught.value)
+    for good, value in (("-1", -1.0), ("0", 0.0), ("2500", 2500.0), ("1e300", 1e300),
+                        ("null", None)):
+        assert parse(good).deadline_ms == value
 
 
 async def test_a_preview_call_gives_the_engine_its_previous_previews_and_checks_them() -> None:
