@@ -76,6 +76,7 @@ class ClientCounts:
     expired_segments: int = 0
     cancelled_segments: int = 0
     failed_segments: int = 0
+    stopped_segments: int = 0  # of previews stopped for segment work
     refused_calls: int = 0  # over its cap
     refused_segments: int = 0
     waiting_segments: int = 0  # now: accepted, not yet answered
@@ -99,7 +100,7 @@ class _Metrics:
 
         self.segments = metrics.Counter(
             "thinktrans_pool_segments", "Segments per pool client and outcome (accepted, "
-            "translated, expired, cancelled, failed, refused).",
+            "translated, expired, cancelled, failed, stopped, refused).",
             tag_keys=("client", "outcome"))
         self.waiting = metrics.Gauge(
             "thinktrans_pool_waiting_segments", "Segments a pool client has waiting or "
@@ -219,7 +220,7 @@ class Clients:
             self._gauge(client, counts, -freed)
 
     def outcome(self, client: str, outcome: str, segments: int) -> None:
-        """Segments of a client translated, expired, cancelled or failed."""
+        """Segments of a client translated, expired, cancelled, failed or stopped."""
         counts = self.counts.get(client)
         if counts is None or segments <= 0:
             return

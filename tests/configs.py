@@ -18,6 +18,7 @@ from models.pooled import PoolConfig
 from pool.calls import CallLimits
 from pool.clients import Clients, Sharing
 from pool.fair import FairQueue
+from pool.lanes import Lanes
 from service.chain.batcher import BatchLimits
 from service.settings import Settings, load_settings
 from service.text.segmenter import Piece, Segmenter
@@ -98,3 +99,10 @@ def fair_queue(weight: Callable[[str], float] | None = None, **settings: Any) ->
     if weight is None:
         return FairQueue(fair=share.fair, unit=share.unit)
     return FairQueue(fair=share.fair, unit=share.unit, weight=weight)
+
+
+def lanes(weight: Callable[[str], float], **settings: Any) -> Lanes[Any]:
+    """A replica's lanes (segments, previews) from ``pool_fair`` and ``pool_fair_unit``,
+    each client's share by ``weight``."""
+    share = sharing(**settings)
+    return Lanes(fair=share.fair, unit=share.unit, weight=weight)

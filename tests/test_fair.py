@@ -23,6 +23,7 @@ from models.passthrough import PassthroughTranslator
 from models.pooled import MAX_HOLD_S, PoolTranslator
 from pool.clients import Unauthorized
 from pool.fair import FairQueue, Slice, Unit, shares
+from pool.lanes import Lanes
 from service.chain.batching import Cutoff, Pair
 from service.exceptions import Forbidden, OverCap
 from tests.configs import clients as make_clients
@@ -426,6 +427,58 @@ def test_shares_meet_small_demands_and_split_the_rest_by_weight() -> None:
         assert all(out[c] <= demand[c] + 1e-9 for c in demand)
 
 
+# -- the lanes: segment calls, then previews ---------------------------------------------------
+
+
+def test_previews_run_only_while_no_segment_call_waits_or_is_on_its_way() -> None:
+    """A turn takes the segment calls while any wait, whenever they came; preview calls only
+    once none waits, and not while one the route admitted is still on its way."""
+    lanes: Lanes[Call] = Lanes(fair=True, unit="characters", weight=lambda client: 1.0)
+    preview, segment = Call("a", [10], 0.0), Call("b", [10], 1.0)
+    lanes.push(preview, preview=True)
+    lanes.push(segment, preview=False)
+    assert len(lanes) == 2 and lanes.ready()
+    taken, stop = lanes.take(8)
+    assert pieces(taken) == [(segment, 0, 1)] and stop is None
+    lanes.expect()  # admitted, in Serve's batch wait
+    assert not lanes.ready()
+    assert lanes.take(8) == ([], None)
+    lanes.arrived()  # never came (given up): the preview may run
+    assert lanes.ready()
+    taken, stop = lanes.take(8)
+    assert pieces(taken) == [(preview, 0, 1)] and stop is not None and not stop.is_set()
+    assert lanes.preview_running and not lanes.ready() and not lanes
+    lanes.finished(stop)
+    assert not lanes.preview_running
+
+
+@pytest.mark.parametrize("how", ["expected", "queued", "given up"])
+def test_a_running_preview_turn_is_told_to_stop(how: str) -> None:
+    """A preview turn's stop signal is set when a segment call is expected or queued, or
+    when every call it took has been given up; not by another preview."""
+    lanes: Lanes[Call] = Lanes(fair=False, unit="segments", weight=lambda client: 1.0)
+    first, second = Call("a", [5], 0.0), Call("b", [5], 1.0)
+    lanes.push(first, preview=True)
+    lanes.push(second, preview=True)
+    taken, stop = lanes.take(8)
+    assert len(taken) == 2 and stop is not None
+    lanes.push(Call("c", [5], 2.0), preview=True)
+    first.given_up = True
+    lanes.given_up()
+    assert not stop.is_set()  # the second is still wanted
+    if how == "expected":
+        lanes.expect()
+    elif how == "queued":
+        lanes.push(Call("d", [5], 3.0), preview=False)
+    else:
+        second.given_up = True
+        lanes.given_up()
+    assert stop.is_set()
+    lanes.finished(stop)
+    lanes.expect()  # no turn runs: nothing to stop
+    assert not lanes.preview_running
+
+
 # -- the pool's clients ---------------------------------------------------------------------
 
 
@@ -627,6 +680,7 @@ def test_outcomes_and_waits_show_in_the_view() -> None:
     clients.outcome("heavy", "expired", 1)
     clients.outcome("heavy", "cancelled", 1)
     clients.outcome("heavy", "failed", 1)
+    clients.outcome("heavy", "stopped", 1)
     clients.outcome("heavy", "translated", 0)
     clients.outcome("stranger", "translated", 3)
     clients.waited("stranger", 1.0)
@@ -635,11 +689,11 @@ def test_outcomes_and_waits_show_in_the_view() -> None:
     clients.admit("plain", 2, 0.1)
     assert clients.view() == {
         "heavy": {"calls": 1, "segments": 8, "translated_segments": 5, "expired_segments": 1,
-                  "cancelled_segments": 1, "failed_segments": 1,
+                  "cancelled_segments": 1, "failed_segments": 1, "stopped_segments": 1,
                   "refused_calls": 0, "refused_segments": 0, "waiting_segments": 8,
                   "queue_wait_ms": {"p50": 100.5, "p99": 199.0}, "weight": 3.0, "cap": 50},
         "plain": {"calls": 1, "segments": 2, "translated_segments": 0, "expired_segments": 0,
-                  "cancelled_segments": 0, "failed_segments": 0,
+                  "cancelled_segments": 0, "failed_segments": 0, "stopped_segments": 0,
                   "refused_calls": 0, "refused_segments": 0, "waiting_segments": 2,
                   "queue_wait_ms": None,
                   "weight": 1.0, "cap": 10},
