@@ -14,6 +14,7 @@ import json
 import math
 import re
 import socket
+import threading
 import time
 from collections.abc import Coroutine, Sequence
 from dataclasses import dataclass, field, replace
@@ -30,6 +31,7 @@ from models.errors import (
     BadOutput,
     Expired,
     RateLimited,
+    Stopped,
     Throttled,
     UnsupportedLanguage,
 )
@@ -48,6 +50,8 @@ GRACE_S = 0.1
 MAX_HOLD_S = 30.0
 # A probe of /v1/info may wait behind a busy replica's batches.
 PROBE_TIMEOUT_S = 10.0
+# How often a preview's calls in flight look whether their job was told to stop.
+STOP_POLL_S = 0.02
 
 
 # A client id (THINKTRANS_POOL_CLIENT_ID): what the pool's stats, metrics and config name.
@@ -68,8 +72,9 @@ class PoolCall(BaseModel):
     target: str = Field(min_length=1, max_length=64, description="Target BCP 47 tag.")
     model: str | None = Field(None, max_length=512, description="A model a stream named.")
     deadline_ms: float | None = Field(
-        None, description="Milliseconds left until the last segment is due; the pool drops "
-        "the call unrun once they have passed. Null: no deadline.")
+        None, allow_inf_nan=False, strict=True, description="Milliseconds left until the "
+        "last segment is due, a finite number (0 or less: passed already); the pool drops the "
+        "call unrun once they have passed. Null: no deadline.")
     sidecar: str = Field(
         "", pattern=f"^$|{CLIENT_ID}", description="The client id of the sidecar that sent it "
         "(THINKTRANS_POOL_CLIENT_ID): who the pool shares its turns between, counts and caps. "
@@ -80,7 +85,9 @@ class PoolCall(BaseModel):
         "into the text, in order, not overlapping; out is what its translation holds in the "
         "span's place. Null: no text has any.")
     preview: bool = Field(False, description="A preview batch: provisional translations of "
-                          "sentences still streaming, never cached.")
+                          "sentences still streaming, never cached; the replica's low-priority "
+                          "lane, run only while no other call waits, and stopped (409 "
+                          "preview-stopped) when one comes.")
     previous: list[str | None] | None = Field(
         None, description="A preview's, per text: its sentence's previous preview as shown "
         "(null: none), which a CTranslate2 replica decodes towards (local_preview_bias). Each "
@@ -361,10 +368,11 @@ class PoolTranslator(RemoteTranslator):
             # A hair past it: the stream's own timer sends the originals out first.
             async with asyncio.timeout(None if deadline_s is None else deadline_s + GRACE_S):
                 due = None if deadline_s is None else time.monotonic() + deadline_s
-                answers = await _all([self._call(PoolCall(
+                sent = _all([self._call(PoolCall(
                     texts=batch, source=source, target=target, model=model, deadline_ms=None,
                     sidecar=self.config.sidecar, spans=own, preview=job.preview,
                     previous=shown), due) for batch, own, shown in calls])
+                answers = await (sent if job.stop is None else _unless_stopped(sent, job.stop))
         except TimeoutError:
             # The pool kept it past its deadline: slow or stuck, the breaker counts it.
             raise BackendTimeout("no answer from the pool by the batch's deadline") from None
@@ -409,6 +417,7 @@ class PoolTranslator(RemoteTranslator):
 PROBLEM = "urn:thinktrans:problem:"
 _BY_SLUG: dict[str, type[BackendError]] = {
     "expired": Expired,
+    "preview-stopped": Stopped,
     "unsupported-language": UnsupportedLanguage,
     "backend-timeout": BackendTimeout,
     "backend-unavailable": BackendUnavailable,
@@ -429,6 +438,25 @@ async def _all(calls: list[Coroutine[Any, Any, list[str]]]) -> list[list[str]]:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         raise
+
+
+async def _unless_stopped(sent: Coroutine[Any, Any, list[list[str]]], stop: threading.Event
+                          ) -> list[list[str]]:
+    """``sent``'s answers, unless ``stop`` is set first (a preview's ``Job.stop``: segments
+    came to wait for this backend's slots): then its calls are given up (their connections
+    close; the pool drops or stops them) and ``Stopped`` raised."""
+    task = asyncio.ensure_future(sent)
+    try:
+        while not stop.is_set():
+            done, _ = await asyncio.wait([task], timeout=STOP_POLL_S)
+            if done:
+                return task.result()
+    except BaseException:
+        task.cancel()
+        raise
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
+    raise Stopped("segments came to wait for the pool backend: the preview stopped")
 
 
 def _parts(texts: list[str], max_texts: int, max_chars: int, sizes: Sequence[int] = (),

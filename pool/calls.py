@@ -47,6 +47,11 @@ async def read_within(request: Request, max_bytes: int) -> bytes | None:
     return bytes(body)
 
 
+# What a field holds, said with the problem when it holds something else.
+_HINTS = {"deadline_ms": "the milliseconds left until the call's last segment is due, a "
+                         "finite number, or null for none"}
+
+
 def parse_call(body: bytes, max_batch_size: int, limits: CallLimits) -> PoolCall:
     """A call's body, checked against the pool's bounds (its batch size, characters per
     text and per call, spans, previous context): InputError (a 422) or PayloadTooLarge (a
@@ -56,7 +61,8 @@ def parse_call(body: bytes, max_batch_size: int, limits: CallLimits) -> PoolCall
     except ValidationError as exc:
         first = exc.errors()[0]
         where = ".".join(str(p) for p in first["loc"]) or "body"
-        raise InputError(f"{where}: {first['msg']}") from None
+        hint = _HINTS.get(where)
+        raise InputError(f"{where}: {first['msg']}" + (f" ({hint})" if hint else "")) from None
     if len(call.texts) > max_batch_size:
         raise PayloadTooLarge(f"{len(call.texts)} texts in one call; this pool takes at "
                               f"most {max_batch_size} (its max_batch_size)")

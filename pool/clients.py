@@ -20,6 +20,8 @@ from service.settings import PoolClient, Settings
 # A call's queue waits kept per client, for its p50/p99 in /v1/stats.
 RECENT_WAITS = 256
 UNNAMED = "unnamed"  # the id of calls that name none (sidecars before client ids)
+# The metrics' label of the ids past ``metrics_max_clients``: no client id starts with "_".
+OTHERS = "_other"
 
 
 @dataclass(frozen=True)
@@ -40,20 +42,23 @@ class ClientPolicy:
 @dataclass(frozen=True)
 class Sharing:
     """How a replica shares its engine between clients: the config's clients (tokens,
-    weights, caps), the default cap, the clients it keeps counts for, and the turn rule."""
+    weights, caps), the default cap, the other clients it keeps counts for and those with
+    metrics series of their own, and the turn rule."""
 
     policies: dict[str, ClientPolicy]
     max_waiting: int
     max_clients: int
+    metrics_max_clients: int
     fair: bool
     unit: Unit
 
     @classmethod
     def from_settings(cls, s: Settings) -> Sharing:
-        """``pool_clients``, ``pool_client_max_waiting``, ``pool_max_clients``, ``pool_fair``
-        and ``pool_fair_unit``."""
+        """``pool_clients``, ``pool_client_max_waiting``, ``pool_max_clients``,
+        ``pool_metrics_max_clients``, ``pool_fair`` and ``pool_fair_unit``."""
         return cls(policies={name: ClientPolicy.of(c) for name, c in s.pool_clients.items()},
                    max_waiting=s.pool_client_max_waiting, max_clients=s.pool_max_clients,
+                   metrics_max_clients=s.pool_metrics_max_clients,
                    fair=s.pool_fair, unit=s.pool_fair_unit)
 
 
@@ -71,6 +76,7 @@ class ClientCounts:
     expired_segments: int = 0
     cancelled_segments: int = 0
     failed_segments: int = 0
+    stopped_segments: int = 0  # of previews stopped for segment work
     refused_calls: int = 0  # over its cap
     refused_segments: int = 0
     waiting_segments: int = 0  # now: accepted, not yet answered
@@ -94,7 +100,8 @@ class _Metrics:
 
         self.segments = metrics.Counter(
             "thinktrans_pool_segments", "Segments per pool client and outcome (accepted, "
-            "translated, expired, cancelled, failed, refused).", tag_keys=("client", "outcome"))
+            "translated, expired, cancelled, failed, stopped, refused).",
+            tag_keys=("client", "outcome"))
         self.waiting = metrics.Gauge(
             "thinktrans_pool_waiting_segments", "Segments a pool client has waiting or "
             "running in this replica.", tag_keys=("client",))
@@ -115,22 +122,29 @@ class Clients:
     segments waiting or running in a replica (one with nothing waiting may send one call of any
     size the pool's limits allow); a call past it is refused with ``OverCap`` (429,
     ``Retry-After``: about how long the replica takes to run that much), and its sidecar's chain
-    serves it. Counts are kept per client (``/v1/stats``, and Ray's metrics when Ray runs) for
-    at most ``max_clients`` ids: past that a new id takes the place of the one seen least
-    recently with nothing waiting, ids the config names are never forgotten, and a new id is
-    refused while every one tracked has work waiting.
+    serves it. Counts are kept per client (``/v1/stats``, and Ray's metrics when Ray runs):
+    ids the config names always have their place, and besides them at most ``max_clients``
+    ids: past that a new id takes the place of the one seen least recently with nothing
+    waiting, and is refused while every one of them has work waiting. In Ray's metrics, whose
+    series are never dropped, the config's ids and the first ``metrics_max_clients`` others
+    have series of their own, and the rest are counted together under ``OTHERS``.
     """
 
     def __init__(self, policies: Mapping[str, ClientPolicy], *, shared_sha256: str | None,
-                 max_waiting: int, max_clients: int, metrics: bool = False) -> None:
+                 max_waiting: int, max_clients: int, metrics_max_clients: int,
+                 metrics: bool = False) -> None:
         self.policies = dict(policies)
         self.shared_sha256 = shared_sha256
         self.max_waiting = max_waiting
         self.max_clients = max_clients
+        self.metrics_max_clients = metrics_max_clients
         self._owners = {p.token_sha256: name for name, p in self.policies.items()
                         if p.token_sha256}
         self.counts: OrderedDict[str, ClientCounts] = OrderedDict()  # least recent first
+        self._others = 0  # ids in the counts that the config does not name
         self.metrics = _Metrics() if metrics else None
+        self._labelled: set[str] = set()  # ids the config does not name, with series
+        self._others_waiting = 0  # segments waiting of the ids counted under OTHERS
         self.forgotten = 0  # ids dropped from the counts to make room for new ones
 
     @property
@@ -195,17 +209,18 @@ class Clients:
         counts.segments += segments
         counts.waiting_segments += segments
         self._count(client, "accepted", segments)
-        self._gauge(client, counts)
+        self._gauge(client, counts, segments)
 
     def release(self, client: str, segments: int) -> None:
         """A call answered: its segments wait no more."""
         counts = self.counts.get(client)
         if counts is not None:
-            counts.waiting_segments = max(0, counts.waiting_segments - segments)
-            self._gauge(client, counts)
+            freed = min(segments, counts.waiting_segments)
+            counts.waiting_segments -= freed
+            self._gauge(client, counts, -freed)
 
     def outcome(self, client: str, outcome: str, segments: int) -> None:
-        """Segments of a client translated, expired, cancelled or failed."""
+        """Segments of a client translated, expired, cancelled, failed or stopped."""
         counts = self.counts.get(client)
         if counts is None or segments <= 0:
             return
@@ -219,10 +234,22 @@ class Clients:
         if counts is not None:
             counts.waits_ms.append(seconds * 1000.0)
 
-    def view(self) -> dict[str, dict[str, Any]]:
-        """The counts for ``/v1/stats``, by client id, with each one's weight and cap."""
-        return {name: {**counts.view(), "weight": self.weight(name), "cap": self.cap(name)}
-                for name, counts in self.counts.items()}
+    def view(self, owner: str | None = None) -> dict[str, dict[str, Any]]:
+        """The counts for ``/v1/stats``, by client id, with each one's weight and cap: every
+        client's for the shared token (``owner`` None), a client's own for its token."""
+        names = list(self.counts) if owner is None else [owner]
+        return {name: {**self.counts.get(name, ClientCounts()).view(),
+                       "weight": self.weight(name), "cap": self.cap(name)} for name in names}
+
+    def label(self, client: str) -> str:
+        """The ``client`` label of an id in Ray's metrics: its own for the config's ids and
+        the first ``metrics_max_clients`` others seen, ``OTHERS`` for the rest."""
+        if client in self.policies or client in self._labelled:
+            return client
+        if len(self._labelled) < self.metrics_max_clients:
+            self._labelled.add(client)
+            return client
+        return OTHERS
 
     # -- the table -----------------------------------------------------------------------------
 
@@ -231,23 +258,31 @@ class Clients:
         if counts is not None:
             self.counts.move_to_end(client)
             return counts
-        if len(self.counts) >= self.max_clients:
-            idle = next((name for name, c in self.counts.items()
-                         if c.waiting_segments == 0 and name not in self.policies), None)
-            if idle is None:
-                raise OverCap(f"this pool replica tracks {self.max_clients} clients, each with "
-                              "work waiting (pool_max_clients): retry shortly",
-                              retry_after_s=1)
-            del self.counts[idle]
-            self.forgotten += 1
+        if client not in self.policies:  # the config's ids take none of the others' places
+            if self._others >= self.max_clients:
+                idle = next((name for name, c in self.counts.items()
+                             if c.waiting_segments == 0 and name not in self.policies), None)
+                if idle is None:
+                    raise OverCap(f"this pool replica tracks {self.max_clients} clients "
+                                  "besides those in pool_clients, each with work waiting "
+                                  "(pool_max_clients): retry shortly", retry_after_s=1)
+                del self.counts[idle]
+                self.forgotten += 1
+            else:
+                self._others += 1
         counts = self.counts[client] = ClientCounts()
         return counts
 
     def _count(self, client: str, outcome: str, segments: int) -> None:
         if self.metrics is not None:
-            self.metrics.segments.inc(segments, tags={"client": client, "outcome": outcome})
+            self.metrics.segments.inc(segments, tags={"client": self.label(client),
+                                                      "outcome": outcome})
 
-    def _gauge(self, client: str, counts: ClientCounts) -> None:
+    def _gauge(self, client: str, counts: ClientCounts, change: int) -> None:
+        label = self.label(client)
+        if label == OTHERS:  # one series for them all: their sum
+            self._others_waiting += change
         if self.metrics is not None:
-            self.metrics.waiting.set(counts.waiting_segments, tags={"client": client})
+            waiting = self._others_waiting if label == OTHERS else counts.waiting_segments
+            self.metrics.waiting.set(waiting, tags={"client": label})
 

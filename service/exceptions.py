@@ -137,6 +137,7 @@ PROBLEMS: dict[type[Exception], Kind] = {
     errors.BackendUnavailable: Kind(503, "backend-unavailable", "Backend unavailable"),
     errors.BackendTimeout: Kind(504, "backend-timeout", "Backend timeout"),
     errors.Expired: Kind(504, "expired", "Deadline passed"),
+    errors.Stopped: Kind(409, "preview-stopped", "Preview stopped"),
     errors.RateLimited: Kind(503, "rate-limited", "Backend rate limited"),
     errors.UnsupportedLanguage: Kind(422, "unsupported-language", "Unsupported language"),
     errors.BadOutput: Kind(502, "bad-output", "Bad backend output"),

@@ -727,8 +727,15 @@ class PoolSection(BaseModel):
     )
     pool_max_clients: int = Field(
         1024, ge=1, le=1_000_000, description="`thinktrans pool`: client ids a replica keeps "
-        "counts for; past it a new id takes the place of the one seen least recently with "
-        "nothing waiting, or gets 429 when every one has work waiting."
+        "counts for besides those in `pool_clients`, which always have their place; past it "
+        "a new id takes the place of the one seen least recently with nothing waiting, or "
+        "gets 429 when every one has work waiting."
+    )
+    pool_metrics_max_clients: int = Field(
+        64, ge=0, le=100_000, description="`thinktrans pool`: client ids besides those in "
+        "`pool_clients` with series of their own in Ray's metrics (`client` label), the "
+        "first seen; the ids after them are counted together as `client=\"_other\"`, so the "
+        "series stay bounded (Ray never drops one)."
     )
     pool_fair: bool = Field(
         True, description="`thinktrans pool`: share a busy engine's turns between clients by "

@@ -18,6 +18,7 @@ from models.pooled import PoolConfig
 from pool.calls import CallLimits
 from pool.clients import Clients, Sharing
 from pool.fair import FairQueue
+from pool.lanes import Lanes
 from service.chain.batcher import BatchLimits
 from service.settings import Settings, load_settings
 from service.text.segmenter import Piece, Segmenter
@@ -76,8 +77,9 @@ def call_limits(**settings: Any) -> CallLimits:
 
 
 def sharing(**settings: Any) -> Sharing:
-    """``pool_clients``, ``pool_client_max_waiting``, ``pool_max_clients``, ``pool_fair`` and
-    ``pool_fair_unit`` as how a replica shares its engine."""
+    """``pool_clients``, ``pool_client_max_waiting``, ``pool_max_clients``,
+    ``pool_metrics_max_clients``, ``pool_fair`` and ``pool_fair_unit`` as how a replica shares
+    its engine."""
     return Sharing.from_settings(load_settings(**settings))
 
 
@@ -86,7 +88,8 @@ def clients(*, shared_sha256: str | None = None, **settings: Any) -> Clients:
     ``shared_sha256``: the hash of ``pool_token``, as the deployment hands it over."""
     share = sharing(**settings)
     return Clients(share.policies, shared_sha256=shared_sha256, max_waiting=share.max_waiting,
-                   max_clients=share.max_clients)
+                   max_clients=share.max_clients,
+                   metrics_max_clients=share.metrics_max_clients)
 
 
 def fair_queue(weight: Callable[[str], float] | None = None, **settings: Any) -> FairQueue[Any]:
@@ -96,3 +99,10 @@ def fair_queue(weight: Callable[[str], float] | None = None, **settings: Any) ->
     if weight is None:
         return FairQueue(fair=share.fair, unit=share.unit)
     return FairQueue(fair=share.fair, unit=share.unit, weight=weight)
+
+
+def lanes(weight: Callable[[str], float], **settings: Any) -> Lanes[Any]:
+    """A replica's lanes (segments, previews) from ``pool_fair`` and ``pool_fair_unit``,
+    each client's share by ``weight``."""
+    share = sharing(**settings)
+    return Lanes(fair=share.fair, unit=share.unit, weight=weight)

@@ -11,6 +11,7 @@ import time
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
+from types import SimpleNamespace
 from typing import Any
 
 import httpx
@@ -22,6 +23,7 @@ from models.passthrough import PassthroughTranslator
 from models.pooled import MAX_HOLD_S, PoolTranslator
 from pool.clients import Unauthorized
 from pool.fair import FairQueue, Slice, Unit, shares
+from pool.lanes import Lanes
 from service.chain.batching import Cutoff, Pair
 from service.exceptions import Forbidden, OverCap
 from tests.configs import clients as make_clients
@@ -425,6 +427,58 @@ def test_shares_meet_small_demands_and_split_the_rest_by_weight() -> None:
         assert all(out[c] <= demand[c] + 1e-9 for c in demand)
 
 
+# -- the lanes: segment calls, then previews ---------------------------------------------------
+
+
+def test_previews_run_only_while_no_segment_call_waits_or_is_on_its_way() -> None:
+    """A turn takes the segment calls while any wait, whenever they came; preview calls only
+    once none waits, and not while one the route admitted is still on its way."""
+    lanes: Lanes[Call] = Lanes(fair=True, unit="characters", weight=lambda client: 1.0)
+    preview, segment = Call("a", [10], 0.0), Call("b", [10], 1.0)
+    lanes.push(preview, preview=True)
+    lanes.push(segment, preview=False)
+    assert len(lanes) == 2 and lanes.ready()
+    taken, stop = lanes.take(8)
+    assert pieces(taken) == [(segment, 0, 1)] and stop is None
+    lanes.expect()  # admitted, in Serve's batch wait
+    assert not lanes.ready()
+    assert lanes.take(8) == ([], None)
+    lanes.arrived()  # never came (given up): the preview may run
+    assert lanes.ready()
+    taken, stop = lanes.take(8)
+    assert pieces(taken) == [(preview, 0, 1)] and stop is not None and not stop.is_set()
+    assert lanes.preview_running and not lanes.ready() and not lanes
+    lanes.finished(stop)
+    assert not lanes.preview_running
+
+
+@pytest.mark.parametrize("how", ["expected", "queued", "given up"])
+def test_a_running_preview_turn_is_told_to_stop(how: str) -> None:
+    """A preview turn's stop signal is set when a segment call is expected or queued, or
+    when every call it took has been given up; not by another preview."""
+    lanes: Lanes[Call] = Lanes(fair=False, unit="segments", weight=lambda client: 1.0)
+    first, second = Call("a", [5], 0.0), Call("b", [5], 1.0)
+    lanes.push(first, preview=True)
+    lanes.push(second, preview=True)
+    taken, stop = lanes.take(8)
+    assert len(taken) == 2 and stop is not None
+    lanes.push(Call("c", [5], 2.0), preview=True)
+    first.given_up = True
+    lanes.given_up()
+    assert not stop.is_set()  # the second is still wanted
+    if how == "expected":
+        lanes.expect()
+    elif how == "queued":
+        lanes.push(Call("d", [5], 3.0), preview=False)
+    else:
+        second.given_up = True
+        lanes.given_up()
+    assert stop.is_set()
+    lanes.finished(stop)
+    lanes.expect()  # no turn runs: nothing to stop
+    assert not lanes.preview_running
+
+
 # -- the pool's clients ---------------------------------------------------------------------
 
 
@@ -514,10 +568,11 @@ def test_admission_counts_waiting_segments_up_to_the_cap() -> None:
 
 
 def test_past_max_clients_the_least_recently_seen_idle_id_is_forgotten() -> None:
-    """Past ``max_clients`` a new id takes the place of the id seen least recently with
-    nothing waiting (``forgotten`` counts them); ids the config names are never forgotten,
-    and while every id has work waiting a new one is refused (``OverCap``)."""
-    clients = make_clients(pool_clients={"named": {}}, pool_max_clients=3)
+    """Past ``max_clients`` ids besides the config's, a new id takes the place of the id
+    seen least recently with nothing waiting (``forgotten`` counts them); ids the config
+    names are never forgotten and take no place, and while every other id has work waiting a
+    new one is refused (``OverCap``)."""
+    clients = make_clients(pool_clients={"named": {}}, pool_max_clients=2)
     for client in ("named", "x", "y"):
         clients.admit(client, 1, 0.1)
         clients.release(client, 1)
@@ -527,14 +582,92 @@ def test_past_max_clients_the_least_recently_seen_idle_id_is_forgotten() -> None
     assert list(clients.counts) == ["named", "x", "z"] and clients.forgotten == 1
     clients.admit("w", 1, 0.1)  # named is least recent, but never forgotten: x goes
     assert list(clients.counts) == ["named", "z", "w"] and clients.forgotten == 2
-    clients.admit("named", 1, 0.1)  # now all three have work waiting
-    with pytest.raises(OverCap) as refused:
+    with pytest.raises(OverCap) as refused:  # z and w have work waiting
         clients.admit("v", 1, 0.1)
-    assert refused.value.retry_after_s == 1
+    assert refused.value.retry_after_s == 1 and "pool_max_clients" in str(refused.value)
     assert "v" not in clients.counts and clients.forgotten == 2
     clients.release("z", 1)
     clients.admit("v", 1, 0.1)
-    assert list(clients.counts) == ["w", "named", "v"] and clients.forgotten == 3
+    assert list(clients.counts) == ["named", "w", "v"] and clients.forgotten == 3
+
+
+def test_a_configured_client_always_has_its_place() -> None:
+    """Callers with the shared token naming many ids, each with work waiting, fill the
+    places of ``max_clients``: a new id of theirs is refused, but a client the config names,
+    with its own token or without, is admitted, and forgets none of theirs."""
+    clients = make_clients(pool_clients={"alice": {"token": "alice-token"}, "carol": {}},
+                           pool_max_clients=3, shared_sha256=sha("shared"))
+    for i in range(3):
+        clients.admit(clients.identify(clients.owner("Bearer shared"), f"spam-{i}"), 1, 0.1)
+    with pytest.raises(OverCap, match="pool_max_clients"):
+        clients.admit("spam-3", 1, 0.1)
+    clients.admit(clients.identify(clients.owner("Bearer alice-token"), "any"), 5, 0.1)
+    clients.admit(clients.identify(clients.owner("Bearer shared"), "carol"), 2, 0.1)
+    assert list(clients.counts) == ["spam-0", "spam-1", "spam-2", "alice", "carol"]
+    assert clients.counts["alice"].waiting_segments == 5 and clients.forgotten == 0
+    for i in range(3):
+        clients.release(f"spam-{i}", 1)
+    clients.admit("spam-3", 1, 0.1)  # an idle one of theirs makes room, never the config's
+    assert list(clients.counts) == ["spam-1", "spam-2", "alice", "carol", "spam-3"]
+
+
+def test_a_client_sees_its_own_counts_and_the_shared_token_every_ones() -> None:
+    """``view(owner)``: every client's counts for the shared token (None), a client's own
+    token its own entry alone (zeroes before its first call)."""
+    clients = make_clients(pool_clients={"alice": {"token": "alice-token"},
+                                         "dave": {"token": "dave-token"}},
+                           shared_sha256=sha("shared"))
+    clients.admit("alice", 3, 0.1)
+    clients.admit("bob", 2, 0.1)
+    assert list(clients.view(clients.owner("Bearer shared"))) == ["alice", "bob"]
+    own = clients.view(clients.owner("Bearer alice-token"))
+    assert list(own) == ["alice"] and own["alice"]["waiting_segments"] == 3
+    fresh = clients.view(clients.owner("Bearer dave-token"))
+    assert list(fresh) == ["dave"] and fresh["dave"]["calls"] == 0
+
+
+class Series:
+    """Ray's metrics as ``Clients`` records them: every series set or counted, by tags."""
+
+    def __init__(self) -> None:
+        self.values: dict[tuple[tuple[str, str], ...], float] = {}
+
+    def inc(self, value: float, tags: dict[str, str]) -> None:
+        key = tuple(sorted(tags.items()))
+        self.values[key] = self.values.get(key, 0.0) + value
+
+    def set(self, value: float, tags: dict[str, str]) -> None:
+        self.values[tuple(sorted(tags.items()))] = value
+
+    def clients(self) -> set[str]:
+        return {dict(key)["client"] for key in self.values}
+
+
+def test_the_metrics_series_stay_bounded_however_many_ids_call() -> None:
+    """2,000 ids, each seen once: the config's ids and the first ``metrics_max_clients``
+    others have series of their own, the rest are summed under ``_other`` (their waiting
+    segments too), and an id keeps its label when it comes back after being forgotten."""
+    clients = make_clients(pool_clients={"alice": {"token": "alice-token"}},
+                           pool_max_clients=16, pool_metrics_max_clients=3)
+    segments, waiting = Series(), Series()
+    clients.metrics = SimpleNamespace(segments=segments, waiting=waiting)  # type: ignore[assignment]
+    clients.admit("alice", 1, 0.1)
+    for i in range(2000):
+        clients.admit(f"id-{i}", 2, 0.1)
+        clients.outcome(f"id-{i}", "translated", 2)
+        clients.release(f"id-{i}", 2)
+    clients.admit("id-1999", 4, 0.1)
+    clients.admit("id-1998", 1, 0.1)
+    clients.admit("id-0", 1, 0.1)  # forgotten long ago, back with its own series
+    assert segments.clients() == waiting.clients() == {"alice", "id-0", "id-1", "id-2",
+                                                       "_other"}
+    assert len(segments.values) == 1 + 4 * 2  # alice accepted; the rest also translated
+    other = (("client", "_other"),)
+    assert waiting.values[other] == 5  # id-1999's 4 and id-1998's 1
+    assert segments.values[(("client", "_other"), ("outcome", "translated"))] == 2 * 1997
+    assert waiting.values[(("client", "id-0"),)] == 1
+    clients.release("id-1999", 4)
+    assert waiting.values[other] == 1
 
 
 def test_outcomes_and_waits_show_in_the_view() -> None:
@@ -547,6 +680,7 @@ def test_outcomes_and_waits_show_in_the_view() -> None:
     clients.outcome("heavy", "expired", 1)
     clients.outcome("heavy", "cancelled", 1)
     clients.outcome("heavy", "failed", 1)
+    clients.outcome("heavy", "stopped", 1)
     clients.outcome("heavy", "translated", 0)
     clients.outcome("stranger", "translated", 3)
     clients.waited("stranger", 1.0)
@@ -555,12 +689,13 @@ def test_outcomes_and_waits_show_in_the_view() -> None:
     clients.admit("plain", 2, 0.1)
     assert clients.view() == {
         "heavy": {"calls": 1, "segments": 8, "translated_segments": 5, "expired_segments": 1,
-                  "cancelled_segments": 1, "failed_segments": 1, "refused_calls": 0,
-                  "refused_segments": 0, "waiting_segments": 8,
+                  "cancelled_segments": 1, "failed_segments": 1, "stopped_segments": 1,
+                  "refused_calls": 0, "refused_segments": 0, "waiting_segments": 8,
                   "queue_wait_ms": {"p50": 100.5, "p99": 199.0}, "weight": 3.0, "cap": 50},
         "plain": {"calls": 1, "segments": 2, "translated_segments": 0, "expired_segments": 0,
-                  "cancelled_segments": 0, "failed_segments": 0, "refused_calls": 0,
-                  "refused_segments": 0, "waiting_segments": 2, "queue_wait_ms": None,
+                  "cancelled_segments": 0, "failed_segments": 0, "stopped_segments": 0,
+                  "refused_calls": 0, "refused_segments": 0, "waiting_segments": 2,
+                  "queue_wait_ms": None,
                   "weight": 1.0, "cap": 10},
     }
 

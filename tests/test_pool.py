@@ -39,7 +39,7 @@ from models.errors import (
 from models.pooled import PoolTranslator, _parts
 from models.spans import Glossary, Protected, SpanFinder
 from service.tools.testmodel import make_test_model
-from tests.configs import call_limits, fair_queue, pool_config
+from tests.configs import call_limits, lanes, pool_config
 from tests.configs import clients as make_clients
 from tests.conftest import (
     Server,
@@ -167,6 +167,11 @@ async def test_expired_work_never_reaches_the_model(pool: Pool) -> None:
     assert after["expired_segments"] - before["expired_segments"] == 4
 
 
+def with_deadline(value: str) -> bytes:
+    """A call's body with ``value`` as its deadline, written as it is (NaN, a string)."""
+    return ('{"texts": ["Hello."], "target": "de", "deadline_ms": ' + value + "}").encode()
+
+
 async def test_the_pool_refuses_bad_calls_with_problems(pool: Pool) -> None:
     async with httpx.AsyncClient(base_url=pool.url, headers=AUTH, timeout=30) as client:
         empty = await client.post("/v1/batch", json={"texts": [], "target": "de"})
@@ -174,6 +179,9 @@ async def test_the_pool_refuses_bad_calls_with_problems(pool: Pool) -> None:
         pair = await client.post("/v1/batch", json={"texts": ["Hello."], "source": "en",
                                                     "target": "ja"})
         garbage = await client.post("/v1/batch", content=b"{not json")
+        # JSON as Python writes it, NaN and all: a 422, never a 500; finite deadlines serve.
+        deadlines = {value: await client.post("/v1/batch", content=with_deadline(value))
+                     for value in ("NaN", "Infinity", '"100"', "-1", "1e300")}
         info = await client.get("/v1/info")
         good = await client.post("/v1/batch", json={"texts": ["Hello."], "target": "de"})
         again = await client.get("/v1/info")
@@ -186,6 +194,14 @@ async def test_the_pool_refuses_bad_calls_with_problems(pool: Pool) -> None:
         assert resp.status_code == status, resp.text
         assert resp.headers["content-type"].startswith("application/problem+json")
     assert "texts" in empty.json()["detail"] and "at most 64" in too_many.json()["detail"]
+    for value in ("NaN", "Infinity", '"100"'):
+        resp = deadlines[value]
+        assert resp.status_code == 422, (value, resp.text)
+        assert resp.headers["content-type"].startswith("application/problem+json")
+        assert resp.json()["detail"].startswith("deadline_ms: "), resp.text
+    assert deadlines["-1"].status_code == 504, deadlines["-1"].text  # passed already
+    assert deadlines["-1"].json()["type"].endswith(":expired")
+    assert deadlines["1e300"].status_code == 200, deadlines["1e300"].text
     assert pair.json()["type"].endswith(":unsupported-language")
     assert health.status_code == 200  # probes of orchestrators need no token
     body = info.json()
@@ -357,6 +373,47 @@ async def test_a_served_sidecar_keeps_every_span_of_the_corpus_through_the_pool(
     assert sent >= len(sentences) // 2 and translated == sent
 
 
+async def test_a_segment_call_stops_a_preview_running_on_the_pool(pool: Pool) -> None:
+    """Preview calls that hold the replica's engine a while each, one of them running (as
+    /v1/stats says) when a segment call comes: the running one is answered 409
+    preview-stopped and counted, the segment call is served, and the previews that waited
+    run after it."""
+    sentence = "The loop reads the file, checks the parser and writes one more line. "
+    text = (sentence * 40)[:2000]  # the default pool_max_text_chars
+    order: list[str] = []
+
+    async with httpx.AsyncClient(base_url=pool.url, headers=AUTH, timeout=300) as client:
+        async def call(name: str, texts: list[str], preview: bool) -> httpx.Response:
+            resp = await client.post("/v1/batch", json={
+                "texts": texts, "source": "en", "target": "de", "preview": preview,
+                "sidecar": "previewer" if preview else "writer"})
+            order.append(name)
+            return resp
+
+        before = pool.stats()
+        previews = [asyncio.create_task(call(f"preview-{i}", [text] * 16, True))
+                    for i in range(4)]
+        give_up = time.monotonic() + 300
+        while not pool.stats()["preview_running"]:
+            assert time.monotonic() < give_up, "no preview call ran"
+            await asyncio.sleep(0.02)
+        segment = await call("segment", [SENTENCES[0]], False)
+        answers = await asyncio.gather(*previews)
+    assert segment.status_code == 200, segment.text
+    assert len(segment.json()["translations"]) == 1
+    stopped = [resp for resp in answers if resp.status_code == 409]
+    assert stopped and all(resp.status_code in (200, 409) for resp in answers), answers
+    for resp in stopped:
+        assert resp.headers["content-type"].startswith("application/problem+json")
+        assert resp.json()["type"].endswith(":preview-stopped"), resp.text
+    assert order.index("segment") < len(order) - 1, order  # previews waited behind it
+    after = pool.stats()
+    assert after["stopped_segments"] - before["stopped_segments"] == 16 * len(stopped)
+    assert after["clients"]["previewer"]["stopped_segments"] >= 16 * len(stopped)
+    assert after["clients"]["previewer"]["failed_segments"] == 0
+    assert not after["preview_running"]
+
+
 async def test_a_pool_stopped_mid_run_leaves_every_stream_whole(pool: Pool) -> None:
     """Runs last: it stops the module's pool. One sidecar falls through to its local model,
     the other, with only the pool, sends the originals as `error`; nothing is lost."""
@@ -431,15 +488,16 @@ def _replica(engine: Any, max_batch_size: int, **settings: Any) -> Any:
     ASGI wrapper, with ``engine`` for its translator, its limits and clients from the
     ``pool_*`` settings (``settings`` put over them)."""
     from pool.replica import Pool as Deployment
-    from pool.replica import _Stats
+    from pool.turns import Turns
 
     cls = Deployment.func_or_class.__bases__[0]
     replica = object.__new__(cls)
-    replica.translator, replica.timeout_s, replica.max_batch_size = engine, 5.0, max_batch_size
-    replica.tally, replica.engine, replica.pace_s = _Stats(), None, 0.0
+    replica.translator = engine
     replica.limits = call_limits(**settings)
     replica.clients = make_clients(**settings)
-    replica.waiting = fair_queue(replica.clients.weight, **settings)
+    replica.turns = Turns(engine, lanes(replica.clients.weight, **settings), replica.clients,
+                          timeout_s=5.0, max_batch_size=max_batch_size,
+                          max_call_chars=replica.limits.max_call_chars)
     return replica
 
 
@@ -456,7 +514,7 @@ async def test_engine_turns_take_every_call_that_waited_and_answer_each() -> Non
     call."""
     _ray()
     from models.pooled import PoolCall
-    from pool.replica import _Queued
+    from pool.turns import Queued
 
     gate = asyncio.Event()
     seen: list[list[str]] = []
@@ -473,11 +531,11 @@ async def test_engine_turns_take_every_call_that_waited_and_answer_each() -> Non
 
     replica = _replica(Engine(), 3, pool_fair=False)
 
-    def run(_: Any, calls: list[_Queued]) -> Any:
+    def run(_: Any, calls: list[Queued]) -> Any:
         return _run(replica, calls)
 
-    def call(*texts: str, due: float | None = None) -> _Queued:
-        return _Queued(PoolCall(texts=list(texts), target="de", sidecar=texts[0]), due,
+    def call(*texts: str, due: float | None = None) -> Queued:
+        return Queued(PoolCall(texts=list(texts), target="de", sidecar=texts[0]), due,
                        texts[0])
 
     first = asyncio.create_task(run(replica, [call("a")]))
@@ -493,11 +551,11 @@ async def test_engine_turns_take_every_call_that_waited_and_answer_each() -> Non
     assert seen == [["a"], ["b", "c", "d"], ["e"]]
     assert one == [["A"]] and two[0] == ["B"] and isinstance(two[1], Expired)
     assert isinstance(three[0], Expired) and three[1:] == [["C", "D"], ["E"]]
-    assert replica.tally.merged_batches == 1  # b with c, d: two senders
-    assert (replica.tally.expired_segments, replica.tally.cancelled_segments) == (1, 1)
+    assert replica.turns.tally.merged_batches == 1  # b with c, d: two senders
+    assert (replica.turns.tally.expired_segments, replica.turns.tally.cancelled_segments) == (1, 1)
     failed = await run(replica, [call("boom"), call("boom")])
     assert [type(answer) for answer in failed] == [BackendError, BackendError]
-    assert not replica.waiting
+    assert not replica.turns.lanes
 
 
 async def test_a_turn_drops_calls_late_by_their_groups_turn_and_checks_each_answer() -> None:
@@ -508,7 +566,7 @@ async def test_a_turn_drops_calls_late_by_their_groups_turn_and_checks_each_answ
     _ray()
     from models.errors import BadOutput
     from models.pooled import PoolCall
-    from pool.replica import _Queued
+    from pool.turns import Queued
 
     gate = asyncio.Event()
     seen: list[list[str]] = []
@@ -526,8 +584,8 @@ async def test_a_turn_drops_calls_late_by_their_groups_turn_and_checks_each_answ
 
     replica = _replica(Engine(), 10)
 
-    def call(target: str, *texts: str, due: float | None = None) -> _Queued:
-        return _Queued(PoolCall(texts=list(texts), target=target), due)
+    def call(target: str, *texts: str, due: float | None = None) -> Queued:
+        return Queued(PoolCall(texts=list(texts), target=target), due)
 
     due = time.monotonic() + 0.2
     late, gone = call("fr", "late", due=due), call("fr", "gone")
@@ -542,10 +600,10 @@ async def test_a_turn_drops_calls_late_by_their_groups_turn_and_checks_each_answ
     assert seen == [["a"], ["b", "c"]]
     assert de == ["A"] and isinstance(expired, Expired) and isinstance(given_up, Expired)
     assert isinstance(short, BadOutput) and "1 outputs for 2 inputs" in str(short)
-    assert (replica.tally.expired_segments, replica.tally.cancelled_segments) == (1, 1)
+    assert (replica.turns.tally.expired_segments, replica.turns.tally.cancelled_segments) == (1, 1)
     [failed] = await _run(replica, [call("ja", "boom")])
     assert "the pool failed: RuntimeError" in str(failed)  # answered by its turn, not lost
-    assert not replica.waiting
+    assert not replica.turns.lanes
 
 
 async def test_a_turn_merges_calls_with_and_without_spans_and_answers_each_how() -> None:
@@ -554,7 +612,7 @@ async def test_a_turn_merges_calls_with_and_without_spans_and_answers_each_how()
     kept."""
     _ray()
     from models.pooled import PoolCall
-    from pool.replica import _Queued
+    from pool.turns import Queued
 
     jobs: list[Job] = []
 
@@ -569,7 +627,7 @@ async def test_a_turn_merges_calls_with_and_without_spans_and_answers_each_how()
     spans = PoolCall(texts=["see a.py", "no spans", "run `x` now"], target="de", sidecar="one",
                      spans=[[[4, 8, "path", "a.py"]], [], [[4, 7, "code", "`x`"]]])
     plain = PoolCall(texts=["plain"], target="de", sidecar="two")
-    queued = [_Queued(spans, None, "one"), _Queued(plain, None, "two")]
+    queued = [Queued(spans, None, "one"), Queued(plain, None, "two")]
     answers = await _run(replica, queued)
     assert answers == [["SEE A.PY", "NO SPANS", "RUN `X` NOW"], ["PLAIN"]]
     [job] = jobs
@@ -580,7 +638,7 @@ async def test_a_turn_merges_calls_with_and_without_spans_and_answers_each_how()
                                         [(4, 7, "code", "`x`")], None]
     assert all(p is None or p.text == t for p, t in zip(job.protected, job.texts, strict=True))
     assert queued[0].kept == {"masked": 0, "fallback": 2} and queued[1].kept is None
-    assert replica.tally.merged_batches == 1
+    assert replica.turns.tally.merged_batches == 1
 
 
 def test_the_pool_checks_each_calls_spans() -> None:
@@ -610,13 +668,35 @@ def test_the_pool_checks_each_calls_spans() -> None:
         assert str(caught.value).startswith(where), (spans, str(caught.value))
 
 
+def test_a_calls_deadline_is_a_finite_number_of_milliseconds_or_null() -> None:
+    """NaN, infinities (which JSON as Python reads it allows), numbers too large for a float,
+    strings and booleans are refused with a 422 naming ``deadline_ms``; a deadline of 0 or
+    less, or a huge finite one, is a number like any other."""
+    _ray()
+    from pool.calls import parse_call
+    from service.exceptions import InputError
+
+    def parse(deadline: str) -> Any:
+        return parse_call(with_deadline(deadline), 8, call_limits())
+
+    for bad in ("NaN", "Infinity", "-Infinity", "1e400", '"100"', '"soon"', "true", "[1]"):
+        with pytest.raises(InputError) as caught:
+            parse(bad)
+        assert str(caught.value).startswith("deadline_ms: "), (bad, str(caught.value))
+        assert "finite number, or null" in str(caught.value)
+    for good, value in (("-1", -1.0), ("0", 0.0), ("2500", 2500.0), ("1e300", 1e300),
+                        ("null", None)):
+        assert parse(good).deadline_ms == value
+
+
 async def test_a_preview_call_gives_the_engine_its_previous_previews_and_checks_them() -> None:
-    """A preview call's previous previews reach the engine as a preview job's, merged with a
-    final call's texts (no previous for them); their count and size are checked."""
+    """A preview call's previous previews reach the engine as a preview job's, after a final
+    call that came with it (previews never share a turn with segments); their count and
+    size are checked."""
     _ray()
     from models.pooled import PoolCall
     from pool.calls import parse_call
-    from pool.replica import _Queued
+    from pool.turns import Queued
     from service.exceptions import InputError, PayloadTooLarge
 
     jobs: list[Job] = []
@@ -630,20 +710,70 @@ async def test_a_preview_call_gives_the_engine_its_previous_previews_and_checks_
 
     def parse(**body: Any) -> PoolCall:
         call: PoolCall = parse_call(json.dumps({"target": "de", **body}).encode(),
-                                    replica.max_batch_size, replica.limits)
+                                    replica.turns.max_batch_size, replica.limits)
         return call
 
     preview = parse(texts=["the user said", "so"], preview=True, previous=["der", None])
     final = parse(texts=["done."], previous=["ignored"])
-    answers = await _run(replica, [_Queued(preview, None), _Queued(final, None)])
+    answers = await _run(replica, [Queued(preview, None), Queued(final, None)])
     assert answers == [["THE USER SAID", "SO"], ["DONE."]]
-    [job] = jobs
-    assert job.preview and list(job.previous or []) == ["der", None, None]
+    final_job, preview_job = jobs
+    assert list(final_job.texts) == ["done."] and not final_job.preview
+    assert final_job.previous is None and final_job.stop is None
+    assert preview_job.preview and list(preview_job.previous or []) == ["der", None]
+    assert preview_job.stop is not None
     for previous, error in ((["a"], InputError),  # one for two texts
                             (["x" * 21, None], PayloadTooLarge),  # over max_text_chars
                             (["x" * 20, "y" * 11], PayloadTooLarge)):  # over max_call_chars
         with pytest.raises(error):
             parse(texts=["a", "b"], preview=True, previous=previous)
+
+
+async def test_a_segment_call_stops_the_preview_turn_holding_the_engine() -> None:
+    """A preview call whose decode holds the replica's engine (until its job is told to
+    stop) is stopped when a segment call comes: answered ``Stopped`` and counted stopped;
+    the segment call runs next, and a preview that came with it runs after it."""
+    _ray()
+    from models.errors import Stopped
+    from models.pooled import PoolCall
+    from pool.turns import Queued
+
+    jobs: list[Job] = []
+    decoding = asyncio.Event()
+
+    class Engine:
+        async def run_kept(self, job: Job) -> tuple[list[str], list[str | None]]:
+            jobs.append(job)
+            if len(jobs) == 1:  # the first preview decodes until it is told to stop
+                assert job.preview and job.stop is not None
+                decoding.set()
+                while not job.stop.is_set():
+                    await asyncio.sleep(0.01)
+                raise Stopped("told to stop")
+            return [t.upper() for t in job.texts], [None] * len(job.texts)
+
+    replica = _replica(Engine(), 10)
+
+    def call(client: str, *texts: str, preview: bool) -> Queued:
+        return Queued(PoolCall(texts=list(texts), target="de", sidecar=client,
+                                preview=preview), None, client)
+
+    replica.clients.admit("p", 3, 0.0)  # as the route admits its calls
+    first = asyncio.create_task(_run(replica, [call("p", "the user", "so", preview=True)]))
+    await asyncio.wait_for(decoding.wait(), 60)
+    assert replica.turns.lanes.preview_running
+    later, segment = call("p", "later", preview=True), call("s", "done.", preview=False)
+    stop = jobs[0].stop
+    assert stop is not None and not stop.is_set() and not first.done()  # still decoding
+    second = asyncio.create_task(_run(replica, [later, segment]))
+    [stopped] = await asyncio.wait_for(first, 60)
+    after, done = await asyncio.wait_for(second, 60)
+    assert isinstance(stopped, Stopped) and done == ["DONE."] and after == ["LATER"]
+    assert [list(job.texts) for job in jobs] == [["the user", "so"], ["done."], ["later"]]
+    assert replica.turns.tally.stopped_segments == 2
+    assert replica.clients.counts["p"].stopped_segments == 2
+    assert replica.clients.counts["p"].failed_segments == 0
+    assert not replica.turns.lanes and not replica.turns.lanes.preview_running
 
 
 # -- the backend alone: no Ray needed ---------------------------------------------------------

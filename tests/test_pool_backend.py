@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
 from typing import Any
 
 import httpx
@@ -12,7 +13,7 @@ import pytest
 
 import models.pool_info
 from models.base import Job
-from models.errors import BackendError, BackendUnavailable, Throttled
+from models.errors import BackendError, BackendUnavailable, Stopped, Throttled
 from models.pool_info import DEFAULT_CALL_TEXTS, REFRESH_GAP_S, PoolInfo, PoolLimits
 from models.pooled import PoolTranslator
 from tests.configs import pool_config
@@ -247,5 +248,49 @@ async def test_an_over_cap_429_throttles_the_backend_and_keeps_it_up() -> None:
             await backend.run(Job(["a"], "en", "de"))
         assert held.value.retry_after_s == 7
         assert backend.ready and backend.info()["throttled"] == 1
+    finally:
+        await backend.aclose()
+
+
+async def test_a_preview_told_to_stop_gives_its_call_up_and_a_stop_from_the_pool_is_one() -> None:
+    """A preview's call in flight is given up once its job is told to stop (segments came
+    to wait for this backend's slots): ``Stopped``, its request cancelled. The pool's own
+    409 ``preview-stopped`` is ``Stopped`` too; neither takes the backend down."""
+    held, gave_up = asyncio.Event(), asyncio.Event()
+
+    class Holding(Replica):
+        """Holds the first preview call until its sender gives it up."""
+
+        async def __call__(self, request: httpx.Request) -> httpx.Response:
+            if request.url.path == "/v1/batch" and not held.is_set():
+                self.calls.append(json.loads(request.content))
+                held.set()
+                try:
+                    await asyncio.Event().wait()
+                except asyncio.CancelledError:
+                    gave_up.set()
+                    raise
+            return await super().__call__(request)
+
+    replica = Holding()
+    backend = backend_for(replica)
+    await backend.start()
+    try:
+        assert await backend.wait_ready(60)
+        stop = threading.Event()
+        running = asyncio.create_task(backend.run(Job(["the user"], "en", "de", preview=True,
+                                                      stop=stop)))
+        await asyncio.wait_for(held.wait(), 60)
+        assert replica.calls[0]["preview"] is True
+        stop.set()
+        with pytest.raises(Stopped):
+            await asyncio.wait_for(running, 60)
+        assert gave_up.is_set()
+        replica.answers.append(problem(409, "preview-stopped"))
+        with pytest.raises(Stopped):
+            await backend.run(Job(["so"], "en", "de", preview=True, stop=threading.Event()))
+        assert await backend.run(Job(["so"], "en", "de", preview=True,
+                                     stop=threading.Event())) == ["de:so"]
+        assert backend.ready
     finally:
         await backend.aclose()

@@ -159,6 +159,19 @@ async def test_a_client_with_its_own_token_cannot_be_posed_as(pool: Pool) -> Non
     assert pool.client("alice")["translated_segments"] == before + 2
 
 
+async def test_a_clients_own_token_reads_its_own_stats_alone(pool: Pool) -> None:
+    """With alice's token /v1/stats has alice's counts and no other client's; the shared
+    token reads every client's."""
+    assert (await _call(pool, SHARED, "bystander", ["Hello there."])).status_code == 200
+    assert (await _call(pool, ALICE, "alice", ["Hello there."])).status_code == 200
+    own = httpx.get(f"{pool.url}/v1/stats", timeout=10,
+                    headers={"Authorization": f"Bearer {ALICE}"})
+    assert own.status_code == 200, own.text
+    assert list(own.json()["clients"]) == ["alice"], own.json()["clients"]
+    assert own.json()["clients"]["alice"]["translated_segments"] >= 1
+    assert {"alice", "bystander"} <= set(pool.stats()["clients"])
+
+
 async def test_a_call_past_a_clients_cap_gets_429_with_retry_after(pool: Pool) -> None:
     """tiny may have 2 segments waiting: a call of 3 with nothing waiting goes, a second one
     while it waits is refused with a 429 problem and a Retry-After in seconds."""
