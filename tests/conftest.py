@@ -69,7 +69,7 @@ RAY_MODULES = {"tests/test_pool.py", "tests/test_pool_fair.py"}
 LONGEST = ("test_pool.py", "test_pool_fair.py", "test_ct2.py", "test_cli.py",
            "test_config_errors.py", "test_detect.py", "test_faults.py", "test_client.py",
            "test_local_models.py", "test_local.py", "test_viewer_browser.py",
-           "test_acp_proxy.py", "test_ops.py", "test_fuzz.py")
+           "test_acp_proxy.py", "test_acp_exits.py", "test_ops.py", "test_fuzz.py")
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
