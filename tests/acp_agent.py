@@ -6,10 +6,14 @@ A prompt whose text is ``turn`` streams the turn below: thought chunks (deltas, 
 words) between message chunks, a tool call, its update, a plan and a permission request,
 then ends with ``end_turn``. ``wait`` streams a thought without a sentence end and waits
 for ``session/cancel``, then ends with ``cancelled`` ``CANCEL_ANSWER_DELAY_S`` later (or,
-with ``$ACP_AGENT_RELEASE`` set, once a file of that name exists). Every
-message it sends is appended to ``$ACP_AGENT_LOG`` (one JSON line each, as the SDK put it on
-the wire). It writes one line to stderr when it starts, exits with ``$ACP_AGENT_EXIT`` when
-its stdin closes, and on SIGINT, SIGTERM or SIGHUP writes a line to stderr and exits with
+with ``$ACP_AGENT_RELEASE`` set, once a file of that name exists); ``wait N`` streams only
+its first N deltas. ``exit N`` streams them and exits at once, mid-thought, with
+``$ACP_AGENT_EXIT``; with ``$ACP_AGENT_LINGER`` set, a child of its own keeps its stdout
+open after it (the child's pid written to the file of that name). Its sessions are
+``<$ACP_AGENT_SESSIONS>-<n>`` (``sess-1``, ... by default). Every message it sends
+is appended to ``$ACP_AGENT_LOG`` (one JSON line each, as the SDK put it on the wire). It
+writes one line to stderr when it starts, exits with ``$ACP_AGENT_EXIT`` when its stdin
+closes, and on SIGINT, SIGTERM or SIGHUP writes a line to stderr and exits with
 ``signal_exit(signum)``.
 """
 
@@ -19,6 +23,7 @@ import asyncio
 import json
 import os
 import signal
+import subprocess
 import sys
 from typing import Any
 
@@ -45,6 +50,8 @@ from acp.schema import (
 )
 
 CANCEL_ANSWER_DELAY_S = 1.5
+# The thought of ``wait`` and ``exit``: no sentence end, so it stays open on the sidecar.
+WAIT_THOUGHT = "Let me think about the dates and how they are parsed"
 
 
 async def released() -> None:
@@ -101,7 +108,7 @@ class FakeAgent:
     async def new_session(self, cwd: str, mcp_servers: Any = None,
                           **kwargs: Any) -> NewSessionResponse:
         self.sessions += 1
-        session = f"sess-{self.sessions}"
+        session = f"{os.environ.get('ACP_AGENT_SESSIONS', 'sess')}-{self.sessions}"
         self.cancelled[session] = asyncio.Event()
         return NewSessionResponse(session_id=session)
 
@@ -115,10 +122,13 @@ class FakeAgent:
 
     async def prompt(self, session_id: str, prompt: list[Any], **kwargs: Any) -> PromptResponse:
         assert self.conn is not None
-        command = " ".join(getattr(block, "text", "") for block in prompt).strip()
-        if command == "wait":
-            for delta in deltas("Let me think about the dates and how they are parsed"):
+        command, *count = " ".join(getattr(block, "text", "") for block in prompt).split() or [""]
+        if command in ("wait", "exit"):
+            pieces = deltas(WAIT_THOUGHT)
+            for delta in pieces[:int(count[0]) if count else len(pieces)]:
                 await self._thought(session_id, "w1", delta)
+            if command == "exit":
+                exit_now()
             await self.cancelled[session_id].wait()
             await released()  # the thought must not wait for this
             return PromptResponse(stop_reason="cancelled")
@@ -158,6 +168,19 @@ class FakeAgent:
                 tool_call=ToolCallUpdate(tool_call_id="call_2", title="Edit parse_dates"),
                 options=[PermissionOption(option_id="allow", name="Allow",
                                           kind="allow_once")])
+
+
+def exit_now() -> None:
+    """Exit mid-turn, what was sent flushed; a child may keep stdout open (the module's
+    docstring)."""
+    linger = os.environ.get("ACP_AGENT_LINGER")
+    if linger:
+        child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"],
+                                 stdin=subprocess.DEVNULL, start_new_session=True)
+        with open(linger, "w", encoding="utf-8") as out:
+            out.write(str(child.pid))
+    sys.stdout.flush()
+    os._exit(int(os.environ.get("ACP_AGENT_EXIT", "0")))
 
 
 def main() -> int:

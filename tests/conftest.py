@@ -24,6 +24,7 @@ from service.http.app import create_app
 from service.runtime import Runtime
 from service.settings import Settings, load_settings
 from tests import checkpoints
+from tests.deepl_mock import DeepLMock, served_mock
 from tests.fakes_deepl import MarkupDeepL
 from tests.fakes_remote import FakeChat, FakeDeepL
 
@@ -69,7 +70,7 @@ RAY_MODULES = {"tests/test_pool.py", "tests/test_pool_fair.py"}
 LONGEST = ("test_pool.py", "test_pool_fair.py", "test_ct2.py", "test_cli.py",
            "test_config_errors.py", "test_detect.py", "test_faults.py", "test_client.py",
            "test_local_models.py", "test_local.py", "test_viewer_browser.py",
-           "test_acp_proxy.py", "test_ops.py", "test_fuzz.py")
+           "test_acp_proxy.py", "test_acp_exits.py", "test_ops.py", "test_fuzz.py")
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -303,6 +304,14 @@ def markup_deepl() -> Iterator[MarkupDeepL]:
     server.start()
     yield server
     server.stop()
+
+
+@pytest.fixture(scope="module")
+def deepl_mock() -> Iterator[DeepLMock]:
+    """DeepL's own API mock server (tests/deepl_mock.py), one per test module; skips where
+    Node.js and npm cannot be had."""
+    with served_mock() as mock:
+        yield mock
 
 
 @pytest.fixture(scope="module")

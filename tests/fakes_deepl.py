@@ -30,8 +30,13 @@ from starlette.routing import Route
 
 from tests.fakes_remote import FakeDeepL, _record
 
-# The languages DeepL's mock server takes glossaries for (any pair of two of them).
-GLOSSARY_LANGUAGES = ("DE", "EN", "ES", "FR", "IT", "JA", "NL", "PL", "PT", "RU", "ZH")
+# The languages DeepL's mock server takes glossaries for (any pair of two of them), as its
+# config/languages/product-glossary.json lists them (tests/deepl-mock/).
+GLOSSARY_LANGUAGES = (
+    "AR", "BG", "CS", "DA", "DE", "EL", "EN", "ES", "ET", "FI", "FR", "HE", "HU", "ID", "IT",
+    "JA", "KO", "LT", "LV", "NB", "NL", "PL", "PT", "RO", "RU", "SK", "SL", "SV", "TR", "UK",
+    "VI", "ZH",
+)
 MARKUP_MODES = {"keep", "move", "drop", "twice", "unglossed", "reject"}
 # What XML 1.0 allows in no form: DeepL's strict parser (tag handling v2) refuses it.
 _NOT_XML = re.compile("[\\x00-\\x08\\x0b\\x0c\\x0e-\\x1f]")

@@ -133,7 +133,8 @@ DEEPL_TARGETS = [
     ("AR", "Arabic", False), ("DE", "German", True), ("EN-GB", "English (British)", False),
     ("EN-US", "English (American)", False), ("ES", "Spanish", True), ("FR", "French", True),
     ("HE", "Hebrew", False), ("JA", "Japanese", True), ("PT-BR", "Portuguese (Brazilian)", True),
-    ("PT-PT", "Portuguese (European)", True), ("ZH", "Chinese (simplified)", False),
+    ("PT-PT", "Portuguese (European)", True), ("SW", "Swahili", False),
+    ("ZH", "Chinese (simplified)", False),
     ("ZH-HANS", "Chinese (simplified)", False), ("ZH-HANT", "Chinese (traditional)", False),
 ]  # fmt: skip
 DEEPL_SOURCES = [("DE", "German"), ("EN", "English"), ("FR", "French"), ("ZH", "Chinese")]

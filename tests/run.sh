@@ -19,6 +19,20 @@ if ! command -v chromium >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1; 
              && $as_root apt-get install -y -q chromium >/dev/null 2>&1; }; } \
         || echo "no Chromium could be installed: the viewer's browser tests will skip" >&2
 fi
+# The DeepL tests run against DeepL's own mock server too (tests/deepl-mock/, a Node.js
+# program): Debian's nodejs and npm, installed here where either is missing (those tests
+# skip, saying so, where none can be had). Its packages come from the npm registry, once
+# per version of its package-lock.json (tests/deepl_mock.py).
+if { ! command -v node >/dev/null 2>&1 || ! command -v npm >/dev/null 2>&1; } \
+        && command -v apt-get >/dev/null 2>&1; then
+    as_root=""
+    [ "$(id -u)" = 0 ] || as_root="sudo -n"
+    { $as_root apt-get install -y -q nodejs npm >/dev/null 2>&1 \
+        || { $as_root apt-get update -q >/dev/null 2>&1 \
+             && $as_root apt-get install -y -q nodejs npm >/dev/null 2>&1; }; } \
+        || echo "no Node.js and npm could be installed: the tests against DeepL's mock" \
+                "server will skip" >&2
+fi
 # Tests run in parallel (pytest-xdist), a module to a worker: modules that share one
 # expensive server (Ray, Chromium, a served sidecar) start it once. Most tests wait on
 # sockets and servers, so there are more workers than cores (TEST_WORKERS to change it; 0

@@ -533,6 +533,24 @@ async def test_deadline_ms_bounds_what_a_tool_call_waits(chat: FakeChat) -> None
     assert out[1] == tool
 
 
+def test_every_option_in_help_is_in_the_docs() -> None:
+    """The options table of docs/integration.md lists exactly what ``--help`` offers."""
+    import re
+
+    out = subprocess.run([PROXY, "--help"], stdin=subprocess.DEVNULL, capture_output=True,
+                         text=True, timeout=30)
+    assert out.returncode == 0, out.stderr
+    offered = {name for line in out.stdout.splitlines()
+               if (match := re.match(r"  (-\w, )?(--[a-z][a-z-]*)", line))
+               for name in (match.group(2), *(match.group(1) or "").strip(", ").split())}
+    doc = (ROOT / "docs" / "integration.md").read_text(encoding="utf-8")
+    table = doc.split("| option | default | meaning |", 1)[1].split("\n\n", 1)[0]
+    listed = {name for row in table.splitlines()[2:]
+              for name in re.findall(r"`(--?[a-z][a-z-]*)", row.split(" | ", 1)[0])}
+    assert {"--glossary", "--deadline-ms", "-v"} <= offered  # the parse finds them
+    assert listed == offered
+
+
 def test_a_bad_deadline_names_the_variable() -> None:
     env = {**os.environ, "THINKTRANS_ACP_DEADLINE_MS": "soon"}
     out = subprocess.run([PROXY, "--", "true"], stdin=subprocess.DEVNULL, env=env,

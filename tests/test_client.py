@@ -644,7 +644,9 @@ async def test_stream_ended_by_the_sidecar(sidecar: Server) -> None:
         await stream.push(" sentence. Third one.")
         await stream.close()
         await asyncio.wait_for(reader, 10)
-    assert len(transport.requests) == asked  # nothing asked of the sidecar since
+        assert len(transport.requests) == asked  # nothing asked of the sidecar since
+    # but the DELETE of the stream its owner left, when the client closes
+    assert [r.method for r in transport.requests[asked:]] == ["DELETE"]
     assert_complete(got, "First sentence. Second sentence. Third one.")
     assert stream.failure == CLOSED_EARLY
     assert [s.status for s in segments(got)] == ["translated", "translated", "error"]

@@ -1,4 +1,5 @@
-"""The DeepL backend against a DeepL v2 double on 127.0.0.1, through the real client."""
+"""The DeepL backend through the real client, against a DeepL v2 double on 127.0.0.1 and,
+where the test asks ``api``, against DeepL's own mock server as well (tests/deepl_mock.py)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import subprocess
 import sys
 import time
 from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +42,7 @@ from service.settings import load_settings
 from service.text.tags import canonicalize
 from tests.configs import deepl_config
 from tests.conftest import app_with, check_stream, deltas, post_chunks, read_until, segments
+from tests.deepl_mock import DeepLMock
 from tests.fakes_remote import FakeDeepL, closed_port_url
 
 Make = Callable[..., DeepLTranslator]
@@ -73,6 +76,102 @@ async def make(fake: FakeDeepL, monkeypatch: pytest.MonkeyPatch) -> AsyncIterato
         assert isinstance(backend, DeepLTranslator)
         backend.recheck_after_s = backend.outage_recheck_s = 0.1
         # The client's retry count is a module global; monkeypatch restores it.
+        monkeypatch.setattr(deepl.http_client, "max_network_retries", retries)
+        made.append(backend)
+        return backend
+
+    yield _make
+    for backend in made:
+        await backend.aclose()
+
+
+@dataclass
+class Api:
+    """The DeepL API a test runs on: the double (``double``), or DeepL's mock (``mock``),
+    whose translations are fixed phrases (tests check shapes and statuses on it) and whose
+    behaviour a session sets (``headers``, sent by every client the backend makes)."""
+
+    double: FakeDeepL | None
+    mock: DeepLMock | None
+    key: str
+    headers: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def origin(self) -> str:
+        if self.double is not None:
+            return self.double.origin
+        assert self.mock is not None
+        return self.mock.url
+
+    def spend_quota(self) -> None:
+        """The account's characters are used up: translations get 456."""
+        if self.double is not None:
+            self.double.mode = "456"
+            return
+        assert self.mock is not None
+        self.headers = self.mock.session(**{"init-character-limit": 1})
+        assert self.mock.post("/v2/translate", self.key, self.headers, text=["x"],
+                              target_lang="DE").status_code == 200
+
+    def refuse_key(self) -> None:
+        """The key is not one DeepL knows: 403."""
+        if self.double is not None:
+            self.double.mode = "403"
+        else:
+            self.key = "invalid"  # the mock's refused key
+
+    def answer(self, *statuses: int) -> None:
+        """The next requests answer these statuses (429, 5xx), then as usual."""
+        if self.double is not None:
+            self.double.script.extend(str(status) for status in statuses)
+            return
+        assert self.mock is not None and len(set(statuses)) == 1
+        kind = "429" if statuses[0] == 429 else "5xx"
+        self.headers = self.mock.session(**{f"{kind}-count": len(statuses),
+                                            **({"5xx-status": statuses[0]} if kind == "5xx"
+                                               else {})})
+
+    def check(self, out: list[str], texts: list[str], code: str) -> None:
+        """``out`` answers ``texts`` in ``code``: the double's "[CODE] text", or, from the
+        mock, a text for each (its fixed phrase), blanks kept as they are."""
+        assert len(out) == len(texts) and all(isinstance(text, str) for text in out)
+        if self.double is not None:
+            assert out == [f"[{code}] {t}" if t.strip() else t for t in texts]
+        else:
+            assert all(bool(o.strip()) == bool(t.strip()) for o, t in zip(out, texts,
+                                                                          strict=True))
+
+
+@pytest.fixture(params=["double", "mock"])
+def api(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Api:
+    if request.param == "double":
+        return Api(request.getfixturevalue("fake"), None, "k")
+    mock: DeepLMock = request.getfixturevalue("deepl_mock")
+    chosen = Api(None, mock, mock.new_key())
+
+    class SessionClient(deepl.DeepLClient):  # type: ignore[misc]
+        """The backend's clients, with the test's session headers on every request."""
+
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            self.headers.update(chosen.headers)
+
+    monkeypatch.setattr(deepl, "DeepLClient", SessionClient)
+    return chosen
+
+
+@pytest.fixture
+async def make_on(api: Api, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[Make]:
+    """``make`` on ``api``: its URL and key, read when the backend is made."""
+    made: list[DeepLTranslator] = []
+
+    def _make(*, retries: int = 0, **overrides: Any) -> DeepLTranslator:
+        fields: dict[str, Any] = {"backend": "deepl", "deepl_api_key": api.key,
+                                  "deepl_server_url": api.origin, "backend_timeout_s": 10.0,
+                                  **overrides}
+        backend = build_backend("deepl", load_settings(**fields))
+        assert isinstance(backend, DeepLTranslator)
+        backend.recheck_after_s = backend.outage_recheck_s = 30  # no probe unless asked
         monkeypatch.setattr(deepl.http_client, "max_network_retries", retries)
         made.append(backend)
         return backend
@@ -121,27 +220,35 @@ def test_table_is_consistent() -> None:
         assert canonicalize(key) == key and table_key(key) == key
 
 
-async def test_translates_in_batches_of_50(fake: FakeDeepL, make: Make) -> None:
-    backend = make()
+async def test_translates_in_batches_of_50(api: Api, make_on: Make) -> None:
+    backend = make_on()
     texts = [f"Sentence number {i}." for i in range(60)]
     out = await backend.translate(texts, source="en", target="de")
-    assert out == [f"[DE] {t}" for t in texts]
-    sent = [r.json["text"] for r in fake.translate_requests]
-    assert [len(s) for s in sent] == [50, 10]
-    assert sent[0] + sent[1] == texts
-    assert fake.translate_requests[0].headers["authorization"] == "DeepL-Auth-Key k"
+    api.check(out, texts, "DE")
+    assert backend.info()["requests"] == 2
+    if api.double is not None:
+        sent = [r.json["text"] for r in api.double.translate_requests]
+        assert [len(s) for s in sent] == [50, 10]
+        assert sent[0] + sent[1] == texts
+        assert api.double.translate_requests[0].headers["authorization"] == "DeepL-Auth-Key k"
 
 
-async def test_splits_requests_over_128_kib(fake: FakeDeepL, make: Make) -> None:
-    backend = make()
+async def test_splits_requests_over_128_kib(api: Api, make_on: Make) -> None:
+    """DeepL documents 128 KiB a request; its mock server refuses JSON past 100 KB (413),
+    and the request then goes again in halves."""
+    backend = make_on()
     # 9,000 CJK characters are 27 KB of UTF-8 but 54 KB in the client's ASCII-escaped
     # JSON: three of them only fit DeepL's limit in two requests.
     texts = [chr(0x4E00 + i) * 9_000 for i in range(3)]
     out = await backend.translate(texts, source="zh-CN", target="en")
-    assert out == [f"[EN-US] {t}" for t in texts]
-    assert len(fake.translate_requests) >= 2
-    assert all(len(r.body) <= MAX_REQUEST_BYTES for r in fake.translate_requests)
-    assert [t for r in fake.translate_requests for t in r.json["text"]] == texts
+    api.check(out, texts, "EN-US")
+    if api.double is not None:
+        requests = api.double.translate_requests
+        assert len(requests) >= 2
+        assert all(len(r.body) <= MAX_REQUEST_BYTES for r in requests)
+        assert [t for r in requests for t in r.json["text"]] == texts
+    else:  # two, the first refused (413) and sent again as two
+        assert backend.info()["requests"] == 4
 
 
 @pytest.mark.parametrize(
@@ -157,10 +264,24 @@ async def test_splits_requests_over_128_kib(fake: FakeDeepL, make: Make) -> None
         ("zh-HK", "ZH-HANT"),
     ],
 )
-async def test_target_codes(fake: FakeDeepL, make: Make, target: str, code: str) -> None:
-    backend = make()
-    assert await backend.translate(["Hallo."], source="de", target=target) == [f"[{code}] Hallo."]
-    assert fake.translate_requests[0].json["target_lang"] == code
+async def test_target_codes(api: Api, make_on: Make, target: str, code: str) -> None:
+    backend = make_on()
+    api.check(await backend.translate(["Hallo."], source="de", target=target), ["Hallo."], code)
+    if api.double is not None:
+        assert api.double.translate_requests[0].json["target_lang"] == code
+
+
+async def test_every_code_of_the_table_is_one_deepl_takes(api: Api, make_on: Make) -> None:
+    """Each target and source code the backend sends is valid: the mock refuses (400) a
+    code DeepL does not list."""
+    backend = make_on()
+    for target in TARGET_CODES:
+        api.check(await backend.translate(["Hello."], source=None, target=target),
+                  ["Hello."], deepl_target_code(target, english_variant="EN-US") or "")
+    for source in SOURCE_CODES:
+        target = "en" if source == "de" else "de"
+        out = await backend.translate(["Hello."], source=source, target=target)
+        api.check(out, ["Hello."], "EN-US" if target == "en" else "DE")
 
 
 async def test_english_variant_setting(fake: FakeDeepL, make: Make) -> None:
@@ -190,15 +311,19 @@ async def test_model_type_and_formality(fake: FakeDeepL, make: Make) -> None:
     assert second["model_type"] == "quality_optimized" and second["formality"] == "prefer_less"
 
 
-async def test_strict_formality_dropped_where_unsupported(fake: FakeDeepL, make: Make) -> None:
-    backend = make(deepl_formality="less")
+async def test_strict_formality_dropped_where_unsupported(api: Api, make_on: Make) -> None:
+    """The mock refuses (400) a formality for a target that has none."""
+    backend = make_on(deepl_formality="less")
     await backend.start()
     await backend.wait_ready()
-    await backend.translate(["Hi."], source=None, target="de")  # DE supports formality
-    await backend.translate(["Hi."], source=None, target="ar")  # AR does not
-    de, ar = (r.json for r in fake.translate_requests)
-    assert de["formality"] == "less"
-    assert "formality" not in ar
+    de = await backend.translate(["Hi."], source=None, target="de")  # DE supports formality
+    ar = await backend.translate(["Hi."], source=None, target="ar")  # AR does not
+    api.check(de, ["Hi."], "DE")
+    api.check(ar, ["Hi."], "AR")
+    if api.double is not None:
+        sent_de, sent_ar = (r.json for r in api.double.translate_requests)
+        assert sent_de["formality"] == "less"
+        assert "formality" not in sent_ar
 
 
 async def test_unsupported_target_sends_nothing(fake: FakeDeepL, make: Make) -> None:
@@ -210,13 +335,12 @@ async def test_unsupported_target_sends_nothing(fake: FakeDeepL, make: Make) -> 
     assert fake.translate_requests == []
 
 
-@pytest.mark.parametrize(("mode", "words"), [("456", "quota"), ("403", "API key")])
+@pytest.mark.parametrize(("failure", "words"), [("quota", "quota"), ("key", "API key")])
 async def test_auth_and_quota_mark_not_ready(
-    fake: FakeDeepL, make: Make, mode: str, words: str
+    api: Api, make_on: Make, failure: str, words: str
 ) -> None:
-    backend = make()
-    backend.recheck_after_s = backend.outage_recheck_s = 30  # no probe while we look
-    fake.mode = mode
+    api.spend_quota() if failure == "quota" else api.refuse_key()
+    backend = make_on()  # no probe while we look
     with pytest.raises(BackendUnavailable, match=words):
         await backend.translate(["Hello."], source="en", target="de")
     assert backend.ready is False
@@ -224,7 +348,7 @@ async def test_auth_and_quota_mark_not_ready(
     # Until the probe says otherwise, no request is spent on a known-bad key or quota.
     with pytest.raises(BackendUnavailable, match=words):
         await backend.translate(["Hello."], source="en", target="de")
-    assert len(fake.translate_requests) == 1
+    assert backend.info()["requests"] == 1
 
 
 async def test_probe_brings_backend_back(fake: FakeDeepL, make: Make) -> None:
@@ -242,31 +366,32 @@ async def test_probe_brings_backend_back(fake: FakeDeepL, make: Make) -> None:
     assert await backend.translate(["Hello."], source="en", target="de") == ["[DE] Hello."]
 
 
-async def test_429_is_rate_limited_after_client_retry(fake: FakeDeepL, make: Make) -> None:
-    backend = make(retries=1)
-    fake.mode = "429"
+async def test_429_is_rate_limited_after_client_retry(api: Api, make_on: Make) -> None:
+    api.answer(429, 429)
+    backend = make_on(retries=1)
     with pytest.raises(RateLimited):
         await backend.translate(["Hello."], source="en", target="de")
-    assert len(fake.translate_requests) == 2  # the client's own retry ran
+    if api.double is not None:
+        assert len(api.double.translate_requests) == 2  # the client's own retry ran
     assert backend.ready  # slowing down is not an outage
 
 
-async def test_429_then_ok_is_served_by_client_retry(fake: FakeDeepL, make: Make) -> None:
-    backend = make(retries=1)
-    fake.script.append("429")
-    assert await backend.translate(["Hello."], source="en", target="de") == ["[DE] Hello."]
-    assert len(fake.translate_requests) == 2
+async def test_429_then_ok_is_served_by_client_retry(api: Api, make_on: Make) -> None:
+    api.answer(429)
+    backend = make_on(retries=1)
+    api.check(await backend.translate(["Hello."], source="en", target="de"), ["Hello."], "DE")
+    if api.double is not None:
+        assert len(api.double.translate_requests) == 2
 
 
-async def test_500_is_unavailable_until_it_answers(fake: FakeDeepL, make: Make) -> None:
-    backend = make()
-    backend.recheck_after_s = backend.outage_recheck_s = 30
-    fake.mode = "500"
+async def test_500_is_unavailable_until_it_answers(api: Api, make_on: Make) -> None:
+    api.answer(500)
+    backend = make_on()
     with pytest.raises(BackendUnavailable, match="HTTP 500"):
         await backend.translate(["Hello."], source="en", target="de")
     assert not backend.ready and backend.reason is not None
-    fake.mode = "ok"  # an outage does not fail fast: the next batch tries, and heals it
-    assert await backend.translate(["Hello."], source="en", target="de") == ["[DE] Hello."]
+    # An outage does not fail fast: the next batch tries, and heals it.
+    api.check(await backend.translate(["Hello."], source="en", target="de"), ["Hello."], "DE")
     assert backend.ready and backend.reason is None
 
 
@@ -315,16 +440,32 @@ async def test_unreachable_server(make: Make) -> None:
     assert not backend.ready
 
 
-async def test_billed_characters_counted(fake: FakeDeepL, make: Make) -> None:
-    backend = make()
+async def test_billed_characters_counted(api: Api, make_on: Make) -> None:
+    backend = make_on()
     texts = ["Hello there.", "  ", "How are you?", ""]
     out = await backend.translate(texts, source="en", target="de")
-    assert out == ["[DE] Hello there.", "  ", "[DE] How are you?", ""]
-    assert fake.translate_requests[0].json["text"] == ["Hello there.", "How are you?"]
+    api.check(out, texts, "DE")
+    assert out[1::2] == ["  ", ""]  # blanks are not sent
+    if api.double is not None:
+        assert api.double.translate_requests[0].json["text"] == ["Hello there.", "How are you?"]
     info = backend.info()
     assert info["billed_characters"] == len("Hello there.") + len("How are you?")
     assert info["requests"] == 1
-    assert info["server_url"] == fake.origin
+    assert info["server_url"] == api.origin
+
+
+async def test_start_reads_usage_and_the_server_languages(api: Api, make_on: Make) -> None:
+    """The start check reads the account's usage and the server's targets (their shapes as
+    the server answers them), and the languages follow the server's list."""
+    backend = make_on()
+    await backend.start()
+    assert await backend.wait_ready() is True
+    usage = backend.info()["usage"]
+    assert isinstance(usage, dict) and set(usage) == {"character_count", "character_limit"}
+    assert all(isinstance(value, int) for value in usage.values())
+    langs = backend.languages()
+    assert {"de", "en-GB", "en-US", "pt-BR", "pt-PT", "zh-Hans", "zh-Hant", "he"} <= set(langs)
+    api.check(await backend.translate(["Hi."], source=None, target="he"), ["Hi."], "HE")
 
 
 async def test_no_key_is_not_ready(fake: FakeDeepL) -> None:
@@ -366,13 +507,12 @@ async def test_start_does_not_block_and_refines_languages(fake: FakeDeepL, make:
     assert await backend.translate(["Hi."], source=None, target="he") == ["[HE] Hi."]
 
 
-@pytest.mark.parametrize(("mode", "words"), [("403", "API key"), ("456", "quota")])
+@pytest.mark.parametrize(("failure", "words"), [("key", "API key"), ("quota", "quota")])
 async def test_start_check_marks_not_ready(
-    fake: FakeDeepL, make: Make, mode: str, words: str
+    api: Api, make_on: Make, failure: str, words: str
 ) -> None:
-    backend = make()
-    backend.recheck_after_s = backend.outage_recheck_s = 30
-    fake.mode = mode
+    api.spend_quota() if failure == "quota" else api.refuse_key()
+    backend = make_on()
     await backend.start()
     await backend.wait_ready()
     assert not backend.ready and backend.reason is not None and words in backend.reason
@@ -395,27 +535,28 @@ async def test_logs_never_hold_the_text(
 # -- context ---------------------------------------------------------------------------------
 
 
-async def test_contexts_go_with_their_texts(fake: FakeDeepL, make: Make) -> None:
-    backend = make(deepl_context=True)
+async def test_contexts_go_with_their_texts(api: Api, make_on: Make) -> None:
+    backend = make_on(deepl_context=True)
     assert backend.capabilities.context and backend.info()["context"] is True
     texts = ["Then I check it.", "Hello.", "It works.", "Next, the loop.", "  ", "Done."]
     contexts = ["First the file. ", None, "First the file. ", "The tests pass. ",
                 "The tests pass. ", "  "]
     out = await backend.translate(texts, source="en", target="de", contexts=contexts)
-    assert out == [f"[DE] {t}" if t.strip() else t for t in texts]  # order kept
-    # One request per distinct context, whatever order they arrived in; no blank is sent,
-    # and a blank context is no context.
-    assert sorted(fake.received, key=str) == sorted(
-        [
-            ("First the file. ", ["Then I check it.", "It works."]),
-            (None, ["Hello.", "Done."]),
-            ("The tests pass. ", ["Next, the loop."]),
-        ],
-        key=str,
-    )
-    # DeepL does not bill the context; neither does the count.
+    api.check(out, texts, "DE")  # order kept
+    # DeepL does not bill the context; neither does the count. One request per context.
     assert backend.info()["billed_characters"] == sum(len(t) for t in texts if t.strip())
     assert backend.info()["requests"] == 3
+    if api.double is not None:
+        # One request per distinct context, whatever order they arrived in; no blank is
+        # sent, and a blank context is no context.
+        assert sorted(api.double.received, key=str) == sorted(
+            [
+                ("First the file. ", ["Then I check it.", "It works."]),
+                (None, ["Hello.", "Done."]),
+                ("The tests pass. ", ["Next, the loop."]),
+            ],
+            key=str,
+        )
 
 
 async def test_context_off_sends_none(fake: FakeDeepL, make: Make) -> None:
@@ -484,13 +625,15 @@ async def test_a_stream_sends_its_preceding_segments_as_context(fake: FakeDeepL)
 # -- models: DeepL's model types -------------------------------------------------------------
 
 
-async def test_model_type_per_call(fake: FakeDeepL, make: Make) -> None:
-    backend = make()  # latency_optimized, the setting's default
-    await backend.translate(["Hi."], source=None, target="de", model="quality_optimized")
-    await backend.translate(["Hi."], source=None, target="de")
-    await backend.translate(["Hi."], source=None, target="de", model="prefer_quality_optimized")
-    sent = [r.json["model_type"] for r in fake.translate_requests]
-    assert sent == ["quality_optimized", "latency_optimized", "prefer_quality_optimized"]
+async def test_model_type_per_call(api: Api, make_on: Make) -> None:
+    """The mock refuses (400) a model type DeepL does not know."""
+    backend = make_on()  # latency_optimized, the setting's default
+    for model in ("quality_optimized", None, "prefer_quality_optimized"):
+        out = await backend.translate(["Hi."], source=None, target="de", model=model)
+        api.check(out, ["Hi."], "DE")
+    if api.double is not None:
+        sent = [r.json["model_type"] for r in api.double.translate_requests]
+        assert sent == ["quality_optimized", "latency_optimized", "prefer_quality_optimized"]
     assert backend.resolve_model("quality_optimized", None, "de") == "quality_optimized"
     assert backend.resolve_model(None, None, "de") == "latency_optimized"
 

@@ -2,20 +2,18 @@
 
 Against ``MarkupDeepL`` (``tests/fakes_deepl.py``), a DeepL double on 127.0.0.1 that
 translates (upper-cases) all but the content of ignored tags, moves or loses elements when
-told to, and serves DeepL's v2 glossary API. DeepL's own mock server (``deepl-mock``) is
-not on the npm registry and its repository cannot be reached from here; its translation
-ignores the input anyway (a fixed phrase per target), so it could check the glossary life
-cycle but never span survival. Set ``THINKTRANS_TEST_DEEPL_MOCK_URL`` to one running
-elsewhere to run the last tests against it too.
+told to, and serves DeepL's v2 glossary API. The glossary life cycle runs against DeepL's
+own mock server too (``tests/deepl_mock.py``): its translation ignores the input (a fixed
+phrase per target), so there only the spans' survival and its glossaries are checked.
 """
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
-import os
 import string
 from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
 from typing import Any
 
 import pytest
@@ -30,6 +28,7 @@ from models.deepl import DeepLTranslator
 from models.deepl_spans import escape, unescape, unwrap, wrap
 from models.spans import Glossary, Protected, SpanFinder, rejoin
 from tests.configs import deepl_config
+from tests.deepl_mock import DeepLMock
 from tests.fakes_deepl import MarkupDeepL
 from tests.fakes_remote import FakeDeepL
 
@@ -255,45 +254,132 @@ async def test_glossary_terms_rendered_as_given(fake: MarkupDeepL, make: Make) -
                                 'at <x i="3">3 GHz</x>.']
 
 
-async def test_a_glossary_is_created_once_and_reused(fake: MarkupDeepL, make: Make) -> None:
-    backend = make()
+@dataclass
+class Server:
+    """The glossary API a test runs on: the double, or DeepL's mock (``double`` None), as
+    the account ``key`` sees it."""
+
+    double: MarkupDeepL | None
+    url: str
+    key: str
+
+    def lister(self) -> deepl.DeepLClient:
+        return deepl.DeepLClient(self.key, server_url=self.url)
+
+    def ours(self) -> list[str]:
+        """The ids of the glossaries the backend made, oldest first."""
+        lister = self.lister()
+        try:
+            found = sorted(lister.list_glossaries(), key=lambda g: g.creation_time)
+            return [g.glossary_id for g in found if g.name.startswith("thinktrans-")]
+        finally:
+            lister.close()
+
+    def lose(self, glossary_id: str) -> None:
+        """Delete a glossary behind the backend's back."""
+        if self.double is not None:
+            del self.double.glossaries[glossary_id]
+            return
+        lister = self.lister()
+        lister.delete_glossary(glossary_id)
+        lister.close()
+
+    def check(self, out: list[str], expected: list[str], protected: list[Protected | None]
+              ) -> None:
+        """The double's translation is ``expected``; the mock's keeps the spans and terms."""
+        assert_kept(out, protected)
+        if self.double is not None:
+            assert out == expected
+
+
+@pytest.fixture(params=["double", "mock"])
+def server(request: pytest.FixtureRequest) -> Server:
+    if request.param == "double":
+        double: MarkupDeepL = request.getfixturevalue("fake")
+        return Server(double, double.origin, "k")
+    mock: DeepLMock = request.getfixturevalue("deepl_mock")
+    return Server(None, mock.url, mock.new_key())
+
+
+@pytest.fixture
+async def make_on(server: Server, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[Make]:
+    made: list[DeepLTranslator] = []
+
+    def _make(**overrides: Any) -> DeepLTranslator:
+        config = dataclasses.replace(
+            deepl_config(deepl_api_key=server.key, deepl_server_url=server.url),
+            max_retries=0, request_timeout_s=10.0, **overrides)
+        backend = DeepLTranslator(config)
+        monkeypatch.setattr(deepl.http_client, "max_network_retries", 0)
+        made.append(backend)
+        return backend
+
+    yield _make
+    for backend in made:
+        await backend.aclose()
+
+
+async def until(check: Callable[[], bool]) -> None:
+    """Wait (a generous bound stops a hang) for a background deletion to land."""
+    async with asyncio.timeout(60):
+        while not check():
+            await asyncio.sleep(0.02)
+
+
+async def test_every_sentence_keeps_its_spans_and_terms(server: Server, make_on: Make) -> None:
+    """The mock's fixed phrase loses every element: each text goes again in pieces, and
+    keeps its spans and glossary terms all the same."""
+    backend = make_on()
+    protected = find(SENTENCES, GLOSSARY)
+    out = await backend.translate(SENTENCES, source="en", target="de", protected=protected)
+    assert_kept(out, protected)
+    fallbacks = backend.info()["span_fallbacks"]
+    assert fallbacks == (0 if server.double is not None else len(SENTENCES)), fallbacks
+
+
+async def test_a_glossary_is_created_once_and_reused(server: Server, make_on: Make) -> None:
+    backend = make_on()
     first = ["A proton beam, said `f()`.", "The sidecar and the proton beam."]
     second = ["Another sidecar near src/x.py."]
     await asyncio.gather(  # two batches at once: one creation, awaited by both
         backend.translate(first, source="en", target="de", protected=find(first, GLOSSARY)),
         backend.translate(first, source="en", target="de", protected=find(first, GLOSSARY)),
     )
-    out = await backend.translate(second, source="en", target="de",
-                                  protected=find(second, GLOSSARY))
-    assert out == ["[DE] ANOTHER Beiwagen NEAR src/x.py."]
-    (glossary_id,) = fake.created
-    assert [t["glossary_id"] for t in tagged(fake)] == [glossary_id] * 3
-    posts = [r for r in fake.requests if r.path == "/v2/glossaries" and r.method == "POST"]
-    assert len(posts) == 1 and fake.deleted == []
+    protected = find(second, GLOSSARY)
+    out = await backend.translate(second, source="en", target="de", protected=protected)
+    server.check(out, ["[DE] ANOTHER Beiwagen NEAR src/x.py."], protected)
+    (glossary_id,) = server.ours()
+    if server.double is not None:
+        fake = server.double
+        assert [t["glossary_id"] for t in tagged(fake)] == [glossary_id] * 3
+        posts = [r for r in fake.requests if r.path == "/v2/glossaries" and r.method == "POST"]
+        assert len(posts) == 1 and fake.deleted == []
     # Another pair of the same terms is another glossary.
     await backend.translate(second, source="en", target="fr", protected=find(second, GLOSSARY))
-    assert len(fake.created) == 2 and fake.glossaries[fake.created[1]].target_lang == "FR"
+    assert len(server.ours()) == 2
     assert backend.info()["glossaries"] == {"kept": 2, "created": 2, "deleted": 0}
+    await backend.aclose()
+    assert server.ours() == []  # deleted at close
 
 
 async def test_evicted_glossaries_are_deleted_and_all_at_close(
-    fake: MarkupDeepL, make: Make
+    server: Server, make_on: Make
 ) -> None:
-    backend = make(max_glossaries=1)
+    backend = make_on(max_glossaries=1)
     text = ["The sidecar is ready."]
     await backend.translate(text, source="en", target="de", protected=find(text, GLOSSARY))
-    (first,) = fake.created
-    out = await backend.translate(text, source="en", target="de",
-                                  protected=find(text, OTHER_GLOSSARY))
-    assert out == ["[DE] THE Seitenwagen IS READY."]
-    second = fake.created[1]
-    for _ in range(50):
-        if fake.deleted:
-            break
-        await asyncio.sleep(0.02)
-    assert fake.deleted == [first] and list(fake.glossaries) == [second]
+    (first,) = server.ours()
+    protected = find(text, OTHER_GLOSSARY)
+    out = await backend.translate(text, source="en", target="de", protected=protected)
+    server.check(out, ["[DE] THE Seitenwagen IS READY."], protected)
+    await until(lambda: first not in server.ours())
+    (second,) = server.ours()
+    if server.double is not None:
+        assert server.double.deleted == [first]
     await backend.aclose()
-    assert fake.deleted == [first, second] and fake.glossaries == {}
+    assert server.ours() == []
+    if server.double is not None:
+        assert server.double.deleted == [first, second]
 
 
 async def test_a_glossary_evicted_while_in_use_is_deleted_after(
@@ -314,21 +400,30 @@ async def test_a_glossary_evicted_while_in_use_is_deleted_after(
 
 
 async def test_a_glossary_deepl_lost_is_forgotten_and_made_again(
-    fake: MarkupDeepL, make: Make
+    server: Server, make_on: Make
 ) -> None:
-    backend = make()
+    """A glossary deleted behind the backend's back: DeepL refuses its id (the mock: 400),
+    the batch goes again with the terms put in, and the next batch makes a new glossary."""
+    backend = make_on()
     texts = ["The sidecar is ready."]
     await backend.translate(texts, source="en", target="de", protected=find(texts, GLOSSARY))
-    (lost,) = fake.created
-    del fake.glossaries[lost]  # deleted behind the backend's back
-    out = await backend.translate(texts, source="en", target="de",
-                                  protected=find(texts, GLOSSARY))
-    assert out == ["[DE] THE Beiwagen IS READY."]
-    assert [t["glossary_id"] for t in tagged(fake)] == [lost, lost, None]
+    (lost,) = server.ours()
+    server.lose(lost)
+    protected = find(texts, GLOSSARY)
+    out = await backend.translate(texts, source="en", target="de", protected=protected)
+    server.check(out, ["[DE] THE Beiwagen IS READY."], protected)
+    if server.double is not None:
+        assert [t["glossary_id"] for t in tagged(server.double)] == [lost, lost, None]
+    assert server.ours() == []
     await backend.translate(texts, source="en", target="de", protected=find(texts, GLOSSARY))
-    assert len(fake.created) == 2 and tagged(fake)[-1]["glossary_id"] == fake.created[1]
+    (made,) = server.ours()
+    assert made != lost
+    if server.double is not None:
+        assert tagged(server.double)[-1]["glossary_id"] == made
     await backend.aclose()
-    assert fake.deleted == [fake.created[1]]  # the lost one is not deleted again
+    assert server.ours() == []
+    if server.double is not None:
+        assert server.double.deleted == [made]  # the lost one is not deleted again
 
 
 async def test_unknown_source_substitutes_the_terms(fake: MarkupDeepL, make: Make) -> None:
@@ -345,16 +440,24 @@ async def test_unknown_source_substitutes_the_terms(fake: MarkupDeepL, make: Mak
 
 
 async def test_an_unsupported_pair_substitutes_and_is_not_asked_again(
-    fake: MarkupDeepL, make: Make
+    server: Server, make_on: Make
 ) -> None:
-    backend = make()
+    """Swahili, a target DeepL lists (so the backend takes it once started) and no glossary
+    language: the terms are put in the text, and no glossary is asked for again."""
+    backend = make_on()
+    await backend.start()
+    await backend.wait_ready()
+    assert backend.supports("en", "sw")
     texts = ["The sidecar again."]
     for _ in range(2):
-        out = await backend.translate(texts, source="en", target="ko",
-                                      protected=find(texts, GLOSSARY))
-        assert out == ["[KO] THE Beiwagen AGAIN."]
-    posts = [r for r in fake.requests if r.path == "/v2/glossaries" and r.method == "POST"]
-    assert len(posts) == 1 and fake.created == []
+        protected = find(texts, GLOSSARY)
+        out = await backend.translate(texts, source="en", target="sw", protected=protected)
+        server.check(out, ["[SW] THE Beiwagen AGAIN."], protected)
+    assert server.ours() == []
+    if server.double is not None:
+        posts = [r for r in server.double.requests
+                 if r.path == "/v2/glossaries" and r.method == "POST"]
+        assert len(posts) == 1 and server.double.created == []
 
 
 async def test_a_failed_creation_is_tried_again_by_the_next_batch(
@@ -410,34 +513,3 @@ async def test_the_echo_double_keeps_spans_and_substitutes(
     out = await backend.translate(texts, source="en", target="de", protected=protected)
     assert out[0] == f"[DE] {SENTENCES[4]}"
     assert out[1] == "[DE] The Protonenstrahl, `x`."
-
-
-# -- DeepL's own mock server, where one runs -------------------------------------------------
-
-MOCK_URL = os.environ.get("THINKTRANS_TEST_DEEPL_MOCK_URL")
-needs_mock = pytest.mark.skipif(
-    not MOCK_URL, reason="set THINKTRANS_TEST_DEEPL_MOCK_URL to a running deepl-mock "
-    "(not on the npm registry; its repository cannot be reached from here)")
-
-
-@needs_mock
-async def test_deepl_mock_spans_kept_and_glossary_life_cycle() -> None:
-    """deepl-mock answers a fixed phrase whatever the input: every text falls back to its
-    pieces, and still keeps its spans; its glossary is created once and deleted at close."""
-    assert MOCK_URL is not None
-    backend = DeepLTranslator(deepl_config(deepl_api_key="thinktrans-test",
-                                           deepl_server_url=MOCK_URL))
-    lister = deepl.DeepLClient("thinktrans-test", server_url=MOCK_URL)
-    before = {g.glossary_id for g in lister.list_glossaries()}
-    try:
-        for _ in range(2):
-            protected = find(SENTENCES, GLOSSARY)
-            out = await backend.translate(SENTENCES, source="en", target="de",
-                                          protected=protected)
-            assert_kept(out, protected)
-        ours = [g for g in lister.list_glossaries() if g.glossary_id not in before]
-        assert len(ours) == 1 and ours[0].name.startswith("thinktrans-")
-    finally:
-        await backend.aclose()
-    assert {g.glossary_id for g in lister.list_glossaries()} == before
-    lister.close()

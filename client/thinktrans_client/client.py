@@ -25,6 +25,7 @@ from thinktrans_client.pending import PendingText
 from thinktrans_client.posting import ChunkPoster
 from thinktrans_client.reading import EventReader
 from thinktrans_client.reasons import CLOSED_EARLY, client_bug, http_reason, transport_reason
+from thinktrans_client.releasing import StreamReleases
 from thinktrans_client.results import (
     Preview,
     SegmentUpdate,
@@ -33,7 +34,7 @@ from thinktrans_client.results import (
     TranslatedText,
     optional_str,
 )
-from thinktrans_client.sidecar import PastCloseWait, SidecarError, Skipped
+from thinktrans_client.sidecar import ClientClosing, PastCloseWait, SidecarError, Skipped
 
 __all__ = [
     "Policy",
@@ -147,7 +148,9 @@ class ThinktransClient:
     long pushed text may go without a result, counted from the later of the last push and
     the last result; it must exceed the sidecar's ``flush_idle_ms`` + ``deadline_ms``, within
     which a healthy sidecar answers. ``cooloff_s``: how long the sidecar is skipped after it
-    failed itself (not after a 4xx).
+    failed itself (not after a 4xx). ``release_timeout_s``: how long ``aclose`` waits for
+    the sidecar to delete the streams still open (None: twice ``timeout_s``, one post in
+    flight and the delete).
     """
 
     def __init__(
@@ -159,6 +162,7 @@ class ThinktransClient:
         stall_s: float = 10.0,
         cooloff_s: float = 5.0,
         poll_wait_s: float = 1.0,
+        release_timeout_s: float | None = None,
         transport: httpx.AsyncBaseTransport | None = None,
     ) -> None:
         for name, value in (("timeout_s", timeout_s), ("stall_s", stall_s),
@@ -167,6 +171,10 @@ class ThinktransClient:
                 raise ValueError(f"{name} must be > 0, got {value}")
         if cooloff_s < 0:
             raise ValueError(f"cooloff_s must be >= 0, got {cooloff_s}")
+        if release_timeout_s is not None and not 0 <= release_timeout_s < float("inf"):
+            raise ValueError(f"release_timeout_s must be >= 0 or None, got {release_timeout_s}")
+        self.release_timeout_s = (timeout_s * 2 if release_timeout_s is None
+                                  else release_timeout_s)
         self.base_url = base_url.rstrip("/")
         self.timeout_s = timeout_s
         self.stall_s = stall_s
@@ -180,7 +188,7 @@ class ThinktransClient:
         self._down_until = 0.0
         # Fields of opening a stream that the sidecar refused as unknown (an older one).
         self.unknown_fields: set[str] = set()
-        self._background: set[asyncio.Task[None]] = set()
+        self._releases = StreamReleases(self)  # streams the sidecar may hold, until released
         self._closing = False
         self._closed = False
 
@@ -192,15 +200,17 @@ class ThinktransClient:
         await self.aclose()
 
     async def aclose(self) -> None:
-        """Let background clean-up finish (bounded by ``timeout_s``), then close connections."""
-        self._closing = True  # no new work; what runs may still use the connections
-        if self._background:
-            _done, pending = await asyncio.wait(set(self._background),
-                                                timeout=self.timeout_s * 2)
-            for task in pending:
-                task.cancel()
+        """Release every stream the sidecar may still hold (one still read gives out the
+        rest as pushed), within ``release_timeout_s``; then close the connections."""
+        self._closing = True  # no new streams; releases still use the connections
+        await self._releases.close(self.release_timeout_s)
         self._closed = True
         await self._http.aclose()
+
+    @property
+    def closing(self) -> bool:
+        """True once ``aclose`` has begun: streams push nothing more to the sidecar."""
+        return self._closing
 
     @property
     def available(self) -> bool:
@@ -219,25 +229,20 @@ class ThinktransClient:
             log.warning("the sidecar does not know %r in opening a stream (it is older than "
                         "that field); streams open without it", name)
 
+    def hold_stream(self, stream: ThinkingStream) -> None:
+        """``stream`` may be on the sidecar from now on (its first push): ``aclose``
+        releases it if nothing else has."""
+        self._releases.hold(stream)
+
     def release_stream(self, stream_id: str) -> None:
         """Delete the sidecar's stream in the background (``aclose`` waits for it).
 
         Ended streams hold their events on the sidecar until they expire, and streams given
         up (the fallback) stay open, counted against ``max_streams``; this frees them at
-        once. Best effort, within ``timeout_s``: a failure is only logged, and nothing is
-        sent once the client is closing.
-        """
-        if self._closing:
-            return
-        task = asyncio.create_task(self._delete_stream(stream_id))
-        self._background.add(task)
-        task.add_done_callback(self._background.discard)
-
-    async def _delete_stream(self, stream_id: str) -> None:
-        try:
-            await self.request("DELETE", f"/v1/streams/{stream_id}")
-        except SidecarError as exc:
-            log.debug("stream %s delete failed: %s", stream_id, exc.reason)
+        once, once their posts have ended (``thinktrans_client.releasing``). Best effort,
+        once per stream; nothing is sent once the client is closed."""
+        if not self._closed:
+            self._releases.release(stream_id)
 
     async def request(self, method: str, path: str, *, json: Any = None,
                       params: Mapping[str, Any] | None = None, wait_s: float = 0.0) -> Any:
@@ -479,6 +484,7 @@ class ThinkingStream:
         self._reader = EventReader(client, stream_id, pending=self._pending, stall=self._stall,
                                    fallback=self._fallback, opened=self._poster.opened)
         self._closing = False
+        self._held = False  # handed to the client's ``hold_stream``, at the first post
         self._close_wait_s = close_wait_s
         self._close_timer: asyncio.TimerHandle | None = None
         self._reading = False
@@ -517,10 +523,15 @@ class ThinkingStream:
             raise TypeError(f"delta must be str, got {type(delta).__name__}")
         if not delta:
             return
+        if self.client.closing and not self._poster.started:
+            self._fail(ClientClosing())  # nothing new on the sidecar: aclose is releasing
         self._pending.append(delta)
         self._stall.pushed()
         self._wake_reader.set()
         self._poster.add(delta)  # ignored once the stream has fallen back
+        if not self._held and self._poster.started:
+            self._held = True
+            self.client.hold_stream(self)
 
     async def close(self) -> None:
         """No more deltas: the rest is posted and the stream closed in the background."""
@@ -532,18 +543,41 @@ class ThinkingStream:
         self._wake_reader.set()
 
     async def aclose(self) -> None:
-        """Close, give the last posts ``timeout_s`` to land, then release the server's stream.
+        """Close, and release the sidecar's stream in the background: the last posts are
+        given ``timeout_s`` to land, then the stream is deleted (``client.release_stream``).
 
         Released whether it ended or was given up (the fallback): a stream the client
         stopped posting to would otherwise stay open on the sidecar, counted against its
         ``max_streams``, until the idle expiry.
         """
         await self.close()
-        await self._poster.settle()
         if self._close_timer is not None:
             self._close_timer.cancel()
-        if self._poster.may_exist:
+        if self._poster.started:
             self.client.release_stream(self.stream_id)
+
+    @property
+    def may_exist(self) -> bool:
+        """Whether the sidecar may hold this stream: its open went out and was not refused."""
+        return self._poster.may_exist
+
+    @property
+    def unanswered(self) -> bool:
+        """Whether a post of this stream's went out and got no answer (it may still land)."""
+        return self._poster.unanswered
+
+    async def settle(self, *, hurry: bool = False) -> None:
+        """Return once nothing of this stream's can reach the sidecar any more: its posts
+        given ``timeout_s`` to land (none when ``hurry``), then stopped, a post in flight
+        let end (see ``ChunkPoster.settle``)."""
+        await self._poster.settle(hurry=hurry)
+
+    def abandon(self) -> None:
+        """The client is closing: post nothing more; what no segment has covered yet comes
+        out as pushed (status ``error``)."""
+        if self.failure is None and (len(self._pending) or not self._closing):
+            self._fail(ClientClosing())
+        self._poster.stop()
 
     # -- what the parts are given --------------------------------------------------------------
 

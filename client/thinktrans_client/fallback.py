@@ -16,7 +16,13 @@ from typing import TypeVar
 
 from thinktrans_client.pending import PendingText
 from thinktrans_client.results import TranslatedSegment
-from thinktrans_client.sidecar import PastCloseWait, Sidecar, SidecarError, Skipped
+from thinktrans_client.sidecar import (
+    ClientClosing,
+    PastCloseWait,
+    Sidecar,
+    SidecarError,
+    Skipped,
+)
 
 __all__ = ["Fallback", "StallClock"]
 
@@ -51,8 +57,9 @@ class Fallback:
             self.status = "deadline"
         self._client.note_failure(exc)
         # A skip follows a failure already logged: one warning per outage, not per stream;
-        # the end of close_wait_s is no failure at all.
-        log.log(logging.INFO if isinstance(exc, Skipped | PastCloseWait) else logging.WARNING,
+        # the end of close_wait_s, and the client's own close, are no failure at all.
+        quiet = isinstance(exc, Skipped | PastCloseWait | ClientClosing)
+        log.log(logging.INFO if quiet else logging.WARNING,
                 "stream %s falls back to the originals: %s pending_chars=%d",
                 self._stream_id, exc.reason, len(self._pending))
         self._failed.set()

@@ -81,6 +81,9 @@ class ChunkPoster:
         self._closing = False
         self._stopped = False
         self._refused = False  # the sidecar answered the open with an error: no stream
+        # A post went out and got no answer: it may still reach the sidecar, even after the
+        # stream's delete, and open the stream again (its owner closes it instead).
+        self.unanswered = False
         self._task: asyncio.Task[None] | None = None
         self._wake = asyncio.Event()
 
@@ -115,20 +118,28 @@ class ChunkPoster:
         self._wake.set()
 
     def stop(self) -> None:
-        """Post nothing more; a post in flight is cancelled (unless this is the posting task)."""
+        """Post nothing more. A post in flight is let end (within ``timeout_s``), not cut off:
+        cut off, it may still reach the sidecar, after the stream's delete, and open the
+        stream again (a stream not yet opened is opened by its first chunk)."""
         self._stopped = True
         self._wake.set()
-        task = self._task
-        if task is not None and not task.done() and task is not asyncio.current_task():
-            task.cancel()
 
-    async def settle(self) -> None:
-        """Give the posting task ``timeout_s`` to finish, then cancel it."""
+    async def settle(self, *, hurry: bool = False) -> None:
+        """Return once nothing of this stream's can reach the sidecar any more: the posting
+        task given ``timeout_s`` to post what it has (none when ``hurry``), then stopped and
+        its post in flight let end. Cancelled only past twice that, which a post bounded by
+        ``timeout_s`` never takes."""
         task = self._task
-        if task is not None and not task.done():
-            _done, pending = await asyncio.wait({task}, timeout=self._client.timeout_s)
-            if pending:
-                task.cancel()
+        if task is None or task.done():
+            return
+        if not hurry:
+            await asyncio.wait({task}, timeout=self._client.timeout_s)
+        self.stop()
+        _done, pending = await asyncio.wait({task}, timeout=self._client.timeout_s * 2)
+        if pending:
+            log.warning("stream %s: a post outlived its budget and was cut off",
+                        self._stream_id)
+            task.cancel()
 
     async def _run(self) -> None:
         try:
@@ -136,22 +147,37 @@ class ChunkPoster:
             while await self._batch_due():
                 self._form_chunks()
                 await self._post_chunks()
-                if self._closing and not self._unsent and not self._unacked:
-                    await self._retrying(lambda: self._client.request(
-                        "POST", f"/v1/streams/{self._stream_id}/close"), time.monotonic())
+                if self._closing and not self._stopped and not self._unsent and (
+                        not self._unacked):
+                    await self._retrying(lambda: self._post(
+                        f"/v1/streams/{self._stream_id}/close"), time.monotonic())
                     return
         except SidecarError as exc:
-            self._on_failure(exc)
+            if not self._stopped:  # else its owner stopped it, and knows why
+                self._on_failure(exc)
         except Exception as exc:  # a bug here must not cost the agent its thoughts
             log.exception("stream %s sender failed", self._stream_id)
             self._on_failure(SidecarError(client_bug(exc)))
+
+    async def _post(self, path: str, body: Any = None) -> Any:
+        """One POST; one the sidecar did not answer (a timeout, a connection lost, a cut)
+        may still reach it later, and is remembered as such (``unanswered``)."""
+        try:
+            return await self._client.request("POST", path, json=body)
+        except SidecarError as exc:
+            if exc.status is None:
+                self.unanswered = True
+            raise
+        except asyncio.CancelledError:
+            self.unanswered = True
+            raise
 
     async def _retrying(self, call: Callable[[], Awaitable[Any]], since: float) -> Any:
         while True:
             try:
                 return await call()
             except SidecarError as exc:
-                if not exc.transient:
+                if not exc.transient or self._stopped:
                     raise
                 await backoff(exc, since, self._client.timeout_s)
 
@@ -160,12 +186,12 @@ class ChunkPoster:
         while True:
             try:
                 data = await self._retrying(
-                    lambda: self._client.request("POST", "/v1/streams", json=body),
+                    lambda: self._post("/v1/streams", body),
                     time.monotonic())
                 break
             except SidecarError as exc:
                 unknown = sorted(self._optional.intersection(exc.unknown_fields, body))
-                if exc.status != 422 or not unknown:
+                if exc.status != 422 or not unknown or self._stopped:
                     self._refused = exc.status is not None
                     raise
             for name in unknown:  # each round leaves one out at least: it ends
@@ -233,11 +259,10 @@ class ChunkPoster:
                 chars += len(chunk[1])
             body = {"chunks": [{"seq": seq, "text": text} for seq, text in batch]}
             try:
-                data = await self._client.request(
-                    "POST", f"/v1/streams/{self._stream_id}/chunks", json=body)
+                data = await self._post(f"/v1/streams/{self._stream_id}/chunks", body)
                 through = int(data["accepted_through"])
             except SidecarError as exc:
-                if not exc.transient:
+                if not exc.transient or self._stopped:
                     raise
                 await backoff(exc, self._unacked_since, self._client.timeout_s)
                 continue

@@ -41,6 +41,9 @@ MAX_PARSED_LINE_BYTES = 1 << 20  # thought chunks and session requests are far s
 READ_BUFFER_BYTES = MAX_PARSED_LINE_BYTES  # per direction; a longer line comes in pieces
 CHILD_EXIT_GRACE_S = 5.0  # after its stdin closes, before the agent is sent SIGTERM
 EXIT_POLL_S = 0.05  # the agent's exit is seen from its return code, not its pipes
+# After the agent's exit, how long its output may take to end before the log says it has
+# not (processes it started hold its stdout: the proxy goes on until they close it).
+OUTPUT_AFTER_EXIT_S = 1.0
 DEFAULT_URL = "http://127.0.0.1:8088"
 # After a thinking part ends (the session's next message is waiting), how long that message
 # waits for the part's last translations: ACP cannot replace a chunk later, so a translation
@@ -336,6 +339,9 @@ async def run(command: Sequence[str], *, url: str = DEFAULT_URL, token: str | No
                 _client_to_agent(reader, agent_stdin, translator, process),
                 name="thinktrans-acp:to-agent")
             stack.push_async_callback(_cancel, inbound)
+            watch = asyncio.create_task(_watch_exit(process, agent_stdout),
+                                        name="thinktrans-acp:watch")
+            stack.push_async_callback(_cancel, watch)
             await _agent_to_client(agent_stdout, translator, process)
             await process.wait()
         return _exit_code(process.returncode)
@@ -346,6 +352,21 @@ async def run(command: Sequence[str], *, url: str = DEFAULT_URL, token: str | No
         return _exit_code(agent.returncode if agent is not None else -signals.ended_by)
     finally:
         signals.restore()
+
+
+async def _watch_exit(process: asyncio.subprocess.Process,
+                      agent_stdout: asyncio.StreamReader) -> None:
+    """Log the agent's exit when its output goes on past it (``OUTPUT_AFTER_EXIT_S``): the
+    proxy relays it until it ends, or until a signal ends the proxy."""
+    await _exited_within(process, float("inf"))
+    loop = asyncio.get_running_loop()
+    give_up = loop.time() + OUTPUT_AFTER_EXIT_S
+    while not agent_stdout.at_eof() and loop.time() < give_up:
+        await asyncio.sleep(EXIT_POLL_S)
+    if not agent_stdout.at_eof():
+        log.warning("the agent exited (code %d), but its output has not ended (processes it "
+                    "started may hold its stdout); the proxy relays it until it ends, or a "
+                    "signal ends the proxy", _exit_code(process.returncode))
 
 
 async def _agent_to_client(agent_stdout: asyncio.StreamReader, translator: ThoughtTranslator,

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Protocol
 
-__all__ = ["PastCloseWait", "Sidecar", "SidecarError", "Skipped"]
+__all__ = ["ClientClosing", "PastCloseWait", "Sidecar", "SidecarError", "Skipped"]
 
 
 class SidecarError(Exception):
@@ -53,6 +53,18 @@ class PastCloseWait(SidecarError):
     def __init__(self, close_wait_s: float) -> None:
         super().__init__(f"the translation did not come within {close_wait_s * 1000:g} ms of "
                          "the end of the thinking part (the stream's close_wait_s)")
+
+    @property
+    def sidecar_failed(self) -> bool:
+        return False
+
+
+class ClientClosing(SidecarError):
+    """The client is closing (``ThinktransClient.aclose``) with the stream still open: what
+    it has not given out goes out as pushed. Not a failure of the sidecar (no cool-off)."""
+
+    def __init__(self) -> None:
+        super().__init__("the client was closed before the stream's results came")
 
     @property
     def sidecar_failed(self) -> bool:
