@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 from models.base import first_line
 from models.errors import BackendConfigError
@@ -321,14 +322,14 @@ def _hub_answer(model_id: str, timeout_s: float) -> str | None:
     """None when the hub answers a HEAD of ``model_id``'s config.json with a status it would
     not retry, else why not. A thread bounds the wait: a name lookup has no timeout of its
     own, and a resolver that does not answer holds it for 5 s per try."""
-    from huggingface_hub import hf_hub_url
+    from huggingface_hub import constants
     from huggingface_hub.utils import get_session
 
+    url = f"{constants.ENDPOINT.rstrip('/')}/{quote(model_id)}/resolve/main/config.json"
     outcome: list[str | None] = []
 
     def ask() -> None:
         try:
-            url = hf_hub_url(model_id, "config.json")
             response = get_session().head(url, timeout=timeout_s, follow_redirects=False)
         except Exception as exc:  # refused, reset, closed, timed out, not resolved, bad TLS
             outcome.append(f"is unreachable ({first_line(exc) or type(exc).__name__})")
