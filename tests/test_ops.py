@@ -180,3 +180,26 @@ def test_the_image_healthcheck_follows_serve_port(tmp_path: Path) -> None:
     done = run_check()  # nothing listens on THINKTRANS_PORT: unhealthy, in one line
     assert done.returncode == 1
     assert f"127.0.0.1:{other}/healthz" in done.stderr
+
+
+def test_health_asks_readyz_and_waits_a_bounded_time(tmp_path: Path) -> None:
+    # `--ready` asks /readyz where the server listens; `--wait S` asks again until a 200, S
+    # seconds at most, then says in one line what it last asked (the README's blocks wait so
+    # for the server they start; tests/test_readme.py runs them).
+    env = {**os.environ, "XDG_RUNTIME_DIR": str(tmp_path),
+           "PYTHONPATH": os.pathsep.join(sys.path)}
+
+    def health(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "service.cli", "health", *args], env=env,
+                              cwd=Path(__file__).resolve().parent.parent, capture_output=True,
+                              text=True, timeout=120)
+
+    with served(XDG_RUNTIME_DIR=str(tmp_path)) as srv:
+        done = health("--ready", "--wait", "30")
+        assert done.returncode == 0, done.stderr
+        assert done.stdout.strip() == f"{srv.url}/readyz: 200"
+        srv.terminate(60)
+    done = health("--url", srv.url, "--wait", "1")  # nothing listens there now
+    assert done.returncode == 1
+    [line] = done.stderr.strip().splitlines()
+    assert line.startswith(f"{srv.url}/healthz: ")
