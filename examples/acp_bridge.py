@@ -8,6 +8,7 @@ else the session's or the client's ``_meta.locale``, else the service's choice. 
 sidecar down, slow or failing, the thoughts pass through unchanged (status ``error``).
 
     THINKTRANS_BACKEND=passthrough thinktrans serve &
+    thinktrans health --wait 60
     python examples/acp_bridge.py --url http://127.0.0.1:8088 < examples/acp_trace.jsonl
 
 It needs only ``thinktrans-client[acp]`` (``pip install './client[acp]'``), not the

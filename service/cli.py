@@ -584,6 +584,12 @@ def health(
     url: Annotated[str | None, typer.Option(
         help="Base URL to check (default: where the last `thinktrans serve` of this user "
         "listens, else THINKTRANS_PORT).")] = None,
+    wait: Annotated[float, typer.Option(
+        min=0, metavar="S", help="Ask again until it answers 200, S seconds at most: for a "
+        "server just started in the background.")] = 0,
+    ready: Annotated[bool, typer.Option(
+        "--ready", metavar="", help="Ask /readyz (the backends can serve) instead of "
+        "/healthz (the server answers).")] = False,
 ) -> None:
     """Check a running server's /healthz: exit 0 when it answers 200, 1 when not.
 
@@ -591,7 +597,7 @@ def health(
     """
     from service.tools import healthcheck as check
 
-    healthy, line = check.check(url)
+    healthy, line = check.wait(url, wait, "/readyz" if ready else "/healthz")
     typer.echo(line, err=not healthy)
     raise typer.Exit(0 if healthy else 1)
 

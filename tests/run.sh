@@ -4,10 +4,13 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
-# The constraints file pins torch to the CPU wheel this machine kind carries on disk; on
-# other hosts, see the README for getting the CPU build. The agent-side client (client/)
-# is its own distribution; the server's tests drive it against a served sidecar.
-.venv/bin/python -m pip install -q --disable-pip-version-check -c .ci/constraints.txt \
+# The CPU build of torch, as the README's first command takes it: the constraints file pins
+# the version, PyTorch's CPU index has it as 2.13.0+cpu (PyPI's is the CUDA build on
+# Linux); where that index cannot be reached, pip takes the CPU wheel found on disk, and
+# --retries 1 keeps the unreachable index from costing minutes. The agent-side client
+# (client/) is its own distribution; the server's tests drive it against a served sidecar.
+.venv/bin/python -m pip install -q --disable-pip-version-check --retries 1 \
+    -c .ci/constraints.txt --extra-index-url https://download.pytorch.org/whl/cpu \
     -e '.[all,dev]' -e './client[acp]'
 # The viewer's browser tests drive a real Chromium: Debian's, installed here where none is
 # found (they skip, saying so, where none can be had).

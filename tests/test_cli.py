@@ -8,6 +8,7 @@ import socket
 import stat
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,6 +18,7 @@ import pytest
 from typer.testing import CliRunner
 
 from service.cli import app
+from service.settings import load_settings
 from tests.conftest import Server, served
 from tests.fakes_remote import FakeChat, closed_port_url
 
@@ -232,6 +234,67 @@ def test_translate_with_a_hub_model_and_no_hub_fails_without_the_hubs_retries(tm
     )
     assert result.returncode == 4, result.stderr
     assert "hub is unreachable" in result.stderr and "no-such-model" in result.stderr
+
+
+class BrokenHub:
+    """A hub on 127.0.0.1 that cannot serve: it closes each connection at once, or answers
+    every request 503 (a proxy whose upstream is down); it counts the connections."""
+
+    def __init__(self, answer: bytes | None) -> None:
+        self.answer = answer
+        self.connections = 0
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:  # closed: the test is over
+                return
+            self.connections += 1
+            with conn:
+                if self.answer is not None:
+                    conn.settimeout(HANG_S)
+                    request = b""
+                    while b"\r\n\r\n" not in request:
+                        chunk = conn.recv(4096)
+                        if not chunk:
+                            break
+                        request += chunk
+                    conn.sendall(self.answer)
+
+
+@pytest.mark.parametrize("answer", [
+    None,
+    b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 0\r\nConnection: close\r\n\r\n",
+], ids=["closes", "answers-503"])
+def test_translate_with_a_hub_that_cannot_serve_asks_it_once(tmp_path: Path,
+                                                             answer: bytes | None) -> None:
+    """The default model, an empty cache and a hub that cannot serve it: one request, then
+    the reason in one line and exit 4. The hub client retried a 503 six times, over half a
+    minute, and asked four times of a hub that closed the connection."""
+    pytest.importorskip("huggingface_hub")
+    hub = BrokenHub(answer)
+    env = {name: value for name, value in os.environ.items()
+           if not name.startswith(("HF_", "THINKTRANS_"))}
+    try:
+        result = subprocess.run(
+            [sys.executable, "-m", "service.cli", "translate", "--to", "de", "Check it again."],
+            env={**env, "HF_HOME": str(tmp_path), "HF_ENDPOINT": hub.url},
+            cwd=ROOT, capture_output=True, text=True, timeout=HANG_S,
+        )
+    finally:
+        hub.sock.close()
+    assert result.returncode == 4, result.stderr
+    assert hub.connections == 1  # the probe: no request of the hub client's, no retry
+    assert result.stdout == ""
+    line = one_line(result.stderr)
+    assert "backend 'local' is not ready" in line
+    assert f"{load_settings().local_model!r} not found locally" in line
+    assert f"the hub {hub.url} cannot serve it now" in line
+    assert "THINKTRANS_LOCAL_MODEL" in line and "HF_HUB_OFFLINE=1" in line
 
 
 @pytest.mark.parametrize("as_json", [False, True])

@@ -463,6 +463,17 @@ async def test_unknown_hub_id_offline_fails_fast_with_one_clear_reason() -> None
     assert "\n" not in reason
 
 
+async def test_an_uncached_hub_id_offline_fails_before_the_engine_is_prepared() -> None:
+    """That it cannot load is known from the cache alone: the reason comes before the engine
+    imports torch or ctranslate2 (seconds a one-shot command spent before failing)."""
+    backend = make_backend("nobody-here/no-such-model")
+    await backend.start()
+    assert await backend.wait_ready(timeout_s=30) is False
+    assert "'nobody-here/no-such-model' not found locally" in (backend.reason or "")
+    assert backend.info()["device"] is None  # the engine's prepare() never ran
+    await backend.aclose()
+
+
 async def test_a_non_translation_checkpoint_is_refused(tmp_path: Path) -> None:
     from transformers import T5Config, T5ForConditionalGeneration
 

@@ -297,10 +297,10 @@ def test_a_load_finishing_after_close_is_dropped(executor: ThreadPoolExecutor) -
 
 def test_a_catalog_loads_named_models_on_its_engine(executor: ThreadPoolExecutor,
                                                     monkeypatch: pytest.MonkeyPatch) -> None:
-    seen: list[tuple[object, Spec]] = []
+    seen: list[tuple[object, Spec, bool]] = []
 
-    def fake_load_slot(engine: object, spec: Spec) -> Slot:
-        seen.append((engine, spec))
+    def fake_load_slot(engine: object, spec: Spec, offline: bool) -> Slot:
+        seen.append((engine, spec, offline))
         return marian(spec.model_id, target=spec.pair[1] if spec.pair else "de")
 
     warm: list[tuple[object, ...]] = []
@@ -310,7 +310,7 @@ def test_a_catalog_loads_named_models_on_its_engine(executor: ThreadPoolExecutor
     assert listed.model_problem("en-ja=/m/x", None) == f"loading model 'en-ja=/m/x' {LOADING}"
     settle(executor)
     assert seen == [(ENGINE, Spec("/m/x", ("en", "ja"), setting="the request's `model`",
-                                  on_demand=True))]
+                                  on_demand=True), False)]  # a directory: never cache-only
     assert len(warm) == 1
     assert listed.knows("en-ja=/m/x") and not listed.is_configured("en-ja=/m/x")
     assert listed.route("en", "ja", "en-ja=/m/x").slot.model_id == "/m/x"

@@ -4,8 +4,12 @@ and fingerprints. The family and codes are read from the test checkpoints' real 
 
 from __future__ import annotations
 
+import http.server
 import os
 import socket
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -21,6 +25,7 @@ from models.local.checkpoint import (
     NLLB_CODES,
     LoadError,
     Spec,
+    cache_only,
     detect_family,
     directory_fingerprint,
     hub_unreachable,
@@ -266,15 +271,70 @@ def test_the_hub_probe(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     assert not hub_unreachable("org/model")  # offline already: the client never tries
 
 
-def test_the_hub_probe_finds_a_hub_that_answers(monkeypatch: pytest.MonkeyPatch) -> None:
+@contextmanager
+def hub_answering(status: int | None) -> Iterator[tuple[str, list[str]]]:
+    """A hub on 127.0.0.1 that answers every request ``status`` (None: closes the connection
+    without a word); its URL and the requests it saw."""
+    seen: list[str] = []
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_HEAD(self) -> None:
+            seen.append(f"{self.command} {self.path}")
+            if status is None:
+                self.close_connection = True
+                return
+            self.send_response(status)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}", seen
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+@pytest.mark.parametrize(("status", "unreachable"), [
+    (200, False), (404, False), (401, False),  # a hub that answers (a gated model: 401)
+    (503, True), (502, True), (None, True),  # a proxy whose hub is down; a closed connection
+])
+def test_the_hub_probe_asks_once_and_reads_the_answer(
+        monkeypatch: pytest.MonkeyPatch, status: int | None, unreachable: bool) -> None:
     from huggingface_hub import constants
 
-    with socket.socket() as server:
-        server.bind(("127.0.0.1", 0))
-        server.listen()
-        monkeypatch.setattr(constants, "ENDPOINT", f"http://127.0.0.1:{server.getsockname()[1]}")
+    with hub_answering(status) as (url, seen):
+        monkeypatch.setattr(constants, "ENDPOINT", url)
         monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
-        assert not hub_unreachable("org/model", timeout_s=5)
+        assert hub_unreachable("org/model", timeout_s=30) is unreachable
+    assert seen == ["HEAD /org/model/resolve/main/config.json"]  # one request, no retry
+
+
+def test_an_uncached_hub_id_without_its_hub_fails_at_once(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from huggingface_hub import constants
+
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path))
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    assert cache_only(Spec(str(tmp_path))) is False  # a directory: no probe, no cache
+    with hub_answering(503) as (url, _):
+        monkeypatch.setattr(constants, "ENDPOINT", url)
+        with pytest.raises(LoadError, match=f"the hub {url} cannot serve it now, and "):
+            cache_only(Spec("org/model"))
+        # In the cache: loaded from there, without the hub.
+        snapshot = tmp_path / "models--org--model" / "snapshots" / "abc"
+        snapshot.mkdir(parents=True)
+        (snapshot / "config.json").write_text("{}")
+        (tmp_path / "models--org--model" / "refs").mkdir()
+        (tmp_path / "models--org--model" / "refs" / "main").write_text("abc")
+        assert cache_only(Spec("org/model")) is True
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    with pytest.raises(LoadError, match="HF_HUB_OFFLINE is set"):
+        cache_only(Spec("org/other"))
 
 
 def test_a_directory_fingerprint_follows_its_files(tmp_path: Path) -> None:

@@ -205,3 +205,26 @@ def test_the_image_build_carries_every_package_the_project_installs() -> None:
             f"the Dockerfile copies no {name}/"
         assert re.search(rf"mkdir [^&]*\b{name}\b", dockerfile), \
             f"the dependency layer makes no stub of {name}/"
+
+
+def test_health_asks_readyz_and_waits_a_bounded_time(tmp_path: Path) -> None:
+    # `--ready` asks /readyz where the server listens; `--wait S` asks again until a 200, S
+    # seconds at most, then says in one line what it last asked (the README's blocks wait so
+    # for the server they start; tests/test_readme.py runs them).
+    env = {**os.environ, "XDG_RUNTIME_DIR": str(tmp_path),
+           "PYTHONPATH": os.pathsep.join(sys.path)}
+
+    def health(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "service.cli", "health", *args], env=env,
+                              cwd=Path(__file__).resolve().parent.parent, capture_output=True,
+                              text=True, timeout=120)
+
+    with served(XDG_RUNTIME_DIR=str(tmp_path)) as srv:
+        done = health("--ready", "--wait", "30")
+        assert done.returncode == 0, done.stderr
+        assert done.stdout.strip() == f"{srv.url}/readyz: 200"
+        srv.terminate(60)
+    done = health("--url", srv.url, "--wait", "1")  # nothing listens there now
+    assert done.returncode == 1
+    [line] = done.stderr.strip().splitlines()
+    assert line.startswith(f"{srv.url}/healthz: ")

@@ -22,6 +22,7 @@ from models.local.checkpoint import (
     FALLBACK_SOURCE,
     LoadError,
     Spec,
+    cache_only,
     canonical_name,
     key_or_none,
     lang_token_id,
@@ -443,7 +444,7 @@ class Catalog:
         if engine is None:
             raise LoadError("the local backend has not loaded its configured models")
         pair, model_id = parse_pair_spec(name)
-        slot = load_slot(engine, Spec(model_id, pair, setting="the request's `model`",
-                                      on_demand=True))
+        spec = Spec(model_id, pair, setting="the request's `model`", on_demand=True)
+        slot = load_slot(engine, spec, cache_only(spec))
         warm_up(engine, slot, self._max_input_tokens)
         return slot

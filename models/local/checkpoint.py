@@ -13,12 +13,12 @@ import hashlib
 import logging
 import os
 import re
-import socket
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import quote
 
 from models.base import first_line
 from models.errors import BackendConfigError
@@ -318,24 +318,81 @@ def on_demand_refusal(name: str, roots: Sequence[Path], hub: bool) -> str | None
     return None
 
 
+# The statuses the hub client retries for half a minute, with backoff, before it gives up
+# (429 aside: a hub that rate-limits is up); a hub, or the proxy before it, that answers one
+# of them cannot serve a download now.
+_RETRIED_STATUSES = frozenset({408, 500, 502, 503, 504})
+
+
 def hub_unreachable(model_id: str, timeout_s: float = 3.0) -> bool:
-    """Whether ``model_id`` names a hub repository while the hub cannot be reached (its
-    name does not resolve, or no connection within ``timeout_s``)."""
+    """Whether ``model_id`` names a hub repository while the hub cannot serve it: one HEAD of
+    its ``config.json``, through the hub client's own session (its proxies, its CA), finds
+    no answer within ``timeout_s`` (the name does not resolve, the connection is refused or
+    closed) or a status the hub client would retry. One request, never retried."""
     if looks_local(model_id):
         return False  # a local directory
     from huggingface_hub import constants
 
     if constants.HF_HUB_OFFLINE:
         return False  # already offline: the hub client does not try the network
-    endpoint = urlsplit(constants.ENDPOINT)
-    port = endpoint.port or (443 if endpoint.scheme == "https" else 80)
-    try:
-        socket.create_connection((endpoint.hostname or "", port), timeout=timeout_s).close()
-    except OSError:
-        log.warning("local: the model hub %s is unreachable; loading %r from the local cache "
-                    "only", constants.ENDPOINT, model_id)
+    why = _hub_answer(model_id, timeout_s)
+    if why is not None:
+        log.warning("local: the model hub %s %s; loading %r from the local cache only",
+                    constants.ENDPOINT, why, model_id)
         return True
     return False
+
+
+def _hub_answer(model_id: str, timeout_s: float) -> str | None:
+    """None when the hub answers a HEAD of ``model_id``'s config.json with a status it would
+    not retry, else why not. A thread bounds the wait: a name lookup has no timeout of its
+    own, and a resolver that does not answer holds it for 5 s per try."""
+    from huggingface_hub import constants
+    from huggingface_hub.utils import get_session
+
+    url = f"{constants.ENDPOINT.rstrip('/')}/{quote(model_id)}/resolve/main/config.json"
+    outcome: list[str | None] = []
+
+    def ask() -> None:
+        try:
+            response = get_session().head(url, timeout=timeout_s, follow_redirects=False)
+        except Exception as exc:  # refused, reset, closed, timed out, not resolved, bad TLS
+            outcome.append(f"is unreachable ({first_line(exc) or type(exc).__name__})")
+            return
+        status = response.status_code
+        outcome.append(f"answers {status}" if status in _RETRIED_STATUSES else None)
+
+    probe = threading.Thread(target=ask, name="thinktrans-hub-probe", daemon=True)
+    probe.start()
+    probe.join(timeout_s + 1.0)
+    return outcome[0] if outcome else f"did not answer within {timeout_s:g} s"
+
+
+def cache_only(spec: Spec) -> bool:
+    """Whether ``spec``'s checkpoint loads from the local cache only: a hub id while
+    HF_HUB_OFFLINE is set or the hub cannot serve it (probed once). Asked before any engine
+    is imported, so that when the cache has no copy either the LoadError comes at once."""
+    if looks_local(spec.model_id):
+        return False
+    try:
+        from huggingface_hub import constants, try_to_load_from_cache
+    except ImportError:
+        return False  # the engine's import names the extra to install
+    offline = bool(constants.HF_HUB_OFFLINE)
+    unreachable = not offline and hub_unreachable(spec.model_id)
+    if not (offline or unreachable):
+        return False
+    try:
+        cached = isinstance(try_to_load_from_cache(spec.model_id, "config.json"), str)
+    except ValueError:  # not a valid hub id: nothing of it can be cached
+        cached = False
+    if not cached:
+        why = ("HF_HUB_OFFLINE is set" if offline
+               else f"the hub {constants.ENDPOINT} cannot serve it now")
+        raise LoadError(not_found_reason(
+            spec.model_id, OSError(f"{why}, and {constants.HF_HUB_CACHE} has no copy"),
+            spec.setting))
+    return True
 
 
 def not_found_reason(model_id: str, exc: BaseException,

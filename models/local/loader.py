@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from importlib.util import find_spec
 
 from models.local import engines
-from models.local.checkpoint import LoadError, Spec
+from models.local.checkpoint import LoadError, Spec, cache_only
 from models.local.engines import ConversionFailed, EngineOptions
 from models.local.slot import Slot, load_slot, warm_up
 
@@ -41,8 +41,11 @@ class Loader:
         a checkpoint raises) when one cannot be, or when ``closed`` says the backend was
         closed meanwhile."""
         started = time.perf_counter()
+        # Where each checkpoint comes from, before the engine's imports (seconds of torch):
+        # a hub id that neither the hub nor the cache can give fails at once.
+        offline = {spec: cache_only(spec) for spec in self._specs}
         try:
-            slots = self._load_on(self.engine, closed)
+            slots = self._load_on(self.engine, offline, closed)
         except ConversionFailed as exc:
             # Under auto, a checkpoint CTranslate2 cannot take is still served, by torch.
             if self._asked != "auto" or find_spec("torch") is None:
@@ -51,25 +54,27 @@ class Loader:
             self._log.warning("local: %s", self.engine_note)
             self.engine_name = "transformers"
             self.engine = engines.build(self.engine_name, self._options)
-            slots = self._load_on(self.engine, closed)
+            slots = self._load_on(self.engine, offline, closed)
         self.load_s = round(time.perf_counter() - started, 2)
         return slots
 
-    def _load_on(self, engine: engines.Engine, closed: Callable[[], bool]) -> list[Slot]:
+    def _load_on(self, engine: engines.Engine, offline: Mapping[Spec, bool],
+                 closed: Callable[[], bool]) -> list[Slot]:
         engine.prepare()
         self.device, self.dtype = engine.device, engine.compute_type
-        return load_specs(engine, self._specs, self._max_input_tokens, closed)
+        return load_specs(engine, self._specs, offline, self._max_input_tokens, closed)
 
 
-def load_specs(engine: engines.Engine, specs: list[Spec], max_input_tokens: int,
-               closed: Callable[[], bool]) -> list[Slot]:
-    """On the worker: load every configured checkpoint on ``engine`` (prepared), then warm
-    each up; LoadError when ``closed`` says the backend was closed meanwhile."""
+def load_specs(engine: engines.Engine, specs: list[Spec], offline: Mapping[Spec, bool],
+               max_input_tokens: int, closed: Callable[[], bool]) -> list[Slot]:
+    """On the worker: load every configured checkpoint on ``engine`` (prepared), each from
+    the local cache only where ``offline`` says so, then warm each up; LoadError when
+    ``closed`` says the backend was closed meanwhile."""
     slots = []
     for spec in specs:
         if closed():
             raise LoadError("the local backend was closed while loading")
-        slots.append(load_slot(engine, spec))
+        slots.append(load_slot(engine, spec, offline[spec]))
     for slot in slots:
         warm_up(engine, slot, max_input_tokens)
     return slots

@@ -25,7 +25,6 @@ from models.local.checkpoint import (
     LoadError,
     Spec,
     detect_family,
-    hub_unreachable,
     lang_token_id,
     language_codes,
     not_found_reason,
@@ -95,13 +94,12 @@ class Stats:
 # -- loading -----------------------------------------------------------------------------------
 
 
-def load_slot(engine: Engine, spec: Spec) -> Slot:
-    """Load ``spec``'s checkpoint on ``engine`` (prepared); LoadError says why it cannot."""
+def load_slot(engine: Engine, spec: Spec, offline: bool) -> Slot:
+    """Load ``spec``'s checkpoint on ``engine`` (prepared), from the local cache only when
+    ``offline`` (``cache_only``: the hub client's own retries take half a minute to give up
+    on a hub that cannot serve); LoadError says why it cannot."""
     log.info("local: loading %s", spec.model_id)
     converted = is_converted(spec.model_id)
-    # Without the hub at hand, load from the local cache only, at once: the hub
-    # client's own retries take half a minute to give up on an unreachable hub.
-    offline = not converted and hub_unreachable(spec.model_id)
     config, tokenizer = _config_and_tokenizer(spec, converted, offline)
     family = detect_family(config, tokenizer)
     if family is None:

@@ -105,8 +105,10 @@ def quiet(*, transformers: bool = False) -> None:
     traceback, to stderr, and huggingface_hub and transformers print theirs through their
     own handlers. A handler that drops the service's records stops the first, and leaves
     logging set up by an embedding program alone; the libraries keep only their errors.
-    ``transformers`` as in ``configure``. Progress bars are off (``no_progress_bars``); a
-    command shows its own progress on a terminal.
+    ``transformers``: it will be loaded; not yet imported, it is quieted through
+    ``TRANSFORMERS_VERBOSITY`` (an operator's own setting wins), as importing it costs a
+    command that fails before it loads a model a second. Progress bars are off
+    (``no_progress_bars``); a command shows its own progress on a terminal.
     """
     no_progress_bars()
     for name in ("thinktrans", "models"):  # the service's and the backends' loggers
@@ -117,10 +119,12 @@ def quiet(*, transformers: bool = False) -> None:
         from huggingface_hub.utils import logging as hub_logging  # adds its handler on import
 
         hub_logging.set_verbosity_error()
-    if "transformers" in sys.modules or (transformers and _installed("transformers")):
+    if "transformers" in sys.modules:
         from transformers.utils import logging as transformers_logging
 
         transformers_logging.set_verbosity_error()
+    elif transformers:
+        os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 
 
 def _propagate(name: str) -> None:

@@ -13,6 +13,7 @@ import ipaddress
 import json
 import os
 import sys
+import time
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -87,17 +88,32 @@ def target_url(path: Path | None = None) -> str:
     return local_url("127.0.0.1", port)
 
 
-def check(url: str | None = None, timeout_s: float = 4.0) -> tuple[bool, str]:
-    """GET ``/healthz``: (healthy, one line saying what was asked and what came back)."""
-    base = (url or target_url()).rstrip("/")
+def check(url: str | None = None, timeout_s: float = 4.0,
+          path: str = "/healthz") -> tuple[bool, str]:
+    """GET ``path`` (``/healthz``, or ``/readyz``): (answered 200, one line saying what was
+    asked and what came back)."""
+    asked = f"{(url or target_url()).rstrip('/')}{path}"
     try:
-        with urllib.request.urlopen(f"{base}/healthz", timeout=timeout_s) as response:
-            return response.status == 200, f"{base}/healthz: {response.status}"
+        with urllib.request.urlopen(asked, timeout=timeout_s) as response:
+            return response.status == 200, f"{asked}: {response.status}"
     except urllib.error.HTTPError as exc:
-        return False, f"{base}/healthz: {exc.code}"
+        return False, f"{asked}: {exc.code}"
     except (urllib.error.URLError, OSError) as exc:
         reason = getattr(exc, "reason", exc)
-        return False, f"{base}/healthz: {reason}"
+        return False, f"{asked}: {reason}"
+
+
+def wait(url: str | None, wait_s: float, path: str = "/healthz",
+         pause_s: float = 0.25) -> tuple[bool, str]:
+    """``check`` again every ``pause_s`` until it answers 200, ``wait_s`` at most: for a
+    server just started in the background. Without ``url`` the address is looked up at each
+    try, as the server records it only once it listens."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        healthy, line = check(url, path=path)
+        if healthy or time.monotonic() + pause_s > deadline:
+            return healthy, line
+        time.sleep(pause_s)
 
 
 def main(argv: list[str] | None = None) -> int:
