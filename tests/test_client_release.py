@@ -43,7 +43,8 @@ async def test_aclose_releases_the_streams_their_owners_left_open() -> None:
     pushed, the originals joined exactly."""
     fake = FakeTranslator(gate=asyncio.Event())  # nothing is translated meanwhile
     async with app_with(fake, default_locale="de") as running:
-        client = ThinktransClient("http://test", transport=httpx.ASGITransport(app=running.app))
+        client = ThinktransClient("http://127.0.0.1",
+                                  transport=httpx.ASGITransport(app=running.app))
         streams = [client.stream(f"t:left.{n}", target="de") for n in range(3)]
         for stream in streams:
             await stream.push(THOUGHT)
