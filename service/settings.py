@@ -474,7 +474,9 @@ class LocalSection(BaseModel):
         "one segment; 0 turns it off."
     )
     local_max_input_tokens: int = Field(
-        256, ge=8, description="Longer segments are split at sentence or word bounds, rejoined."
+        256, ge=8, description="Longer segments are split at sentence or word bounds, rejoined. "
+        "A model with fewer positions (`max_position_embeddings`, less its special tokens) "
+        "bounds its own parts lower."
     )
     local_threads: int | None = Field(
         None, ge=1, description="CPU threads of the local engine in all (default: torch's; "

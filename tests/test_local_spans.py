@@ -11,6 +11,7 @@ tests/test_local_slot.py, which echoes its input.
 from __future__ import annotations
 
 import dataclasses
+import json
 import re
 from importlib.util import find_spec
 from pathlib import Path
@@ -145,6 +146,29 @@ async def test_the_runs_strategy_sends_every_text_as_its_runs(models: dict[str, 
         await backend.aclose()
     with pytest.raises(BackendConfigError, match="local_span_strategy"):
         LocalTranslator(dataclasses.replace(backend.config, span_strategy="hope"))
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+@pytest.mark.parametrize("family", ["nllb", "marian"])
+async def test_a_segment_of_90_spans_fits_a_model_of_256_positions(
+    models: dict[str, Path], family: str, engine: str,
+) -> None:
+    # The test checkpoints have 256 positions, as many as the setting's tokens a part: a
+    # masked part that long, with the model's special tokens, ran past the positions and
+    # failed its whole batch, its neighbour too (CTranslate2: "no position encodings").
+    config = json.loads((models[family] / "config.json").read_text(encoding="utf-8"))
+    assert config["max_position_embeddings"] == 256
+    text = " ".join(f"then call step_{i}() now" for i in range(90))
+    spans = FINDER.find(text)
+    assert spans is not None and len(spans.spans) == 90
+    neighbour = "The next sentence is a short one."
+    backend = await started(models[family], engine, max_input_tokens=256)
+    try:
+        out = await backend.run(Job([text, neighbour], "en", "de", protected=[spans, None]))
+        assert spans.missing(out[0]) == [] and out[1].strip()
+        assert backend.stats.split_segments >= 1
+    finally:
+        await backend.aclose()
 
 
 # -- restoring placeholders that survive: no engine ----------------------------------------
