@@ -60,6 +60,16 @@ def _duplicate_key(tmp: Path) -> tuple[dict[str, str], Path | None]:
     return {}, path
 
 
+def _boolean(value: str) -> Case:
+    return lambda tmp: ({"THINKTRANS_PREVIEWS": value}, None)
+
+
+def _boolean_in_file(tmp: Path) -> tuple[dict[str, str], Path | None]:
+    path = tmp / "thinktrans.yaml"
+    path.write_text("backend: passthrough\ncheck_output_language: off\n")
+    return {}, path
+
+
 CASES: dict[str, tuple[Case, list[str]]] = {
     "cache_mb inf": (_cache_mb("inf"), ["THINKTRANS_CACHE_MB", "finite"]),
     "cache_mb nan": (_cache_mb("nan"), ["THINKTRANS_CACHE_MB"]),
@@ -71,6 +81,9 @@ CASES: dict[str, tuple[Case, list[str]]] = {
     "cache path a symlink": (_symlink, ["THINKTRANS_CACHE_PATH", "symbolic link"]),
     "config not utf-8": (_latin1_config, ["thinktrans.yaml", "UTF-8"]),
     "config key twice": (_duplicate_key, ["thinktrans.yaml", "'backend'", "twice"]),
+    "boolean yes": (_boolean("yes"), ["THINKTRANS_PREVIEWS", "true or false", "'yes'"]),
+    "boolean off in the file": (_boolean_in_file, ["THINKTRANS_CHECK_OUTPUT_LANGUAGE",
+                                                   "true or false", "'off'"]),
     "list item not a string": (lambda tmp: ({"THINKTRANS_SPAN_KINDS": '["code", 3]'}, None),
                                ["THINKTRANS_SPAN_KINDS", "valid string"]),
 }
@@ -93,7 +106,7 @@ def run(command: list[str], env: dict[str, str], config: Path | None
 RUNS = [*(("serve", case) for case in CASES),
         *(("translate", case) for case in ("cache_mb inf", "cache path not sqlite",
                                            "cache path a symlink", "config not utf-8",
-                                           "config key twice"))]
+                                           "config key twice", "boolean yes"))]
 
 
 @pytest.mark.parametrize(("command", "case"), RUNS)
