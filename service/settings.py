@@ -343,7 +343,13 @@ class SpansSection(BaseModel):
     glossary_file: str | None = Field(
         None, description="A YAML file of glossaries every stream shares, per target "
         "language (`*`, a language such as `zh`, or a tag such as `zh-TW`), each "
-        "`{terms: {source: target}, keep: [term, ...]}`; see docs/API.md."
+        "`{terms: {source: target}, keep: [term, ...]}`; see docs/API.md. A regular file, "
+        "each target named once (`zh-cn` and `zh-CN` are one); anything else stops the start."
+    )
+    max_glossary_file_bytes: int = Field(
+        1_048_576, ge=1024, le=1 << 30,
+        description="Largest `glossary_file`, in bytes; a larger one stops the start (it is "
+        "read no further).",
     )
     max_glossary_terms: int = Field(
         256, ge=1, le=100_000,

@@ -230,6 +230,12 @@ def test_a_bad_glossary_file_is_a_config_error_naming_it(
         assert word in str(info.value)
 
 
+def test_the_file_reads_yes_and_no_as_words(tmp_path: Path) -> None:
+    # YAML 1.1 read them as booleans: "terms.no must be a string", or a term lost.
+    glossaries = book(tmp_path, "de: {terms: {no: nein, on: an}, keep: [yes, off]}\n")
+    assert glossaries.shared("de") == Glossary.of({"no": "nein", "on": "an"}, ["yes", "off"])
+
+
 def test_a_missing_glossary_file_is_a_config_error(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="cannot be read"):
         GlossaryBook(make_settings(glossary_file=str(tmp_path / "none.yaml")))
