@@ -319,15 +319,15 @@ class SpansSection(BaseModel):
 
     protect_spans: BoolSetting = Field(
         True, description="Find protected spans in each prose segment (inline code, "
-        "identifiers, paths, URLs, e-mail addresses, versions, numbers with units, math, "
-        "expressions, CLI flags, quoted errors) and mark a segment `translated` only when "
+        "identifiers, paths, URLs, e-mail addresses, versions, numbers with units, integers, "
+        "math, expressions, CLI flags, quoted errors) and mark a segment `translated` only when "
         "its translation keeps each of them byte for byte; off: glossaries still apply."
     )
     span_kinds: ListSetting = Field(
         default_factory=list,
         description="The span kinds protected, e.g. `code,url,path`; empty: all of them "
         "(`code`, `math`, `url`, `email`, `error`, `path`, `flag`, `version`, `expr`, "
-        "`identifier`, `number`; see docs/API.md).",
+        "`identifier`, `number`, `integer`; see docs/API.md).",
     )
     span_patterns: ListSetting = Field(
         default_factory=list,

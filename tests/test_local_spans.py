@@ -29,7 +29,8 @@ from models.local.engines import Loaded
 from models.local.masking import FALLBACK, FORMS, MASKED, SpanBatch
 from models.local.pieces import cut_texts
 from models.local.slot import Route, Slot, Stats, translate_kept
-from models.spans import Glossary, Protected, SpanFinder, needs_words
+from models.spans import INTEGER, KINDS, Glossary, Protected, SpanFinder, needs_words
+from tests.conftest import app_with
 from tests.test_local import make_backend
 from tests.test_local_slot import EOS, FILLER, EchoEngine, WordTokenizer, route
 
@@ -238,8 +239,11 @@ def test_a_lost_repeated_or_unknown_placeholder_falls_back_to_the_runs(family: s
 
 
 def test_prose_that_reads_like_a_placeholder_goes_as_runs_at_once() -> None:
+    # The 1 of "[1]" is an integer, a span of its own; with integers left out (span_kinds)
+    # the prose reads like a placeholder.
     text = "As [1] says, the format string {0} in logger.py is filled in by fmt_line()."
-    spans = protect(text)
+    spans = SpanFinder(kinds=[kind for kind in KINDS if kind != INTEGER]).find(text, GLOSSARY)
+    assert spans is not None
     for family in FAMILIES:
         batch = SpanBatch([text], [spans], FORMS[family])
         assert batch.outcomes == [FALLBACK]  # decided before the engine
@@ -247,6 +251,41 @@ def test_prose_that_reads_like_a_placeholder_goes_as_runs_at_once() -> None:
         assert batch.settle([f"<{t}>" for t in batch.first]) == []
         [result] = batch.finish([])
         assert spans.missing(result) == [] and "[1]" in result and "{0}" in result
+
+
+# -- integers: spans of their own -----------------------------------------------------------
+
+
+def test_a_bracketed_integer_is_masked_inside_its_brackets() -> None:
+    text = "As [1] says, the format string {0} in logger.py is filled in by fmt_line()."
+    spans = protect(text)
+    assert [s.out for s in spans.spans if s.kind == INTEGER] == ["1", "0"]
+    for family in FAMILIES:
+        batch = SpanBatch([text], [spans], FORMS[family])
+        assert batch.outcomes == [None]  # masked: decided once the engine answers
+        assert batch.settle(list(batch.first)) == []  # echoed, every placeholder back
+        assert batch.finish([]) == [text] and batch.outcomes == [MASKED]
+
+
+NUMBERED = ["Then it returns 404 when the token is missing.", "So maxRetryCount is set to 3."]
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+async def test_a_translated_segment_keeps_its_integers(models: dict[str, Path],
+                                                      engine: str) -> None:
+    # Random weights drop the digits of whatever they are sent: an integer is a span, kept
+    # by its placeholder or, that lost, by translating the prose around it.
+    async with app_with(backend="local", local_model=str(models["nllb"]), local_engine=engine,
+                        default_locale="de", cache_mb=0, deadline_ms=120_000,
+                        backend_timeout_s=120) as app:
+        assert await app.runtime.wait_ready(60.0)
+        resp = await app.client.post("/v1/translate", json={"texts": NUMBERED})
+    assert resp.status_code == 200, resp.text
+    for text, result in zip(NUMBERED, resp.json()["results"], strict=True):
+        [seg] = result["segments"]
+        [number] = re.findall(r"\d+", text)
+        assert seg["status"] == "translated", seg
+        assert re.search(rf"(?<!\d){number}(?!\d)", seg["text"]), seg
 
 
 # -- the batch path on a fake engine that echoes its input ----------------------------------
