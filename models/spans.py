@@ -1,7 +1,7 @@
 """Protected spans: the parts of a prose segment that a translation keeps byte for byte.
 
 Thinking is full of things no translation may touch: inline code, identifiers, paths,
-URLs, versions, numbers with units, math, CLI flags, quoted error messages. They are found
+URLs, versions, numbers, math, CLI flags, quoted error messages. They are found
 here once per segment (``SpanFinder``, one table of kinds, ``KINDS``), with a glossary's
 terms, and the answer (``Protected``) is what every backend keeps and every translation is
 checked against. Backends keep them their own way; the masking helpers they share live here.
@@ -12,19 +12,23 @@ from __future__ import annotations
 import hashlib
 import importlib
 import re
+import unicodedata
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 __all__ = [
+    "INTEGER",
     "KINDS",
     "Glossary",
+    "Number",
     "Placeholders",
     "Protected",
     "Span",
     "SpanFinder",
     "backtracking_problem",
+    "numbers",
     "rejoin",
 ]
 
@@ -229,13 +233,22 @@ _PARTS: dict[str, tuple[tuple[_Cue, str], ...]] = {
         (_cue(), r"\b[a-z]+[A-Z][A-Za-z0-9]*\b|\b[A-Z][a-z0-9]+[A-Z][A-Za-z0-9]*\b"),
     ),
     # A number with a unit (10 ms, 5.33GB, 20K), or a decimal with a point (3.14, 0.2, and
-    # versions such as 3.10). Not an integer alone (a count, a year), a price, "5.7x".
+    # versions such as 3.10). Not a price, "5.7x".
     "number": (
         (_cue("0"), r"(?<![\w.,])\d+(?:\.\d+)?[ \t]?(?:" + _UNITS + r")(?![\w/])"),
         (_cue("0.0"), r"(?<![\w.," + _CURRENCY + r"])\d+\.\d+"
                       r"(?![\w]|\.\d|,\d|-\d|[ \t]?[x×%‰" + _CURRENCY + r"])"),
     ),
+    # An integer standing alone: 404, 8080, the 3 of "set to 3", each number of 2023-05-10.
+    # Not a decimal's part (3.14), a grouped number (1,000: each target groups its own way),
+    # nor digits glued to a letter (utf8, x86_64, 1st, 1990s, 3x). A translation keeps it in
+    # any script's digits, grouped or not (``Protected.missing``).
+    "integer": ((_cue("0"), r"(?<![\w.,])\d+(?![\w]|[.,]\d)"),),
 }
+# The kind of an integer's span, which a translation may write in other digits or grouped.
+INTEGER = "integer"
+# The kinds of a glossary's spans: a rendering inside a longer one's is that one's.
+_GLOSSARY_KINDS = frozenset({"term", "keep"})
 # Each kind as one pattern: its parts, in order (what the docs list; the finder searches
 # the parts one by one).
 KINDS: dict[str, str] = {kind: "|".join(f"(?:{part})" for _, part in parts)
@@ -317,14 +330,29 @@ class Protected:
         return Counter(span.out for span in self.spans)
 
     def missing(self, translated: str) -> list[Span]:
-        """The spans whose ``out`` the translation lacks (or has fewer times than the
-        original has the span); empty: every span kept."""
+        """The spans the translation lacks, in order; empty: every span kept. Each ``out``
+        must be there as often as the original has its span: a glossary's rendering not
+        where it lies inside a longer one's ("API-ключ", one term's rendering, keeps no term
+        rendered "ключ"), an integer in any script's digits and grouping (``numbers``)."""
+        glossed = bytearray(len(translated))  # where the glossary's longer occurrences stand
+        by_out: dict[str, list[Span]] = {}
+        integers: list[Span] = []
+        for span in self.spans:
+            if span.kind == INTEGER:
+                integers.append(span)
+            else:
+                by_out.setdefault(span.out, []).append(span)
         lost: list[Span] = []
-        for out, count in self.required().items():
-            found = translated.count(out)
-            if found < count:
-                lost.extend([s for s in self.spans if s.out == out][: count - found])
-        return lost
+        for out in sorted(by_out, key=lambda o: (-len(o), o)):
+            spans = by_out[out]
+            if all(span.kind in _GLOSSARY_KINDS for span in spans):
+                found = _take(translated, out, glossed)
+            else:  # wherever it stands: the original may hold a span's text as no span
+                found = translated.count(out)
+            lost.extend(spans[found:])
+        if integers:
+            lost.extend(_lost_integers(translated, integers))
+        return sorted(lost, key=lambda span: span.start)
 
     def kinds(self) -> list[str]:
         return sorted({span.kind for span in self.spans})
@@ -349,14 +377,111 @@ class Protected:
 
 def rejoin(parts: Sequence[str | Span]) -> str:
     """``Protected.runs`` back into one text, each span replaced by its ``out``: the prose
-    runs as given (translated or not)."""
-    return "".join(part.out if isinstance(part, Span) else part for part in parts)
+    runs as given (translated or not), but never a digit glued to an integer's (a space
+    between), which would make it another number ("77" and "1" are not "771")."""
+    pieces: list[str] = []
+    last_integer = False  # whether the last piece that was not empty is an integer's
+    for part in parts:
+        integer = isinstance(part, Span) and part.kind == INTEGER
+        text = part.out if isinstance(part, Span) else part
+        if not text:
+            continue
+        if ((integer or last_integer) and pieces and pieces[-1][-1].isdecimal()
+                and text[0].isdecimal()):
+            pieces.append(" ")
+        pieces.append(text)
+        last_integer = integer
+    return "".join(pieces)
 
 
 def needs_words(run: str) -> bool:
     """Whether a prose run holds anything to translate (a letter), not only spaces and
     punctuation between two spans."""
     return any(ch.isalpha() for ch in run)
+
+
+def _take(text: str, out: str, glossed: bytearray) -> int:
+    """How many times ``out`` stands in ``text`` (apart, as ``str.count`` counts) outside
+    the longer glossary occurrences marked in ``glossed``; those counted are marked too."""
+    count, at = 0, text.find(out)
+    while at >= 0:
+        end = at + len(out)
+        if not all(glossed[at:end]):
+            glossed[at:end] = b"\x01" * len(out)
+            count += 1
+        at = text.find(out, end)
+    return count
+
+
+def _lost_integers(text: str, spans: Sequence[Span]) -> list[Span]:
+    """The integer spans no number of ``text`` stands for, each number standing for one of
+    them at most; leading zeros aside ("05" is kept by "5"). A number inside another span
+    counts too: the original may hold a span's text where it is none, around its integer."""
+    wanted: dict[str, list[Span]] = {}
+    for span in spans:
+        wanted.setdefault(span.out.lstrip("0") or "0", []).append(span)
+    found = numbers(text)
+    apart: list[str] = []  # the groups of grouped numbers read whole as none of them
+    for number in sorted(found, key=lambda n: len(n.forms)):  # one reading before two
+        form = next((f for f in sorted(number.forms) if wanted.get(f)), None)
+        if form is not None:
+            wanted[form].pop()
+        else:
+            apart.extend(number.groups)
+    for group in apart:  # "12 100", as the original has it, is 12 and 100 too
+        if wanted.get(group):
+            wanted[group].pop()
+    return [span for left in wanted.values() for span in left]
+
+
+# A number as a translation writes it: digits of any script, plain or grouped by , . ' ’ or a
+# (thin, no-break) space in threes ("10,000", "10.000", "10 000") or, as India groups them,
+# in twos before the last three ("1,00,000"). A decimal part is a number of its own ("3.14"
+# and "3,14" are 3 and 14), so English and German forms agree.
+_GROUP = "[,.'’\u00a0\u2009\u202f ]"
+_NUMBER_PATTERN = (rf"(?:\d{{1,3}}(?:{_GROUP}\d{{3}}(?!\d))+"
+                   rf"|\d{{1,2}}(?:{_GROUP}\d{{2}})+{_GROUP}\d{{3}}(?!\d)|\d+)")
+_NUMBER = re.compile(_NUMBER_PATTERN)
+_SEPARATOR = re.compile(_GROUP)
+# A number with a CJK myriad unit ("1.5万", "3억"): its value counts as a form of it.
+_SCALED = re.compile(rf"({_NUMBER_PATTERN})(?:[.,](\d{{1,2}}))?\s*([万萬亿億만억])")
+_SCALES = {"万": 10**4, "萬": 10**4, "만": 10**4, "亿": 10**8, "億": 10**8, "억": 10**8}
+
+
+class Number(NamedTuple):
+    """A number of a text: where it stands, the values it may be read as (digits without
+    separators or leading zeros), and whether a myriad unit scales it."""
+
+    start: int
+    end: int
+    forms: frozenset[str]
+    scaled: bool
+    groups: tuple[str, ...] = ()  # a grouped number's groups ("12 100": "12", "100")
+
+
+def _ascii_digits(token: str) -> str:
+    """The digits of ``token`` in ASCII ("２０" and "٢٠" are "20"), separators dropped."""
+    return "".join(str(unicodedata.decimal(ch)) for ch in token if ch.isdecimal())
+
+
+def numbers(text: str) -> list[Number]:
+    """The numbers of ``text``, in order: "15万" is 15 or 150000, "1.5万" 15000, "10 000"
+    10000, "٤٠٤" 404."""
+    found: list[Number] = []
+    for match in _SCALED.finditer(text):
+        whole, fraction = _ascii_digits(match.group(1)), _ascii_digits(match.group(2) or "")
+        value = int(whole + fraction) * _SCALES[match.group(3)] // 10 ** len(fraction)
+        forms = {str(value)} if fraction else {str(value), str(int(whole))}
+        found.append(Number(match.start(), match.end(), frozenset(forms), True))
+    scaled = [(n.start, n.end) for n in found]
+    for match in _NUMBER.finditer(text):
+        if not any(start <= match.start() < end for start, end in scaled):
+            token = match.group()
+            digits = _ascii_digits(token).lstrip("0") or "0"
+            groups = tuple(_ascii_digits(group).lstrip("0") or "0"
+                           for group in _SEPARATOR.split(token)) if _SEPARATOR.search(token) else ()
+            found.append(Number(match.start(), match.end(), frozenset({digits}), False, groups))
+    return sorted(found)
 
 
 @dataclass(frozen=True, slots=True)

@@ -70,6 +70,25 @@ def _list_value(value: Any) -> Any:
 # refused ``a,b``) but read by ``_list_value``, the one rule docs/configuration.md states.
 ListSetting = Annotated[list[str], NoDecode, BeforeValidator(_list_value)]
 
+# The spellings a boolean setting takes, in a variable or the YAML file (any case).
+BOOLEANS = {"true": True, "false": False, "1": True, "0": False}
+
+
+def _bool_value(value: Any) -> Any:
+    """A boolean setting: ``true`` or ``false`` (``1``, ``0``), nothing else. Pydantic would
+    take ``yes``, ``on``, ``t`` and ``n`` too, which the documentation never promised."""
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, int) and value in (0, 1):
+        return bool(value)
+    if isinstance(value, str) and value.strip().lower() in BOOLEANS:
+        return BOOLEANS[value.strip().lower()]
+    raise ValueError("must be true or false (or 1 or 0)")
+
+
+# Every boolean setting's type: ``_bool_value``'s spellings, the ones docs/configuration.md states.
+BoolSetting = Annotated[bool, BeforeValidator(_bool_value)]
+
 
 # A name THINKTRANS_ALLOWED_HOSTS takes: DNS labels (underscores too: compose service names
 # have them), optionally under ``*.``.
@@ -102,7 +121,7 @@ class ServingSection(BaseModel):
     log_level: Literal["debug", "info", "warning", "error"] = Field(
         "info", description="Log level."
     )
-    log_text: bool = Field(
+    log_text: BoolSetting = Field(
         False, description="Add each batch's text to its debug log line (debugging only; "
         "needs `log_level: debug`); off: lengths and hashes."
     )
@@ -132,7 +151,7 @@ class BackendsSection(BaseModel):
         60.0, gt=0, description="Longest one batch may take in a backend before it fails."
     )
 
-    check_output_language: bool = Field(
+    check_output_language: BoolSetting = Field(
         True,
         description="Treat a translation reliably detected in another language than the "
         "target as bad output (the chain's next backend serves it).",
@@ -312,17 +331,17 @@ class SpansSection(BaseModel):
 
     title: ClassVar[str] = "protected spans and glossaries"
 
-    protect_spans: bool = Field(
+    protect_spans: BoolSetting = Field(
         True, description="Find protected spans in each prose segment (inline code, "
-        "identifiers, paths, URLs, e-mail addresses, versions, numbers with units, math, "
-        "expressions, CLI flags, quoted errors) and mark a segment `translated` only when "
+        "identifiers, paths, URLs, e-mail addresses, versions, numbers with units, integers, "
+        "math, expressions, CLI flags, quoted errors) and mark a segment `translated` only when "
         "its translation keeps each of them byte for byte; off: glossaries still apply."
     )
     span_kinds: ListSetting = Field(
         default_factory=list,
         description="The span kinds protected, e.g. `code,url,path`; empty: all of them "
         "(`code`, `math`, `url`, `email`, `error`, `path`, `flag`, `version`, `expr`, "
-        "`identifier`, `number`; see docs/API.md).",
+        "`identifier`, `number`, `integer`; see docs/API.md).",
     )
     span_patterns: ListSetting = Field(
         default_factory=list,
@@ -338,7 +357,13 @@ class SpansSection(BaseModel):
     glossary_file: str | None = Field(
         None, description="A YAML file of glossaries every stream shares, per target "
         "language (`*`, a language such as `zh`, or a tag such as `zh-TW`), each "
-        "`{terms: {source: target}, keep: [term, ...]}`; see docs/API.md."
+        "`{terms: {source: target}, keep: [term, ...]}`; see docs/API.md. A regular file, "
+        "each target named once (`zh-cn` and `zh-CN` are one); anything else stops the start."
+    )
+    max_glossary_file_bytes: int = Field(
+        1_048_576, ge=1024, le=1 << 30,
+        description="Largest `glossary_file`, in bytes; a larger one stops the start (it is "
+        "read no further).",
     )
     max_glossary_terms: int = Field(
         256, ge=1, le=100_000,
@@ -355,7 +380,7 @@ class PreviewsSection(BaseModel):
 
     title: ClassVar[str] = "previews"
 
-    previews: bool = Field(
+    previews: BoolSetting = Field(
         False, description="The default of `POST /v1/streams`' `previews`: a sentence still "
         "open gets provisional translations (`preview` events) as it grows, each superseded "
         "by its `segment`; see docs/API.md.",
@@ -395,7 +420,7 @@ class PreviewsSection(BaseModel):
         "left off the end of each preview, where a prefix's translation changes most "
         "(mask-k); 0: the whole provisional translation.",
     )
-    preview_billed: bool = Field(
+    preview_billed: BoolSetting = Field(
         False, description="Run previews on billed backends (DeepL) too; off: a chain's "
         "billed backends are passed over for previews, and with no other there are none.",
     )
@@ -439,7 +464,7 @@ class LocalSection(BaseModel):
         "path (symlinks followed); none (the default): no directory is. A configured model is "
         "served by any spelling of its path."
     )
-    local_hub_models: bool = Field(
+    local_hub_models: BoolSetting = Field(
         True, description="Whether a model a stream names that is not configured may be a "
         "hub id, loaded on demand (from `HF_HOME`, or downloaded); off where clients are not "
         "trusted."
@@ -488,7 +513,9 @@ class LocalSection(BaseModel):
         "one segment; 0 turns it off."
     )
     local_max_input_tokens: int = Field(
-        256, ge=8, description="Longer segments are split at sentence or word bounds, rejoined."
+        256, ge=8, description="Longer segments are split at sentence or word bounds, rejoined. "
+        "A model with fewer positions (`max_position_embeddings`, less its special tokens) "
+        "bounds its own parts lower."
     )
     local_threads: int | None = Field(
         None, ge=1, description="CPU threads of the local engine in all (default: torch's; "
@@ -542,7 +569,7 @@ class DeepLSection(BaseModel):
     deepl_server_url: str | None = Field(None, description="DeepL server URL (proxies, tests).")
     deepl_model_type: str = Field("latency_optimized", description="DeepL `model_type`.")
     deepl_formality: str | None = Field(None, description="DeepL formality, e.g. `prefer_less`.")
-    deepl_context: bool = Field(
+    deepl_context: BoolSetting = Field(
         False, description="Pass a stream's preceding segments as DeepL's `context` (not billed; "
         "helps short sentences; one DeepL request per distinct context)."
     )
@@ -589,14 +616,14 @@ class LLMSection(BaseModel):
         "connection is closed and the batch fails (the chain's next backend serves it). Of an "
         "error answer only this many bytes are read, for its reason."
     )
-    llm_json_mode: bool = Field(
+    llm_json_mode: BoolSetting = Field(
         False, description="Send `response_format: json_object` (only servers that support it)."
     )
-    llm_context: bool = Field(
+    llm_context: BoolSetting = Field(
         True, description="Pass a stream's preceding segments to the model, in a delimited "
         "context field of the user message (never the system prompt), for consistent terms."
     )
-    llm_check_items: bool = Field(
+    llm_check_items: BoolSetting = Field(
         True, description="Refuse an answer item that drops its source's numbers, inline code "
         "or URLs, or whose length is far from its source's (the chain's next backend serves "
         "it); see docs/backends.md."
@@ -612,7 +639,7 @@ class LLMSection(BaseModel):
         "the dialect sends (objects key by key; `null` removes a key), e.g. "
         "`{\"top_k\": 20, \"repetition_penalty\": 1.05}`; not `model`, `messages` or `stream`."
     )
-    llm_stream: bool = Field(
+    llm_stream: BoolSetting = Field(
         False, description="Ask for streamed answers (`stream: true`); streamed and whole "
         "answers are read either way."
     )
@@ -737,7 +764,7 @@ class PoolSection(BaseModel):
         "first seen; the ids after them are counted together as `client=\"_other\"`, so the "
         "series stay bounded (Ray never drops one)."
     )
-    pool_fair: bool = Field(
+    pool_fair: BoolSetting = Field(
         True, description="`thinktrans pool`: share a busy engine's turns between clients by "
         "deficit round robin (false: oldest calls first, whoever sent them). "
         "`user_config.fair` in a Serve config."
@@ -1154,6 +1181,45 @@ def _key_twice(loader: yaml.SafeLoader, node: yaml.Node, path: str = "",
     return None
 
 
+class YamlProblem(ValueError):
+    """What is wrong with a YAML file, in words that follow its name."""
+
+
+_BOOL = "tag:yaml.org,2002:bool"
+
+
+class _Loader(yaml.SafeLoader):
+    """PyYAML's safe loader with YAML 1.2's booleans, ``true`` and ``false`` alone: as YAML 1.1
+    it reads ``yes``, ``no``, ``on`` and ``off`` as booleans too, and ``previews: yes`` would
+    pass where a variable's ``yes`` is refused; here it stays the string it looks like."""
+
+
+_Loader.yaml_implicit_resolvers = {
+    first: [(tag, rx) for tag, rx in resolvers if tag != _BOOL]
+    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
+}
+_Loader.add_implicit_resolver(_BOOL, re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"),
+                              list("tTfF"))
+
+
+def parse_yaml(text: str, name: str) -> Any:
+    """The one YAML document of ``text`` (a file named ``name`` in its errors), booleans as
+    YAML 1.2 reads them; YamlProblem in one line: not YAML, or a mapping that names a key
+    twice (which PyYAML would let pass, the last one winning)."""
+    loader = _Loader(text)
+    loader.name = name  # its errors' marks name the file, not "<unicode string>"
+    try:
+        node = loader.get_single_node()
+        twice = None if node is None else _key_twice(loader, node)
+        if twice is not None:
+            raise YamlProblem(f"sets {twice}; keep one")
+        return None if node is None else loader.construct_document(node)
+    except yaml.YAMLError as exc:
+        raise YamlProblem(f"is not valid YAML: {' '.join(str(exc).split())}") from None
+    finally:
+        loader.dispose()
+
+
 def _read_file(path: Path) -> dict[str, Any]:
     """The YAML file's mapping, or ConfigError in one line: unreadable, not UTF-8, not
     YAML, a key twice, or not a mapping."""
@@ -1166,19 +1232,10 @@ def _read_file(path: Path) -> dict[str, Any]:
         byte, line = exc.object[exc.start], exc.object[: exc.start].count(b"\n") + 1
         raise ConfigError(f"config file {shown!r} is not UTF-8 (byte {byte:#04x} on line "
                           f"{line}); save it as UTF-8") from None
-    loader = yaml.SafeLoader(text)
-    loader.name = shown  # its errors' marks name the file, not "<unicode string>"
     try:
-        node = loader.get_single_node()
-        twice = None if node is None else _key_twice(loader, node)
-        if twice is not None:
-            raise ConfigError(f"config file {shown!r} sets {twice}; keep one")
-        loaded = None if node is None else loader.construct_document(node)
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"config file {shown!r} is not valid YAML: "
-                          f"{' '.join(str(exc).split())}") from None
-    finally:
-        loader.dispose()
+        loaded = parse_yaml(text, shown)
+    except YamlProblem as exc:
+        raise ConfigError(f"config file {shown!r} {exc}") from None
     if loaded is None:
         return {}
     if not isinstance(loaded, dict):

@@ -5,6 +5,7 @@ never a traceback or uvicorn's exit 3."""
 from __future__ import annotations
 
 import os
+import resource
 import sqlite3
 import subprocess
 import sys
@@ -60,6 +61,38 @@ def _duplicate_key(tmp: Path) -> tuple[dict[str, str], Path | None]:
     return {}, path
 
 
+def _glossary(text: str) -> Case:
+    def make(tmp: Path) -> tuple[dict[str, str], Path | None]:
+        path = tmp / "glossary.yaml"
+        path.write_text(text, encoding="utf-8")
+        return {"THINKTRANS_GLOSSARY_FILE": str(path)}, None
+    return make
+
+
+def _glossary_fifo(tmp: Path) -> tuple[dict[str, str], Path | None]:
+    os.mkfifo(tmp / "glossary.yaml")  # no writer: reading it would wait for ever
+    return {"THINKTRANS_GLOSSARY_FILE": str(tmp / "glossary.yaml")}, None
+
+
+def _glossary_at(path: str) -> Case:
+    return lambda tmp: ({"THINKTRANS_GLOSSARY_FILE": path}, None)
+
+
+def _glossary_large(tmp: Path) -> tuple[dict[str, str], Path | None]:
+    env, _ = _glossary("zh: {keep: [a]}\n" + "#" * 2000 + "\n")(tmp)
+    return {**env, "THINKTRANS_MAX_GLOSSARY_FILE_BYTES": "1024"}, None
+
+
+def _boolean(value: str) -> Case:
+    return lambda tmp: ({"THINKTRANS_PREVIEWS": value}, None)
+
+
+def _boolean_in_file(tmp: Path) -> tuple[dict[str, str], Path | None]:
+    path = tmp / "thinktrans.yaml"
+    path.write_text("backend: passthrough\ncheck_output_language: off\n")
+    return {}, path
+
+
 CASES: dict[str, tuple[Case, list[str]]] = {
     "cache_mb inf": (_cache_mb("inf"), ["THINKTRANS_CACHE_MB", "finite"]),
     "cache_mb nan": (_cache_mb("nan"), ["THINKTRANS_CACHE_MB"]),
@@ -71,9 +104,29 @@ CASES: dict[str, tuple[Case, list[str]]] = {
     "cache path a symlink": (_symlink, ["THINKTRANS_CACHE_PATH", "symbolic link"]),
     "config not utf-8": (_latin1_config, ["thinktrans.yaml", "UTF-8"]),
     "config key twice": (_duplicate_key, ["thinktrans.yaml", "'backend'", "twice"]),
+    "glossary target twice": (
+        _glossary("zh:\n  keep: [thinktrans]\nde:\n  keep: [x]\nzh:\n  terms: {merge: 合并}\n"),
+        ["THINKTRANS_GLOSSARY_FILE", "glossary.yaml", "'zh' twice", "lines 1 and 5"]),
+    "glossary target twice, spelled apart": (
+        _glossary("zh-cn: {keep: [a]}\nzh-CN: {keep: [b]}\n"),
+        ["glossary.yaml", "'zh-CN' twice", "'zh-cn'"]),
+    "glossary a FIFO": (_glossary_fifo, ["THINKTRANS_GLOSSARY_FILE", "FIFO", "regular file"]),
+    "glossary /dev/zero": (_glossary_at("/dev/zero"), ["/dev/zero", "character device"]),
+    "glossary a directory": (lambda tmp: ({"THINKTRANS_GLOSSARY_FILE": str(tmp)}, None),
+                             ["THINKTRANS_GLOSSARY_FILE", "directory"]),
+    "glossary too large": (_glossary_large, ["glossary.yaml", "more than 1024 bytes",
+                                             "THINKTRANS_MAX_GLOSSARY_FILE_BYTES"]),
+    "boolean yes": (_boolean("yes"), ["THINKTRANS_PREVIEWS", "true or false", "'yes'"]),
+    "boolean off in the file": (_boolean_in_file, ["THINKTRANS_CHECK_OUTPUT_LANGUAGE",
+                                                   "true or false", "'off'"]),
     "list item not a string": (lambda tmp: ({"THINKTRANS_SPAN_KINDS": '["code", 3]'}, None),
                                ["THINKTRANS_SPAN_KINDS", "valid string"]),
 }
+
+
+def _memory_cap() -> None:
+    """A run that reads what it must not (``/dev/zero``) fails at 4 GiB, not the machine."""
+    resource.setrlimit(resource.RLIMIT_AS, (4 << 30, 4 << 30))
 
 
 def run(command: list[str], env: dict[str, str], config: Path | None
@@ -84,7 +137,8 @@ def run(command: list[str], env: dict[str, str], config: Path | None
         del environ["THINKTRANS_BACKEND"]  # the file says which backend
     try:
         return subprocess.run([sys.executable, "-m", "service.cli", *args], env=environ,
-                              cwd=ROOT, capture_output=True, text=True, timeout=60)
+                              cwd=ROOT, capture_output=True, text=True, timeout=60,
+                              preexec_fn=_memory_cap)
     except subprocess.TimeoutExpired as exc:  # it served: nothing was refused
         raise AssertionError(f"{args} still running after 60 s") from exc
 
@@ -93,7 +147,8 @@ def run(command: list[str], env: dict[str, str], config: Path | None
 RUNS = [*(("serve", case) for case in CASES),
         *(("translate", case) for case in ("cache_mb inf", "cache path not sqlite",
                                            "cache path a symlink", "config not utf-8",
-                                           "config key twice"))]
+                                           "config key twice", "glossary target twice",
+                                           "glossary a FIFO", "boolean yes"))]
 
 
 @pytest.mark.parametrize(("command", "case"), RUNS)

@@ -373,3 +373,28 @@ def test_reasons_are_summed_up_by_kind() -> None:
                     "a protected span missing (code, path)", "empty"]) == (
         "a protected span missing (code, path), empty")  # fmt: skip
     assert summary(["far too short"]) == "far too short"
+
+
+async def test_an_answer_that_drops_an_integer_is_never_translated(fake: FakeChat) -> None:
+    # The model answers each sentence the same way, asked once or twice: two lose their
+    # number, the third groups its long one as German does, which keeps it.
+    fake.replies = {
+        "Then it returns 404 when the token is missing.":
+            "Dann gibt es einen Fehler zurück, wenn das Token fehlt.",
+        "So maxRetryCount is set to 3.": "Also ist maxRetryCount auf drei gesetzt.",
+        "It stops after 10000 steps.": "Es hört nach 10.000 Schritten auf.",
+    }
+    async with app_with(
+        backend="llm", llm_base_url=f"{fake.origin}/v1", llm_model="fake-model",
+        check_output_language=False, default_locale="de", cache_mb=0,
+    ) as run:  # fmt: skip
+        assert await run.runtime.wait_ready(5.0)
+        resp = await run.client.post("/v1/translate", json={"texts": list(fake.replies)})
+    assert resp.status_code == 200, resp.text
+    segs = [result["segments"] for result in resp.json()["results"]]
+    assert [[(s["status"], s["text"]) for s in each] for each in segs] == [
+        [("error", "Then it returns 404 when the token is missing.")],
+        [("error", "So maxRetryCount is set to 3.")],
+        [("translated", "Es hört nach 10.000 Schritten auf.")],
+    ]
+    assert all("integer" in each[0]["error"] for each in segs[:2])

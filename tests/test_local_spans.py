@@ -11,6 +11,7 @@ tests/test_local_slot.py, which echoes its input.
 from __future__ import annotations
 
 import dataclasses
+import json
 import re
 from importlib.util import find_spec
 from pathlib import Path
@@ -28,7 +29,8 @@ from models.local.engines import Loaded
 from models.local.masking import FALLBACK, FORMS, MASKED, SpanBatch
 from models.local.pieces import cut_texts
 from models.local.slot import Route, Slot, Stats, translate_kept
-from models.spans import Glossary, Protected, SpanFinder, needs_words
+from models.spans import INTEGER, KINDS, Glossary, Protected, SpanFinder, needs_words
+from tests.conftest import app_with
 from tests.test_local import make_backend
 from tests.test_local_slot import EOS, FILLER, EchoEngine, WordTokenizer, route
 
@@ -147,6 +149,29 @@ async def test_the_runs_strategy_sends_every_text_as_its_runs(models: dict[str, 
         LocalTranslator(dataclasses.replace(backend.config, span_strategy="hope"))
 
 
+@pytest.mark.parametrize("engine", ENGINES)
+@pytest.mark.parametrize("family", ["nllb", "marian"])
+async def test_a_segment_of_90_spans_fits_a_model_of_256_positions(
+    models: dict[str, Path], family: str, engine: str,
+) -> None:
+    # The test checkpoints have 256 positions, as many as the setting's tokens a part: a
+    # masked part that long, with the model's special tokens, ran past the positions and
+    # failed its whole batch, its neighbour too (CTranslate2: "no position encodings").
+    config = json.loads((models[family] / "config.json").read_text(encoding="utf-8"))
+    assert config["max_position_embeddings"] == 256
+    text = " ".join(f"then call step_{i}() now" for i in range(90))
+    spans = FINDER.find(text)
+    assert spans is not None and len(spans.spans) == 90
+    neighbour = "The next sentence is a short one."
+    backend = await started(models[family], engine, max_input_tokens=256)
+    try:
+        out = await backend.run(Job([text, neighbour], "en", "de", protected=[spans, None]))
+        assert spans.missing(out[0]) == [] and out[1].strip()
+        assert backend.stats.split_segments >= 1
+    finally:
+        await backend.aclose()
+
+
 # -- restoring placeholders that survive: no engine ----------------------------------------
 
 
@@ -214,8 +239,11 @@ def test_a_lost_repeated_or_unknown_placeholder_falls_back_to_the_runs(family: s
 
 
 def test_prose_that_reads_like_a_placeholder_goes_as_runs_at_once() -> None:
+    # The 1 of "[1]" is an integer, a span of its own; with integers left out (span_kinds)
+    # the prose reads like a placeholder.
     text = "As [1] says, the format string {0} in logger.py is filled in by fmt_line()."
-    spans = protect(text)
+    spans = SpanFinder(kinds=[kind for kind in KINDS if kind != INTEGER]).find(text, GLOSSARY)
+    assert spans is not None
     for family in FAMILIES:
         batch = SpanBatch([text], [spans], FORMS[family])
         assert batch.outcomes == [FALLBACK]  # decided before the engine
@@ -223,6 +251,41 @@ def test_prose_that_reads_like_a_placeholder_goes_as_runs_at_once() -> None:
         assert batch.settle([f"<{t}>" for t in batch.first]) == []
         [result] = batch.finish([])
         assert spans.missing(result) == [] and "[1]" in result and "{0}" in result
+
+
+# -- integers: spans of their own -----------------------------------------------------------
+
+
+def test_a_bracketed_integer_is_masked_inside_its_brackets() -> None:
+    text = "As [1] says, the format string {0} in logger.py is filled in by fmt_line()."
+    spans = protect(text)
+    assert [s.out for s in spans.spans if s.kind == INTEGER] == ["1", "0"]
+    for family in FAMILIES:
+        batch = SpanBatch([text], [spans], FORMS[family])
+        assert batch.outcomes == [None]  # masked: decided once the engine answers
+        assert batch.settle(list(batch.first)) == []  # echoed, every placeholder back
+        assert batch.finish([]) == [text] and batch.outcomes == [MASKED]
+
+
+NUMBERED = ["Then it returns 404 when the token is missing.", "So maxRetryCount is set to 3."]
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+async def test_a_translated_segment_keeps_its_integers(models: dict[str, Path],
+                                                      engine: str) -> None:
+    # Random weights drop the digits of whatever they are sent: an integer is a span, kept
+    # by its placeholder or, that lost, by translating the prose around it.
+    async with app_with(backend="local", local_model=str(models["nllb"]), local_engine=engine,
+                        default_locale="de", cache_mb=0, deadline_ms=120_000,
+                        backend_timeout_s=120) as app:
+        assert await app.runtime.wait_ready(60.0)
+        resp = await app.client.post("/v1/translate", json={"texts": NUMBERED})
+    assert resp.status_code == 200, resp.text
+    for text, result in zip(NUMBERED, resp.json()["results"], strict=True):
+        [seg] = result["segments"]
+        [number] = re.findall(r"\d+", text)
+        assert seg["status"] == "translated", seg
+        assert re.search(rf"(?<!\d){number}(?!\d)", seg["text"]), seg
 
 
 # -- the batch path on a fake engine that echoes its input ----------------------------------

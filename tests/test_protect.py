@@ -3,6 +3,7 @@ what it must give back, the glossary's limits and file, and the target's typogra
 
 from __future__ import annotations
 
+import re
 from collections import deque
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
@@ -87,6 +88,39 @@ async def test_a_segment_whose_spans_no_backend_kept_is_an_error_with_the_origin
     assert "fake: lost 1 protected span of 3 (path)" in seg["error"]
     assert "config" not in seg["error"]  # kinds and counts, never the text
     assert backends is not None
+
+
+def digits_dropped(texts: Sequence[str], source: str | None, target: str) -> list[str]:
+    """A translator that loses the numbers, as small models do."""
+    return [re.sub(r"\d", "", t) for t in texts]
+
+
+def grouping(texts: Sequence[str], source: str | None, target: str) -> list[str]:
+    """A translator that groups long numbers the target's way (a narrow no-break space)."""
+    return [re.sub(r"(\d\d)(\d{3})\b", "\\1\u202f\\2", t) for t in texts]
+
+
+NUMBERED = ["Then it returns 404 when the token is missing.", "So maxRetryCount is set to 3.",
+            "It stops after 10000 steps."]
+
+
+async def test_a_translation_that_lost_an_integer_goes_down_the_chain() -> None:
+    fake = FakeTranslator(answers=deque([digits_dropped] * len(NUMBERED)))  # a batch or more
+    async with chain_app(fake, backend="fake,passthrough") as app:
+        results = await translate(app.client, NUMBERED)
+    for text, result in zip(NUMBERED, results, strict=True):
+        [seg] = result["segments"]
+        assert (seg["status"], seg["backend"], seg["text"]) == (
+            "translated", "passthrough", text)
+
+
+async def test_a_long_integer_grouped_the_targets_way_is_kept() -> None:
+    fake = FakeTranslator(answers=deque([grouping]))
+    async with chain_app(fake, backend="fake,passthrough") as app:
+        [result] = await translate(app.client, [NUMBERED[2]])
+    [seg] = result["segments"]
+    assert (seg["status"], seg["backend"]) == ("translated", "fake")
+    assert "10\u202f000" in seg["text"]
 
 
 async def test_with_protection_off_a_mangled_span_passes() -> None:
@@ -228,6 +262,12 @@ def test_a_bad_glossary_file_is_a_config_error_naming_it(
     assert "THINKTRANS_GLOSSARY_FILE" in str(info.value)
     for word in words:
         assert word in str(info.value)
+
+
+def test_the_file_reads_yes_and_no_as_words(tmp_path: Path) -> None:
+    # YAML 1.1 read them as booleans: "terms.no must be a string", or a term lost.
+    glossaries = book(tmp_path, "de: {terms: {no: nein, on: an}, keep: [yes, off]}\n")
+    assert glossaries.shared("de") == Glossary.of({"no": "nein", "on": "an"}, ["yes", "off"])
 
 
 def test_a_missing_glossary_file_is_a_config_error(tmp_path: Path) -> None:

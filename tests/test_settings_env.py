@@ -21,6 +21,7 @@ from pydantic import BaseModel, SecretStr
 from pydantic.fields import FieldInfo
 from pydantic_core import PydanticUndefined
 
+from service.exceptions import ConfigError
 from service.settings import Settings, load_settings
 from service.tools.configdoc import variables
 
@@ -195,3 +196,44 @@ def test_a_list_as_a_string_in_the_yaml_file(tmp_path: Path) -> None:
     loaded = load_settings(path)
     assert loaded.local_model_roots == ["/models", "/srv/models"]
     assert loaded.span_patterns == ["a{1,3}"]
+
+
+BOOLEANS = [name for name in FIELDS if Settings.model_fields[name].annotation is bool]
+# What the documentation promises (docs/configuration.md), and spellings it never did.
+TAKEN = {"true": True, "false": False, "1": True, "0": False, "TRUE": True, "False": False}
+REFUSED = ["yes", "no", "on", "off", "y", "n", "t", "f", "2", "-1", "enabled", ""]
+
+
+def test_the_boolean_settings_are_walked() -> None:
+    assert {"previews", "protect_spans", "log_text", "pool_fair"} <= set(BOOLEANS)
+
+
+@pytest.mark.parametrize("name", BOOLEANS)
+def test_a_boolean_variable_takes_true_false_1_0(name: str,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    for given, value in TAKEN.items():
+        monkeypatch.setenv(variable(name), given)
+        assert getattr(load_settings(), name) is value, given
+    for given in REFUSED:
+        monkeypatch.setenv(variable(name), given)
+        with pytest.raises(ConfigError) as info:
+            load_settings()
+        assert variable(name) in info.value.detail and "true or false" in info.value.detail
+
+
+@pytest.mark.parametrize("name", BOOLEANS)
+def test_a_boolean_in_the_yaml_file_takes_true_false_1_0(
+    name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv(variable(name), raising=False)
+    path = tmp_path / "thinktrans.yaml"
+    # YAML 1.1 loaders read yes, no, on and off as booleans: here they are refused words.
+    for given, value in {"true": True, "false": False, "True": True, "1": True, "0": False,
+                         "'false'": False}.items():
+        path.write_text(f"{name}: {given}\n", encoding="utf-8")
+        assert getattr(load_settings(path), name) is value, given
+    for given in ["yes", "no", "on", "off", "y", "n", "2", "1.0"]:
+        path.write_text(f"{name}: {given}\n", encoding="utf-8")
+        with pytest.raises(ConfigError) as info:
+            load_settings(path)
+        assert variable(name) in info.value.detail and "true or false" in info.value.detail

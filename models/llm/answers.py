@@ -14,7 +14,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from models.llm.replies import CLOSE, opens_thinking, thinking_ends
-from models.spans import Protected, Span
+from models.spans import Protected, Span, numbers
 
 # An answer item holding the last this-many characters of its context returned the context.
 CONTEXT_PROBE_CHARS = 40
@@ -32,15 +32,7 @@ MAX_THINKING_ENDS = 32
 _FENCE = re.compile(r"```(?:json|JSON)?\s*\n?(.*?)```", re.DOTALL)
 
 
-# A number: digits, or 1-3 digits and thousands groups joined by , . ' or a (thin,
-# no-break) space, so "1,000", "1.000" and "1 000" are all 1000. A decimal part is a
-# number of its own ("3.14" and "3,14" are 3 and 14): English and German forms agree.
-_NUMBER_PATTERN = r"(?:\d{1,3}(?:[,.'\u00a0\u2009\u202f ]\d{3}(?!\d))+|\d+)"
-_NUMBER = re.compile(_NUMBER_PATTERN)
 _ORDINAL_SUFFIX = re.compile(r"(?:st|nd|rd|th)\b", re.IGNORECASE)
-# A number with a CJK myriad unit ("1.5万", "3억"): its value counts as a form of it.
-_SCALED = re.compile(rf"({_NUMBER_PATTERN})(?:[.,](\d{{1,2}}))?\s*([万萬亿億만억])")
-_SCALES = {"万": 10**4, "萬": 10**4, "만": 10**4, "亿": 10**8, "億": 10**8, "억": 10**8}
 _INLINE_CODE = re.compile(r"(?<!`)`([^`\n]+)`(?!`)")
 _URL = re.compile(r"\b(?:https?|ftp)://[!-~]+", re.IGNORECASE)
 _URL_TAIL = ".,;:!?'\")]}>*_`"
@@ -55,33 +47,21 @@ def text_weight(text: str) -> int:
     )
 
 
-def _ascii_digits(token: str) -> str:
-    """The digits of ``token`` in ASCII ("２０" and "٢٠" are "20"), separators dropped."""
-    return "".join(str(unicodedata.decimal(ch)) for ch in token if ch.isdecimal())
-
-
 def number_forms(text: str) -> list[set[str]]:
-    """The numbers that matter in ``text``, each as the set of forms that count as it.
+    """The numbers that matter in ``text``, each as the set of forms that count as it
+    (``models.spans.numbers``: grouped or not, in any script's digits).
 
-    A number is its digits without separators or leading zeros. Single digits and
-    English ordinals ("2nd") are left out: translations rightly write them as words
-    ("两个", "第二"). A number with a myriad unit counts as its value too ("15万" is 15 or
-    150000; "1.5万" is 15000).
+    Single digits and English ordinals ("2nd") are left out: translations rightly write them
+    as words ("两个", "第二"), and a protected integer is checked with the spans. A number
+    with a myriad unit counts as its value too ("15万" is 15 or 150000; "1.5万" is 15000).
     """
     forms: list[set[str]] = []
-    scaled: list[tuple[int, int]] = []
-    for match in _SCALED.finditer(text):
-        whole, fraction = _ascii_digits(match.group(1)), _ascii_digits(match.group(2) or "")
-        value = int(whole + fraction) * _SCALES[match.group(3)] // 10 ** len(fraction)
-        forms.append({str(value)} if fraction else {str(value), str(int(whole))})
-        scaled.append(match.span())
-    for match in _NUMBER.finditer(text):
-        if any(start <= match.start() < end for start, end in scaled):
-            continue
-        digits = _ascii_digits(match.group()).lstrip("0") or "0"
-        if len(digits) < 2 or _ORDINAL_SUFFIX.match(text, match.end()):
-            continue
-        forms.append({digits})
+    for number in numbers(text):
+        if not number.scaled:
+            [digits] = number.forms
+            if len(digits) < 2 or _ORDINAL_SUFFIX.match(text, number.end):
+                continue
+        forms.append(set(number.forms))
     return forms
 
 

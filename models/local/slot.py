@@ -58,12 +58,19 @@ class Slot:
     # never shares cached translations with the one before; "" for a hub id.
     version: str = ""
     max_positions: int = 1024
+    specials: int = 2  # tokens the tokenizer adds to an input (NLLB: its language and </s>)
     test_checkpoint: bool = False  # `thinktrans make-test-model` output: its text is noise
     batches: int = 0  # batches run on it (the worker thread alone writes it)
 
     @property
     def model(self) -> Any:
         return self.loaded.model
+
+    def input_bound(self, max_input_tokens: int) -> int:
+        """The most tokens a part of a text may have here: ``max_input_tokens`` (the
+        setting), within the model's positions less the special tokens added to it. A part
+        past the positions fails its whole batch (CTranslate2: "no position encodings")."""
+        return max(1, min(max_input_tokens, self.max_positions - self.specials))
 
 
 @dataclass(frozen=True)
@@ -132,8 +139,16 @@ def load_slot(engine: Engine, spec: Spec, offline: bool) -> Slot:
         model_id=spec.model_id, family=family, tokenizer=tokenizer, loaded=loaded,
         codes=codes, source=source, drop_ids=drop_ids, version=version(spec.model_id),
         max_positions=int(getattr(config, "max_position_embeddings", 1024) or 1024),
-        test_checkpoint=test_checkpoint,
+        specials=_specials(tokenizer), test_checkpoint=test_checkpoint,
     )
+
+
+def _specials(tokenizer: Any) -> int:
+    """How many special tokens the tokenizer adds to one input (2 if it cannot say)."""
+    try:
+        return int(tokenizer.num_special_tokens_to_add())
+    except Exception:  # a tokenizer without the method, or one that fails on it
+        return 2
 
 
 def _config_and_tokenizer(spec: Spec, converted: bool, offline: bool) -> tuple[Any, Any]:
@@ -213,6 +228,7 @@ def translate_kept(engine: Engine, route: Route, texts: list[str], max_input_tok
     (torch's, transformers', CTranslate2's) become the backend's."""
     if bias is not None and (bias.beta <= 0 or not any(bias.previous)):
         bias = None
+    max_input_tokens = route.slot.input_bound(max_input_tokens)
     try:
         return _translate_batch(engine, route, texts, max_input_tokens, stats, protected,
                                 strategy, bias)
@@ -314,7 +330,8 @@ def generate(engine: Engine, route: Route, texts: list[str], max_input_tokens: i
     rows = tokenizer(
         [route.prefix + text for text in texts],
         truncation=True,
-        max_length=max_input_tokens + 8,  # a safety net: split_text already bounds
+        # A safety net: split_text already bounds each part, and nothing goes past positions.
+        max_length=min(max_input_tokens + 8, slot.max_positions),
     )["input_ids"]
     caps = [min(math.ceil(1.5 * len(row)) + 10, slot.max_positions - 2) for row in rows]
     prefixes = _target_ids(slot, previous) if beta > 0 and previous else None

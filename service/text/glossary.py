@@ -7,15 +7,15 @@ shape in docs/API.md) is read once, at start.
 
 from __future__ import annotations
 
+import os
+import stat
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from models.spans import Glossary
 from service.exceptions import ConfigError, InputError, InvalidLocale
-from service.settings import Settings
+from service.settings import Settings, YamlProblem, parse_yaml
 from service.text.limits import check_encodable
 from service.text.tags import base_language, canonicalize
 
@@ -64,6 +64,47 @@ def _check_term(term: object, where: str, max_chars: int) -> None:
                               f"THINKTRANS_MAX_GLOSSARY_TERM_CHARS={max_chars}")
 
 
+_NOT_REGULAR = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"),
+                (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+                (stat.S_ISSOCK, "a socket"))
+
+
+def read_text(path: Path, max_bytes: int, where: str) -> str:
+    """A regular file's text, at most ``max_bytes`` of UTF-8, or ConfigError in one line
+    naming ``where``. Anything else (a FIFO, ``/dev/zero``, a directory) is refused without
+    being read: one would block the start, another never end."""
+    try:
+        found = os.stat(path)
+        _check_regular(found.st_mode, where)
+        _check_size(found.st_size, max_bytes, where)
+        # Not blocking: a FIFO put there since the stat would wait for a writer.
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        with os.fdopen(fd, "rb") as file:
+            _check_regular(os.fstat(file.fileno()).st_mode, where)
+            data = file.read(max_bytes + 1)
+    except OSError as exc:
+        raise ConfigError(f"{where} cannot be read: {exc.strerror or exc}") from None
+    _check_size(len(data), max_bytes, where)
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = data[: exc.start].count(b"\n") + 1
+        raise ConfigError(f"{where} is not UTF-8 (byte {data[exc.start]:#04x} on line {line}); "
+                          "save it as UTF-8") from None
+
+
+def _check_regular(mode: int, where: str) -> None:
+    if not stat.S_ISREG(mode):
+        what = next((name for test, name in _NOT_REGULAR if test(mode)), "no regular file")
+        raise ConfigError(f"{where} is {what}, not a regular file; name a YAML file")
+
+
+def _check_size(size: int, max_bytes: int, where: str) -> None:
+    if size > max_bytes:
+        raise ConfigError(f"{where} holds more than {max_bytes} bytes; split it, or raise "
+                          f"THINKTRANS_MAX_GLOSSARY_FILE_BYTES")
+
+
 class GlossaryBook:
     """The glossary file's glossaries by target key (``*``, a language, a tag), and the
     glossary a stream runs with: the file's for its target, then its own.
@@ -74,6 +115,7 @@ class GlossaryBook:
     def __init__(self, settings: Settings) -> None:
         self.max_terms = settings.max_glossary_terms
         self.max_chars = settings.max_glossary_term_chars
+        self.max_file_bytes = settings.max_glossary_file_bytes
         self.by_key: dict[str, Glossary] = {}
         if settings.glossary_file:
             self.by_key = self._load(Path(settings.glossary_file))
@@ -81,16 +123,16 @@ class GlossaryBook:
 
     def _load(self, path: Path) -> dict[str, Glossary]:
         where = f"THINKTRANS_GLOSSARY_FILE ({path})"
+        text = read_text(path, self.max_file_bytes, where)
         try:
-            data = yaml.safe_load(path.read_text(encoding="utf-8"))
-        except OSError as exc:
-            raise ConfigError(f"{where} cannot be read: {exc.strerror or exc}") from None
-        except (yaml.YAMLError, UnicodeDecodeError) as exc:
-            raise ConfigError(f"{where} is not valid YAML: {str(exc).splitlines()[0]}") from None
+            data = parse_yaml(text, str(path))
+        except YamlProblem as exc:
+            raise ConfigError(f"{where} {exc}") from None
         if data is None:
             return {}
         if not isinstance(data, dict):
             raise ConfigError(f"{where} must map targets ('*', 'zh', 'zh-TW') to glossaries")
+        spelled: dict[str, str] = {}
         out: dict[str, Glossary] = {}
         for key, entry in data.items():
             name = str(key)
@@ -99,6 +141,10 @@ class GlossaryBook:
                     name = canonicalize(name)
                 except InvalidLocale as exc:
                     raise ConfigError(f"{where}: {name!r} is not a target: {exc.detail}") from None
+            if name in spelled:  # "zh-cn" and "zh-CN": the second would replace the first
+                raise ConfigError(f"{where} names target {name!r} twice ({spelled[name]!r} and "
+                                  f"{str(key)!r}); keep one")
+            spelled[name] = str(key)
             if not isinstance(entry, dict) or set(entry) - {"terms", "keep"}:
                 raise ConfigError(f"{where}: {name!r} must be {{terms: {{...}}, keep: [...]}}")
             try:

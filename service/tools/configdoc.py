@@ -44,7 +44,9 @@ Every list is given the same way: its items separated by commas
 the file, where a YAML list does too. A value that is a JSON array is read as one; any other
 is split at commas, so an item that holds a comma (a `span_patterns` regular expression) needs
 the JSON array or the YAML list. A mapping is JSON in a variable
-(`THINKTRANS_PRICE_PER_MILLION_CHARS='{{"deepl": 25}}'`). Booleans are `true` or `false`.
+(`THINKTRANS_PRICE_PER_MILLION_CHARS='{{"deepl": 25}}'`). Booleans are `true` or `false`,
+or `1` or `0`, in any case, in a variable and in the file alike; any other spelling (`yes`,
+`on`, `t`) stops the start with a line naming the setting.
 Secrets (`THINKTRANS_API_TOKEN`, the API keys) are never logged or shown by the service; pass
 them through your orchestrator's secret store rather than a file in the image.
 """
